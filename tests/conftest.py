@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+MIRROR_MISSING = "needs the real-data mirror: set EULER_DATA_MIRROR or put it at ../shared/data"
 
 # --- hypothesis: a CI profile with more examples and no deadline, selected by CI=true -------------
 try:
@@ -56,7 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     seed = getattr(config, "_euler_seed", None)
     mirror = data_mirror()
-    lines = [f"euler: hypothesis profile={_PROFILE}" + (f", seed={seed} (replay: HYPOTHESIS_SEED={seed})" if seed is not None else "")]
+    lines = [
+        f"euler: hypothesis profile={_PROFILE}"
+        + (f", seed={seed} (replay: HYPOTHESIS_SEED={seed})" if seed is not None else "")
+    ]
     lines.append(f"euler: data mirror={mirror if mirror else 'absent (tests marked data are skipped)'}")
     return lines
 
@@ -65,7 +69,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     have_cuda = cuda_available()
     have_mirror = data_mirror() is not None
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device and CuPy")
-    skip_data = pytest.mark.skip(reason="needs the real-data mirror: set EULER_DATA_MIRROR or put it at ../shared/data")
+    skip_data = pytest.mark.skip(
+        reason="needs the real-data mirror: set EULER_DATA_MIRROR or put it at ../shared/data"
+    )
     for item in items:
         if "gpu" in item.keywords and not have_cuda:
             item.add_marker(skip_gpu)
@@ -78,5 +84,5 @@ def mirror() -> Path:
     """The real-data mirror folder; tests using it should also be marked `data`."""
     path = data_mirror()
     if path is None:
-        pytest.skip("needs the real-data mirror: set EULER_DATA_MIRROR or put it at ../shared/data")
+        pytest.skip(MIRROR_MISSING)
     return path

@@ -5,10 +5,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 
@@ -53,10 +57,14 @@ def test_no_package_imports_one_above_it(module: str) -> None:
 def test_euler_imports_are_declared_dependencies(module: str) -> None:
     root = PACKAGES / DIST_NAME[module]
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    declared = {dep.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for dep in project["dependencies"]}
+    declared = {
+        dep.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for dep in project["dependencies"]
+    }
     imports = imported_top_modules(root / "src" / module)
     used = {DIST_NAME[name] for name in imports if name in ALLOWED and name != module}
-    assert used <= declared, f"{module} imports {sorted(used - declared)} without declaring them in pyproject.toml"
+    assert used <= declared, (
+        f"{module} imports {sorted(used - declared)} without declaring them in pyproject.toml"
+    )
 
 
 def test_euler_bpe_has_no_numpy() -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 NAMES = ["euler-bpe", "euler-kernels", "euler-model", "euler-data", "euler-train"]
