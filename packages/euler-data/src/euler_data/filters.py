@@ -1,0 +1,36 @@
+"""Stage 3, filter: ``clean`` -> ``filtered``, each document kept (reason NULL) or dropped for one reason.
+
+Reasons, first match wins: the ingest reason, "empty", "too_short", "too_long", "low_score" (the
+source's ``min_score``), "too_few_words", "not_prose" (letters and spaces over all characters below
+``min_alpha_ratio``: tables, code dumps, binary junk).
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from euler_data.recipe import FilterConfig
+
+
+def reason_sql(f: FilterConfig) -> str:
+    """The SQL CASE giving a document's drop reason (NULL = kept)."""
+    letters = r"length(regexp_replace(c.text, '[^\p{L}\s]', '', 'g'))"
+    words = r"len(regexp_extract_all(c.text, '\S+'))"
+    return f"""CASE
+        WHEN c.reason IS NOT NULL THEN c.reason
+        WHEN length(c.text) = 0 THEN 'empty'
+        WHEN length(c.text) < {int(f.min_chars)} THEN 'too_short'
+        WHEN length(c.text) > {int(f.max_chars)} THEN 'too_long'
+        WHEN s.min_score IS NOT NULL AND coalesce(c.score, -1e300) < s.min_score THEN 'low_score'
+        WHEN {words} < {int(f.min_words)} THEN 'too_few_words'
+        WHEN {letters} < {float(f.min_alpha_ratio)} * length(c.text) THEN 'not_prose'
+    END"""
+
+
+def filter_docs(con: duckdb.DuckDBPyConnection, f: FilterConfig) -> int:
+    """Stage 3: ``filtered(doc_id, source, text, reason)``; returns how many are kept."""
+    con.execute(
+        f"CREATE OR REPLACE TABLE filtered AS SELECT c.doc_id, c.source, c.text, {reason_sql(f)} AS reason "
+        "FROM clean c JOIN sources s USING (source) ORDER BY c.doc_id"
+    )
+    return con.execute("SELECT count(*) FROM filtered WHERE reason IS NULL").fetchone()[0]

@@ -1,0 +1,114 @@
+"""Stage 1, ingest: every source's records into the ``raw`` table, unreadable ones kept with a reason.
+
+``raw(doc_id, source, file, text, score, reason)``: one row per document in; ``reason`` is NULL when
+the text was read, else why not (the document is counted as dropped for that reason).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from euler_data.errors import DataError
+from euler_data.readers import Record, read_json_file, read_txt
+from euler_data.recipe import Recipe, SourceSpec
+from euler_data.sources import Input
+
+RAW_COLUMNS = {
+    "doc_id": "BIGINT",
+    "source": "VARCHAR",
+    "file": "VARCHAR",
+    "text": "VARCHAR",
+    "score": "DOUBLE",
+    "reason": "VARCHAR",
+}
+_SCHEMA = ", ".join(f"{k} {v}" for k, v in RAW_COLUMNS.items())
+
+
+def create_tables(con: duckdb.DuckDBPyConnection, recipe: Recipe) -> None:
+    """Fresh ``raw`` and ``sources`` tables (a rerun of ingest starts over)."""
+    con.execute(f"CREATE OR REPLACE TABLE raw ({_SCHEMA})")
+    con.execute(
+        "CREATE OR REPLACE TABLE sources (source VARCHAR PRIMARY KEY, spec VARCHAR, weight DOUBLE, "
+        "split_mode VARCHAR, min_score DOUBLE)"
+    )
+    for s in recipe.sources:
+        row = [s.label, s.spec, s.weight, s.split_mode, s.min_score]
+        con.execute("INSERT INTO sources VALUES (?, ?, ?, ?, ?)", row)
+
+
+def python_records(item: Input, source: SourceSpec, max_bytes: int) -> list[Record]:
+    """Records of a text-like input, read in Python so that bad lines are counted one by one."""
+    path = Path(item.location)
+    if item.fmt == "txt":
+        return list(read_txt(path, source.docs, max_bytes))
+    return list(read_json_file(path, source.text_field))
+
+
+def write_staging(staging, records: list[Record], source: str, file: str, first_id: int) -> int:
+    """Append records as JSON lines that DuckDB loads in one query; returns the next free doc_id."""
+    for i, (text, score, reason) in enumerate(records):
+        row = {"doc_id": first_id + i, "source": source, "file": file, "text": text, "score": score}
+        staging.write(json.dumps({**row, "reason": reason}, ensure_ascii=False) + "\n")
+    return first_id + len(records)
+
+
+def load_staging(con: duckdb.DuckDBPyConnection, staging: Path) -> None:
+    """``raw`` += the staged JSON lines (DuckDB's JSON reader, typed columns, no size cap per record)."""
+    columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in RAW_COLUMNS.items()) + "}"
+    con.execute(
+        f"INSERT INTO raw SELECT * FROM read_json(?, format = 'newline_delimited', columns = {columns}, "
+        "maximum_object_size = 2000000000)",
+        [str(staging)],
+    )
+
+
+def parquet_columns(con: duckdb.DuckDBPyConnection, location: str) -> list[str]:
+    try:
+        rows = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [location]).fetchall()
+        return [row[0] for row in rows]
+    except duckdb.Error as err:
+        raise DataError(location, f"cannot read parquet: {err}") from err
+
+
+def ingest_parquet(con: duckdb.DuckDBPyConnection, item: Input, source: SourceSpec, first_id: int) -> int:
+    """``raw`` += the rows of a parquet file, read by DuckDB (local path or ``hf://`` when online)."""
+    if item.location.startswith(("hf://", "http://", "https://")):
+        con.execute("INSTALL httpfs; LOAD httpfs")
+    columns = parquet_columns(con, item.location)
+    if source.text_field not in columns:
+        raise DataError(item.location, f"no {source.text_field!r} column (columns: {', '.join(columns)})")
+    score = "TRY_CAST(score AS DOUBLE)" if "score" in columns else "NULL::DOUBLE"
+    limit = f"LIMIT {int(item.limit)}" if item.limit else ""
+    text = f'TRY_CAST("{source.text_field}" AS VARCHAR)'
+    query = (
+        f"INSERT INTO raw SELECT ? + row_number() OVER () - 1, ?, ?, {text}, {score}, "
+        f"CASE WHEN {text} IS NULL THEN 'no_text' END FROM (SELECT * FROM read_parquet(?) {limit})"
+    )
+    try:
+        inserted = con.execute(query, [first_id, source.label, item.location, item.location]).fetchone()[0]
+    except duckdb.Error as err:
+        raise DataError(item.location, f"cannot read parquet: {err}") from err
+    return first_id + inserted
+
+
+def ingest(con, recipe: Recipe, inputs: dict[str, list[Input]], workdir: Path, progress=None) -> int:
+    """Stage 1: fill ``raw`` from every source's inputs; returns the number of documents in."""
+    create_tables(con, recipe)
+    staging = workdir / "raw_staging.jsonl"
+    next_id, max_bytes = 0, recipe.filter.max_chars * 4  # a UTF-8 character is at most 4 bytes
+    with open(staging, "w", encoding="utf-8") as out:
+        for source in recipe.sources:
+            for item in inputs[source.label]:
+                if item.fmt == "parquet":
+                    next_id = ingest_parquet(con, item, source, next_id)
+                else:
+                    records = python_records(item, source, max_bytes)
+                    next_id = write_staging(out, records, source.label, item.location, next_id)
+                if progress is not None:
+                    progress.update(1)
+    load_staging(con, staging)
+    staging.unlink()
+    return con.execute("SELECT count(*) FROM raw").fetchone()[0]

@@ -1,0 +1,155 @@
+"""The recipe: which sources to read, how to filter, split, mix and tokenize them.
+
+A recipe is a TOML or JSON file; every field has a default, so ``sources`` is all it needs::
+
+    vocab_size = 4096
+    [[source]]
+    spec = "gutenberg:1342,84"
+    [[source]]
+    spec = "web/c4.jsonl"
+    weight = 2.0
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from euler_data.errors import DataError
+
+# how a text file is cut into documents
+SPLIT_MODES = ("document", "line", "paragraph", "eot")
+NAMED = ("gutenberg", "fineweb-edu", "alpaca", "tinyshakespeare")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source: a local file/folder or a named source, e.g. ``SourceSpec("gutenberg:11,84")``.
+
+    ``docs`` picks how a .txt file becomes documents ("document": whole file, "line", "paragraph": blank
+    line, "eot": the literal ``<|endoftext|>``); ``split`` is "hash" (by document hash) or "position"
+    (first 1 - val_fraction of the text to train, the rest to val).
+    """
+
+    spec: str
+    name: str = ""  # defaults to the named source or the file stem
+    weight: float = 1.0  # mixing weight of the train documents (2.0 = each twice)
+    docs: str = "document"
+    split: str = "auto"  # "hash", "position", or "auto": position for tinyshakespeare, else hash
+    min_score: float | None = None  # drop rows whose `score` is below this (FineWeb-Edu)
+    text_field: str = "text"  # JSON / parquet field holding the text
+
+    def __post_init__(self) -> None:
+        if self.docs not in SPLIT_MODES:
+            raise ValueError(f"SourceSpec: docs={self.docs!r} is not one of {SPLIT_MODES}")
+        if self.split not in ("auto", "hash", "position"):
+            raise ValueError(f"SourceSpec: split={self.split!r} is not 'auto', 'hash' or 'position'")
+        if not self.weight >= 0:
+            raise ValueError(f"SourceSpec: weight={self.weight} must be >= 0")
+
+    @property
+    def kind(self) -> str:
+        """The named source ("gutenberg", ...) or "local"."""
+        head = self.spec.split(":", 1)[0]
+        return head if head in NAMED else "local"
+
+    @property
+    def split_mode(self) -> str:
+        """How documents go to train/val: Tiny Shakespeare (one document) splits by position."""
+        if self.split != "auto":
+            return self.split
+        return "position" if self.kind == "tinyshakespeare" else "hash"
+
+    @property
+    def label(self) -> str:
+        """The name counted in meta.json: ``name`` or else derived from the spec."""
+        if self.name:
+            return self.name
+        return self.kind if self.kind != "local" else Path(self.spec).name.split(".")[0]
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """Document filters; a document failing several is counted under the first reason."""
+
+    min_chars: int = 200  # shorter cleaned documents are dropped ("too_short")
+    max_chars: int = 50_000_000  # longer ones too ("too_long"); Gutenberg books are ~3 MB
+    min_alpha_ratio: float = 0.55  # letters + spaces over characters ("not_prose")
+    min_words: int = 20  # whitespace-separated words ("too_few_words")
+    near_dedup: bool = True  # also drop documents equal after lower-casing and stripping punctuation
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything ``prepare`` needs; see the module docstring for the file format."""
+
+    sources: tuple[SourceSpec, ...] = ()
+    vocab_size: int = 4096
+    tokenizer: str | None = None  # an existing tokenizer.json instead of training one
+    tokenizer_sample_bytes: int = 4_000_000  # train the tokenizer on this much train text
+    val_fraction: float = 0.1
+    seed: int = 0
+    context_hint: int = 512  # the context length this set is meant for (written to meta.json)
+    workers: int = 2  # tokenization processes
+    filter: FilterConfig = field(default_factory=FilterConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"Recipe: val_fraction={self.val_fraction} must be in [0, 1)")
+        if not 256 < self.vocab_size <= 65536:
+            raise ValueError(f"Recipe: vocab_size={self.vocab_size} must be in (256, 65536] (uint16 shards)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _known(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Check that ``data`` only uses fields of dataclass ``cls``."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise DataError(where, f"unknown recipe keys {unknown}; known: {sorted(names)}")
+    return data
+
+
+def recipe_from_dict(data: dict[str, Any], where: str = "recipe") -> Recipe:
+    """Build a Recipe from parsed TOML/JSON, e.g. ``recipe_from_dict({"source": [{"spec": "alpaca"}]})``."""
+    data = dict(data)
+    raw_sources = data.pop("source", data.pop("sources", []))
+    sources = []
+    for item in raw_sources:
+        item = {"spec": item} if isinstance(item, str) else item
+        sources.append(SourceSpec(**_known(SourceSpec, item, where)))
+    filt = FilterConfig(**_known(FilterConfig, data.pop("filter", {}), where))
+    return Recipe(sources=tuple(sources), filter=filt, **_known(Recipe, data, where))
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read a ``.toml`` or ``.json`` recipe file."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = _load_toml(text)
+    except ValueError as err:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+        raise DataError(str(path), f"cannot parse recipe: {err}") from err
+    try:
+        return recipe_from_dict(data, str(path))
+    except TypeError as err:
+        raise DataError(str(path), str(err)) from err
+
+
+def _load_toml(text: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError as err:
+            raise ValueError("TOML recipes need Python 3.11+ or `tomli`; use a .json recipe") from err
+    return tomllib.loads(text)

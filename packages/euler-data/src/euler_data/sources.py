@@ -1,0 +1,119 @@
+"""Resolve a source spec to the inputs to read: local files, mirror files, downloads or remote parquet.
+
+>>> [i.fmt for i in resolve(SourceSpec("README.md.txt"), None, Path("."))]  # doctest: +SKIP
+['txt']
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from euler_data.errors import DataError
+from euler_data.network import download, online
+from euler_data.recipe import SourceSpec
+
+FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".gz": "json.gz"}
+GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/{id}/pg{id}.txt"
+ALPACA_URL = "https://raw.githubusercontent.com/tatsu-lab/stanford_alpaca/main/alpaca_data.json"
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+FINEWEB_URL = "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/000_00000.parquet"
+NO_SOURCE = "no mirror has it (--mirror DIR or EULER_DATA_MIRROR) and {host} cannot be reached"
+
+
+@dataclass(frozen=True)
+class Input:
+    """One thing to read: ``location`` is a local path or a remote URL DuckDB reads; ``limit`` caps rows."""
+
+    location: str
+    fmt: str
+    limit: int | None = None
+
+
+def file_format(path: Path) -> str:
+    """The reader for a file, from its extension: ``file_format(Path("a.json.gz")) == "json.gz"``."""
+    suffixes = path.suffixes
+    if suffixes[-1:] == [".gz"] and suffixes[-2:-1] not in ([".json"], [".jsonl"]):
+        raise DataError(str(path), "only .json.gz / .jsonl.gz are supported among gzip files")
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(str(path), f"unknown file type {path.suffix!r}; use one of {sorted(FORMATS)}")
+    return fmt
+
+
+def local_inputs(path: Path) -> list[Input]:
+    """Every supported file under a folder (sorted), or the file itself."""
+    if path.is_file():
+        return [Input(str(path), file_format(path))]
+    if not path.is_dir():
+        raise DataError(str(path), "no such file or folder")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
+    if not files:
+        raise DataError(str(path), f"folder holds no {sorted(FORMATS)} files")
+    return [Input(str(p), file_format(p)) for p in files]
+
+
+def _need(where: str, host: str) -> None:
+    if not online(host):
+        raise DataError(where, NO_SOURCE.format(host=host))
+
+
+def gutenberg_inputs(ids: list[int], mirror: Path | None, cache: Path) -> list[Input]:
+    """Book files by ebook id: from the mirror's ``gutenberg/manifest.json``, else downloaded."""
+    by_id: dict[int, str] = {}
+    manifest = mirror / "gutenberg" / "manifest.json" if mirror else None
+    if manifest and manifest.is_file():
+        by_id = {int(e["ebook_id"]): e["file"] for e in json.loads(manifest.read_text(encoding="utf-8"))}
+    out = []
+    for book in ids:
+        if book in by_id:
+            out.append(Input(str(mirror / "gutenberg" / by_id[book]), "txt"))
+            continue
+        _need(f"gutenberg:{book}", "www.gutenberg.org")
+        url = GUTENBERG_URL.format(id=book)
+        out.append(Input(str(download(url, cache / f"pg{book}.txt")), "txt"))
+    return out
+
+
+def _mirror_or_url(where: str, rel: str, url: str, mirror: Path | None, cache: Path, fmt: str) -> Input:
+    if mirror and (mirror / rel).is_file():
+        return Input(str(mirror / rel), fmt)
+    host = url.split("/")[2]
+    _need(where, host)
+    return Input(str(download(url, cache / Path(rel).name)), fmt)
+
+
+def fineweb_inputs(rows: int | None, mirror: Path | None) -> list[Input]:
+    """FineWeb-Edu parquet: the mirror's ``fineweb-edu/`` folder, else the Hugging Face dataset path."""
+    folder = mirror / "fineweb-edu" if mirror else None
+    if folder and folder.is_dir():
+        return [Input(i.location, i.fmt, rows) for i in local_inputs(folder)]
+    if not online("huggingface.co"):
+        hint = " (the mirror's web_text/ files work as local sources)" if mirror else ""
+        raise DataError("fineweb-edu", NO_SOURCE.format(host="huggingface.co") + hint)
+    return [Input(FINEWEB_URL, "parquet", rows or 100_000)]
+
+
+def resolve(source: SourceSpec, mirror: Path | None, cache: Path) -> list[Input]:
+    """The inputs of one source, e.g. ``resolve(SourceSpec("gutenberg:11"), mirror, cache)``."""
+    kind, _, arg = source.spec.partition(":")
+    if source.kind == "local":
+        return local_inputs(Path(source.spec).expanduser())
+    if kind == "gutenberg":
+        try:
+            ids = [int(x) for x in arg.split(",") if x.strip()]
+        except ValueError as err:
+            raise DataError(source.spec, "expected gutenberg:ID,ID,... with integer ids") from err
+        if not ids:
+            raise DataError(source.spec, "expected gutenberg:ID,ID,... with at least one id")
+        return gutenberg_inputs(ids, mirror, cache)
+    if kind == "fineweb-edu":
+        if arg and not arg.isdigit():
+            raise DataError(source.spec, "expected fineweb-edu or fineweb-edu:ROWS")
+        return fineweb_inputs(int(arg) if arg else None, mirror)
+    if kind == "alpaca":
+        rel = "alpaca/alpaca_subset_2000_gumbelsoft.json"
+        return [_mirror_or_url("alpaca", rel, ALPACA_URL, mirror, cache, "json")]
+    rel = "tinyshakespeare/input.txt"
+    return [_mirror_or_url("tinyshakespeare", rel, SHAKESPEARE_URL, mirror, cache, "txt")]
