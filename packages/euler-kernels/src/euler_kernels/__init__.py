@@ -1,5 +1,49 @@
-"""Forward/backward op pairs on NumPy (CPU) and CuPy (GPU) arrays, with a float64 gradient checker."""
+"""euler-kernels: forward/backward op pairs on NumPy (CPU) or CuPy (GPU) arrays, proven by float64
+finite differences.
+
+Every op is a pair `<op>_forward(...) -> (out, cache)` / `<op>_backward(dout, cache) -> grads`; see the
+package README for the contract of each. `euler_kernels.testing` (hypothesis strategies) is imported
+separately so that this package does not need hypothesis at run time.
+"""
 
 from euler_kernels.__about__ import __version__
+from euler_kernels.backend import get_array_module, require_cuda, synchronize, to_device, to_numpy
+from euler_kernels.ops.adamw import adamw_update
+from euler_kernels.ops.attention import attention_backward, attention_forward
+from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from euler_kernels.ops.embedding import embedding_backward, embedding_forward
+from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
+from euler_kernels.ops.linear import linear_backward, linear_forward
+from euler_kernels.ops.residual import residual_backward, residual_forward
+from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
+from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "adamw_update",
+    "attention_backward",
+    "attention_forward",
+    "clip_grad_norm",
+    "cross_entropy_backward",
+    "cross_entropy_forward",
+    "embedding_backward",
+    "embedding_forward",
+    "get_array_module",
+    "global_grad_norm",
+    "linear_backward",
+    "linear_forward",
+    "require_cuda",
+    "residual_backward",
+    "residual_forward",
+    "rmsnorm_backward",
+    "rmsnorm_forward",
+    "rope_backward",
+    "rope_forward",
+    "rope_tables",
+    "swiglu_backward",
+    "swiglu_forward",
+    "synchronize",
+    "to_device",
+    "to_numpy",
+]

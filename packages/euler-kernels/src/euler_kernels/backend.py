@@ -1,0 +1,83 @@
+"""Array-module plumbing: one code path for NumPy (CPU) and CuPy (GPU) arrays.
+
+CuPy is never imported at module import time; it is looked up only when an array that is not a
+NumPy array arrives, or when `require_cuda()` / `to_device()` asks for it.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def get_array_module(x: Any) -> ModuleType:
+    """The array module (`numpy` or `cupy`) that owns `x`.
+
+    >>> get_array_module(np.zeros(2)).__name__
+    'numpy'
+    """
+    if isinstance(x, np.ndarray | np.generic):
+        return np
+    cupy = sys.modules.get("cupy")  # only consult CuPy if someone already imported it
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy
+    return np
+
+
+def require_cuda() -> ModuleType:
+    """Return the `cupy` module, or raise a RuntimeError saying how to get a working CUDA setup."""
+    try:
+        import cupy
+    except ImportError as err:
+        raise RuntimeError(
+            "euler_kernels: the GPU path needs CuPy; install it with `pip install euler-kernels[gpu]`"
+        ) from err
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as err:  # CuPy present but no driver / runtime
+        raise RuntimeError(f"euler_kernels: CuPy is installed but CUDA is unusable: {err}") from err
+    if count < 1:
+        raise RuntimeError("euler_kernels: CuPy is installed but no CUDA device is visible")
+    return cupy
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A NumPy copy (or view) of a NumPy or CuPy array."""
+    if get_array_module(x) is np:
+        return np.asarray(x)
+    return x.get()
+
+
+def to_device(x: Any, xp: ModuleType | str = "cuda") -> Any:
+    """Move `x` to the module `xp` (numpy, cupy, or the strings "cpu" / "cuda")."""
+    if xp == "cpu" or xp is np:
+        return to_numpy(x)
+    cupy = require_cuda()
+    return cupy.asarray(x)
+
+
+def synchronize(xp: ModuleType | None = None) -> None:
+    """Wait for queued GPU work (a no-op for NumPy)."""
+    if xp is not None and xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+def check_float(fn: str, **arrays: Any) -> np.dtype:
+    """Check that all named arrays share one float dtype (float32/float64); return it."""
+    dtypes = {name: np.dtype(a.dtype) for name, a in arrays.items()}
+    first = next(iter(dtypes.values()))
+    if first not in FLOAT_DTYPES or any(d != first for d in dtypes.values()):
+        desc = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+        raise ValueError(f"{fn}: expected all float32 or all float64 arrays, got {desc}")
+    return first
+
+
+def shape_error(fn: str, message: str, **arrays: Any) -> ValueError:
+    """A ValueError naming the op, what is wrong, and the shapes of the given arrays."""
+    shapes = ", ".join(f"{n}{tuple(a.shape)}" for n, a in arrays.items())
+    return ValueError(f"{fn}: {message}; got {shapes}")

@@ -1,0 +1,1 @@
+"""One module per op; each holds its forward and backward side by side."""

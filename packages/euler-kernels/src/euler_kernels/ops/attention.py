@@ -1,0 +1,143 @@
+"""Causal grouped-query attention, blockwise with an online softmax (FlashAttention-2 style).
+
+Layout inside: query heads are grouped under their key/value head, q (B, T, Hq, D) becomes
+(B, Hkv, T * G, D) with row r = t * G + g (G = Hq // Hkv), so one batched matmul serves a whole group
+and K/V are never repeated. Query t sits at key position S - T + t. Scores are built one
+(block_size * G, block_size) tile per KV head at a time; forward keeps a running max, sum and
+output; only q, k, v, out and the per-row log-sum-exp are saved, and backward recomputes each tile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from euler_kernels.backend import check_float, get_array_module, shape_error
+
+
+def _validate(q: Any, k: Any, v: Any, block_size: int) -> None:
+    fn = "attention_forward"
+    check_float(fn, q=q, k=k, v=v)
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise shape_error(fn, "q must be (B, T, Hq, D), k and v (B, S, Hkv, D)", q=q, k=k, v=v)
+    (b, _, hq, d), (bk, s, hkv, dk) = q.shape, k.shape
+    if b != bk or d != dk or hkv == 0 or hq % hkv:
+        raise shape_error(fn, "batch and head_dim must agree and Hq must be a multiple of Hkv", q=q, k=k, v=v)
+    if q.shape[1] > s or q.shape[1] == 0:
+        raise shape_error(fn, "need 1 <= T <= S (queries are the last T of S positions)", q=q, k=k)
+    if block_size < 1:
+        raise ValueError(f"{fn}: block_size must be >= 1, got {block_size}")
+
+
+def _group_queries(xp: Any, q: Any, hkv: int) -> Any:
+    # (B, T, Hq, D) -> (B, Hkv, T * G, D), row r = t * G + g
+    b, t, hq, d = q.shape
+    g = hq // hkv
+    return xp.ascontiguousarray(q.reshape(b, t, hkv, g, d).transpose(0, 2, 1, 3, 4)).reshape(b, hkv, t * g, d)
+
+
+def _ungroup(xp: Any, x: Any, t: int, hq: int) -> Any:
+    # (B, Hkv, T * G, D) -> (B, T, Hq, D)
+    b, hkv, _, d = x.shape
+    grouped = x.reshape(b, hkv, t, hq // hkv, d).transpose(0, 2, 1, 3, 4)  # (B, T, Hkv, G, D)
+    return xp.ascontiguousarray(grouped).reshape(b, t, hq, d)
+
+
+def _causal_bias(xp: Any, dtype: Any, t0: int, t1: int, s0: int, s1: int, g: int, shift: int) -> Any:
+    """(rows, keys) additive mask for queries t0..t1 and keys s0..s1: 0 where allowed, -inf above."""
+    limit = xp.arange(t0, t1).repeat(g) + shift  # (rows,) last key each query may see
+    keys = xp.arange(s0, s1)  # (Sb,)
+    bias = xp.zeros((limit.shape[0], s1 - s0), dtype=dtype)
+    bias[keys[None, :] > limit[:, None]] = -xp.inf
+    return bias
+
+
+def _key_blocks(t0: int, t1: int, s: int, shift: int, causal: bool, bs: int):
+    """Key blocks (s0, s1, needs_mask) visible to queries t0..t1."""
+    last = min(s, t1 - 1 + shift + 1) if causal else s  # keys beyond this are masked for every row
+    for s0 in range(0, last, bs):
+        s1 = min(s0 + bs, last)
+        yield s0, s1, causal and s1 - 1 > t0 + shift
+
+
+def attention_forward(
+    q: Any, k: Any, v: Any, causal: bool = True, block_size: int = 128
+) -> tuple[Any, tuple]:
+    """Scaled dot-product attention, softmax(q k^T / sqrt(D)) v, over grouped KV heads.
+
+    q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0; out (B, T, Hq, D).
+
+    >>> import numpy as np
+    >>> q = k = v = np.ones((1, 2, 1, 2))
+    >>> attention_forward(q, k, v)[0][0, :, 0].tolist()
+    [[1.0, 1.0], [1.0, 1.0]]
+    """
+    _validate(q, k, v, block_size)
+    xp = get_array_module(q)
+    (_, t, hq, d), hkv = q.shape, k.shape[2]
+    g, shift, scale = hq // hkv, k.shape[1] - t, 1.0 / math.sqrt(d)
+    qs = _group_queries(xp, q * q.dtype.type(scale), hkv)  # (B, Hkv, T*G, D), pre-scaled
+    kt = xp.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
+    vt = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
+    out = xp.empty_like(qs)
+    lse = xp.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, T*G)
+    for t0 in range(0, t, block_size):
+        t1 = min(t0 + block_size, t)
+        r0, r1 = t0 * g, t1 * g
+        o, lse[..., r0:r1] = _forward_rows(xp, qs[:, :, r0:r1], kt, vt, t0, t1, g, shift, causal, block_size)
+        out[:, :, r0:r1] = o
+    return _ungroup(xp, out, t, hq), (qs, kt, vt, out, lse, causal, block_size, t)
+
+
+def _forward_rows(xp, qb, kt, vt, t0, t1, g, shift, causal, bs):
+    """Online softmax over key blocks for one query block qb (B, Hkv, R, D) -> (out, lse)."""
+    m = l = o = None
+    for s0, s1, masked in _key_blocks(t0, t1, kt.shape[2], shift, causal, bs):
+        sc = qb @ kt[:, :, s0:s1].swapaxes(-1, -2)  # (B, Hkv, R, Sb) scores
+        if masked:
+            sc += _causal_bias(xp, sc.dtype, t0, t1, s0, s1, g, shift)
+        m_new = sc.max(axis=-1) if m is None else xp.maximum(m, sc.max(axis=-1))  # (B, Hkv, R)
+        sc -= m_new[..., None]
+        p = xp.exp(sc, out=sc)  # (B, Hkv, R, Sb)
+        pv = p @ vt[:, :, s0:s1]  # (B, Hkv, R, D)
+        if m is None:
+            l, o = p.sum(axis=-1), pv
+        else:
+            corr = xp.exp(m - m_new)  # rescale what was accumulated under the old max
+            l = l * corr + p.sum(axis=-1)
+            o = o * corr[..., None] + pv
+        m = m_new
+    o /= l[..., None]
+    return o, m + xp.log(l)
+
+
+def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) shaped like q, k, v; probabilities are recomputed tile by tile from the saved lse."""
+    qs, kt, vt, out, lse, causal, bs, t = cache
+    xp = get_array_module(dout)
+    b, hkv, rows, d = qs.shape
+    g, hq, s = rows // t, rows // t * hkv, kt.shape[2]
+    if dout.shape != (b, t, hq, d):
+        raise shape_error("attention_backward", f"dout must be {(b, t, hq, d)}", dout=dout)
+    do = _group_queries(xp, dout, hkv)  # (B, Hkv, T*G, D)
+    delta = xp.einsum("bhrd,bhrd->bhr", do, out)  # (B, Hkv, T*G) rowsum(dO * O)
+    dq = xp.zeros_like(qs)
+    dk = xp.zeros_like(kt)
+    dv = xp.zeros_like(vt)
+    for t0 in range(0, t, bs):
+        t1 = min(t0 + bs, t)
+        r = slice(t0 * g, t1 * g)
+        for s0, s1, masked in _key_blocks(t0, t1, s, s - t, causal, bs):
+            sc = qs[:, :, r] @ kt[:, :, s0:s1].swapaxes(-1, -2)  # (B, Hkv, R, Sb)
+            if masked:
+                sc += _causal_bias(xp, sc.dtype, t0, t1, s0, s1, g, s - t)
+            sc -= lse[:, :, r, None]
+            p = xp.exp(sc, out=sc)  # probabilities of this tile
+            dv[:, :, s0:s1] += p.swapaxes(-1, -2) @ do[:, :, r]  # (B, Hkv, Sb, D)
+            ds = do[:, :, r] @ vt[:, :, s0:s1].swapaxes(-1, -2)  # dP (B, Hkv, R, Sb)
+            ds -= delta[:, :, r, None]
+            ds *= p  # dS = P * (dP - delta)
+            dq[:, :, r] += ds @ kt[:, :, s0:s1]
+            dk[:, :, s0:s1] += ds.swapaxes(-1, -2) @ qs[:, :, r]  # q is pre-scaled
+    dq *= dq.dtype.type(1.0 / math.sqrt(d))
+    return _ungroup(xp, dq, t, hq), dk.transpose(0, 2, 1, 3).copy(), dv.transpose(0, 2, 1, 3).copy()

@@ -1,0 +1,44 @@
+"""Token embedding: a gather in forward, a scatter-add in backward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from euler_kernels.backend import check_float, get_array_module, shape_error
+
+
+def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
+    """Look up rows of `weight` (V, C) for integer `tokens` (B, T) -> out (B, T, C).
+
+    >>> import numpy as np
+    >>> out, cache = embedding_forward(np.eye(3), np.array([[2, 0]]))
+    >>> out.tolist()
+    [[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]
+    """
+    xp = get_array_module(weight)
+    check_float("embedding_forward", weight=weight)
+    if weight.ndim != 2:
+        raise shape_error("embedding_forward", "weight must be (V, C)", weight=weight, tokens=tokens)
+    if tokens.dtype.kind not in "iu":
+        raise ValueError(f"embedding_forward: tokens must be integers, got dtype {tokens.dtype}")
+    vocab = weight.shape[0]
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(
+            f"embedding_forward: token ids must lie in [0, {vocab}); got min {int(tokens.min())}, "
+            f"max {int(tokens.max())} (weight{tuple(weight.shape)}, tokens{tuple(tokens.shape)})"
+        )
+    out = xp.take(weight, tokens, axis=0)  # (B, T, C)
+    return out, (tokens, weight.shape, weight.dtype)
+
+
+def embedding_backward(dout: Any, cache: tuple) -> Any:
+    """Scatter-add `dout` (B, T, C) into dweight (V, C); repeated tokens accumulate."""
+    tokens, wshape, dtype = cache
+    xp = get_array_module(dout)
+    if dout.shape != (*tokens.shape, wshape[1]):
+        raise shape_error(
+            "embedding_backward", f"dout must be tokens.shape + ({wshape[1]},)", dout=dout, tokens=tokens
+        )
+    dweight = xp.zeros(wshape, dtype=dtype)  # (V, C)
+    xp.add.at(dweight, tokens.reshape(-1), dout.reshape(-1, wshape[1]).astype(dtype, copy=False))
+    return dweight

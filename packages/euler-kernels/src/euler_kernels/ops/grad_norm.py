@@ -1,0 +1,47 @@
+"""Global gradient norm over many arrays, and clipping to a maximum norm."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from euler_kernels.backend import get_array_module
+
+
+def _as_list(grads: Iterable[Any] | Mapping[str, Any]) -> list[Any]:
+    return list(grads.values()) if isinstance(grads, Mapping) else list(grads)
+
+
+def global_grad_norm(grads: Iterable[Any] | Mapping[str, Any]) -> float:
+    """sqrt(sum over arrays of sum(g ** 2)), accumulated as a Python float (a dict's values count).
+
+    >>> import numpy as np
+    >>> global_grad_norm([np.array([3.0]), np.array([4.0])])
+    5.0
+    """
+    total = 0.0
+    for g in _as_list(grads):
+        xp = get_array_module(g)
+        flat = g.reshape(-1)
+        total += float(xp.dot(flat, flat))
+    return math.sqrt(total)
+
+
+def clip_grad_norm(grads: Iterable[Any] | Mapping[str, Any], max_norm: float) -> float:
+    """Scale every gradient in place so the global norm is at most `max_norm`; return the norm before.
+
+    >>> import numpy as np
+    >>> g = [np.array([3.0, 4.0])]
+    >>> clip_grad_norm(g, 1.0), g[0].tolist()
+    (5.0, [0.6000000000000001, 0.8])
+    """
+    if not max_norm > 0:
+        raise ValueError(f"clip_grad_norm: max_norm must be positive, got {max_norm}")
+    arrays = _as_list(grads)
+    norm = global_grad_norm(arrays)
+    if norm > max_norm:
+        scale = max_norm / norm
+        for g in arrays:
+            g *= scale
+    return norm

@@ -1,0 +1,38 @@
+"""Linear layer without bias; weight layout (C_out, C_in) as in PyTorch: out = x @ weight.T."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from euler_kernels.backend import check_float, shape_error
+
+
+def linear_forward(x: Any, weight: Any) -> tuple[Any, tuple]:
+    """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
+
+    >>> import numpy as np
+    >>> out, _ = linear_forward(np.array([[1.0, 2.0]]), np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]))
+    >>> out.tolist()
+    [[1.0, 3.0, 4.0]]
+    """
+    check_float("linear_forward", x=x, weight=weight)
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise shape_error(
+            "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=weight
+        )
+    out = x @ weight.T  # (..., C_out)
+    return out, (x, weight)
+
+
+def linear_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
+    """Gradients (dx (..., C_in), dweight (C_out, C_in))."""
+    x, weight = cache
+    if dout.shape != (*x.shape[:-1], weight.shape[0]):
+        raise shape_error(
+            "linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, x=x, weight=weight
+        )
+    dx = dout @ weight  # (..., C_in)
+    d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
+    x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
+    dweight = d2.T @ x2  # (C_out, C_in)
+    return dx, dweight

@@ -1,0 +1,28 @@
+"""Residual connection: out = x + branch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from euler_kernels.backend import check_float, shape_error
+
+
+def residual_forward(x: Any, branch: Any) -> tuple[Any, tuple]:
+    """out = x + branch (same shape and dtype).
+
+    >>> import numpy as np
+    >>> residual_forward(np.ones(2), np.arange(2.0))[0].tolist()
+    [1.0, 2.0]
+    """
+    check_float("residual_forward", x=x, branch=branch)
+    if x.shape != branch.shape:
+        raise shape_error("residual_forward", "x and branch must have the same shape", x=x, branch=branch)
+    return x + branch, (x.shape,)
+
+
+def residual_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
+    """(dx, dbranch): both equal dout; dbranch is a copy so the two may be updated independently."""
+    (shape,) = cache
+    if dout.shape != shape:
+        raise ValueError(f"residual_backward: dout{tuple(dout.shape)} must match x{tuple(shape)}")
+    return dout, dout.copy()

@@ -1,0 +1,41 @@
+"""RMSNorm without bias: out = x / sqrt(mean(x**2) + eps) * weight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from euler_kernels.backend import check_float, get_array_module, shape_error
+
+
+def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5) -> tuple[Any, tuple]:
+    """Normalise the last axis of `x` (..., C) by its root mean square, then scale by `weight` (C,).
+
+    >>> import numpy as np
+    >>> out, _ = rmsnorm_forward(np.array([[3.0, 4.0]]), np.ones(2), eps=0.0)
+    >>> np.round(out, 4).tolist()
+    [[0.8485, 1.1314]]
+    """
+    xp = get_array_module(x)
+    check_float("rmsnorm_forward", x=x, weight=weight)
+    if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
+        raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
+    ms = xp.einsum("...c,...c->...", x, x) / x.shape[-1]  # (...,) mean of squares
+    rstd = 1.0 / xp.sqrt(ms + eps)  # (...,)
+    xhat = x * rstd[..., None]  # (..., C)
+    out = xhat * weight
+    return out, (xhat, rstd, weight)
+
+
+def rmsnorm_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
+    """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight."""
+    xhat, rstd, weight = cache
+    xp = get_array_module(dout)
+    if dout.shape != xhat.shape:
+        raise shape_error("rmsnorm_backward", "dout must match x", dout=dout, x=xhat)
+    c = xhat.shape[-1]
+    dweight = xp.einsum("nc,nc->c", dout.reshape(-1, c), xhat.reshape(-1, c))  # (C,) over leading axes
+    g = dout * weight  # (..., C) gradient w.r.t. xhat
+    proj = xp.einsum("...c,...c->...", g, xhat) / c  # (...,)
+    g -= xhat * proj[..., None]
+    g *= rstd[..., None]
+    return g, dweight.astype(weight.dtype, copy=False)

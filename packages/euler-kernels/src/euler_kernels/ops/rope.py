@@ -1,0 +1,72 @@
+"""Rotary position embedding with precomputed tables and the rotate-half pairing of HF Llama.
+
+Pair i of a head vector is (x[..., i], x[..., i + D // 2]); at position p it is rotated by the angle
+p * theta ** (-2 i / D). `offset` shifts positions, so a KV-cache decode step uses offset = past length.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.backend import check_float, get_array_module, shape_error
+
+
+def rope_tables(
+    head_dim: int, max_positions: int, theta: float = 10000.0, dtype: Any = np.float32, xp: ModuleType = np
+) -> tuple[Any, Any]:
+    """cos, sin tables, each (max_positions, head_dim // 2), computed in float64 then cast.
+
+    >>> cos, sin = rope_tables(4, 3)
+    >>> cos.shape, float(cos[0, 0]), round(float(sin[1, 0]), 4)
+    ((3, 2), 1.0, 0.8415)
+    """
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"rope_tables: head_dim must be a positive even number, got {head_dim}")
+    if max_positions <= 0:
+        raise ValueError(f"rope_tables: max_positions must be positive, got {max_positions}")
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, D/2)
+    return xp.asarray(np.cos(angles), dtype=dtype), xp.asarray(np.sin(angles), dtype=dtype)
+
+
+def _rotate(x: Any, cos: Any, sin: Any, sign: float) -> Any:
+    # rotate each pair by +angle (sign=1, forward) or -angle (sign=-1, backward = transpose)
+    xp = get_array_module(x)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # (B, T, H, D/2) each
+    out = xp.empty_like(x)
+    out[..., :half] = x1 * cos - sign * (x2 * sin)
+    out[..., half:] = x2 * cos + sign * (x1 * sin)
+    return out
+
+
+def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, Any]:
+    if x.ndim != 4 or x.shape[-1] % 2:
+        raise shape_error(fn, "x must be (B, T, H, D) with D even", x=x)
+    t, d = x.shape[1], x.shape[-1]
+    if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[1] != d // 2:
+        raise shape_error(fn, "cos and sin must be (P, D // 2)", x=x, cos=cos, sin=sin)
+    if offset < 0 or offset + t > cos.shape[0]:
+        raise shape_error(
+            fn, f"positions offset..offset+T = {offset}..{offset + t} exceed the table", x=x, cos=cos
+        )
+    # (T, 1, D/2): broadcast over batch and heads
+    return cos[offset : offset + t, None, :], sin[offset : offset + t, None, :]
+
+
+def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tuple]:
+    """Rotate x (B, T, H, D) at positions offset .. offset + T - 1; out has x's shape and dtype."""
+    check_float("rope_forward", x=x, cos=cos, sin=sin)
+    c, s = _tables_for("rope_forward", x, cos, sin, offset)
+    return _rotate(x, c, s, 1.0), (c, s)
+
+
+def rope_backward(dout: Any, cache: tuple) -> Any:
+    """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle."""
+    c, s = cache
+    if dout.ndim != 4 or dout.shape[1] != c.shape[0] or dout.shape[-1] != 2 * c.shape[-1]:
+        raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)
+    return _rotate(dout, c, s, -1.0)
