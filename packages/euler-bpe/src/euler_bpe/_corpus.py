@@ -1,0 +1,125 @@
+"""Reading a training corpus (strings, bytes or files) in pieces and counting its pretokenized words.
+
+Files are read as bytes; invalid UTF-8 never fails: such bytes travel as lone surrogates
+(`surrogateescape`) and come back as the same raw bytes when words are turned into bytes.
+
+>>> sorted(count_words(["a b a", "<|end|>a"], specials=["<|end|>"]).items())
+[(b' a', 1), (b' b', 1), (b'a', 2)]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from euler_bpe._encode import word_bytes
+from euler_bpe._pretokenize import GPT2_PATTERN, compile_pattern, special_splitter
+
+Source = str | bytes | os.PathLike
+PIECE = 1 << 20  # about 1 MiB of text per piece
+
+
+def _split_lines(data: str, size: int = PIECE) -> Iterator[str]:
+    """Pieces of about `size` characters, cut after a newline where there is one."""
+    start = 0
+    while start < len(data):
+        end = min(start + size, len(data))
+        cut = data.rfind("\n", start, end) + 1 if end < len(data) else end
+        end = cut if cut > start else end
+        yield data[start:end]
+        start = end
+
+
+def _read_file(path: Path) -> Iterator[str]:
+    """A file's text in pieces, read as bytes; invalid UTF-8 becomes lone surrogates."""
+    tail = b""
+    with open(path, "rb") as f:
+        while block := f.read(PIECE):
+            block = tail + block
+            cut = block.rfind(b"\n") + 1 or len(block)
+            tail = block[cut:]
+            yield block[:cut].decode("utf-8", "surrogateescape")
+    if tail:
+        yield tail.decode("utf-8", "surrogateescape")
+
+
+def iter_pieces(sources: Iterable[Source]) -> Iterator[str]:
+    """str: text; bytes: UTF-8 (invalid bytes allowed); os.PathLike: a file to read."""
+    for source in sources:
+        if isinstance(source, os.PathLike):
+            yield from _read_file(Path(source))
+        elif isinstance(source, bytes):
+            yield from _split_lines(source.decode("utf-8", "surrogateescape"))
+        elif isinstance(source, str):
+            yield from _split_lines(source)
+        else:
+            raise TypeError(f"train: a source must be str, bytes or a path, got {type(source).__name__}")
+
+
+def source_size(source: Source) -> int:
+    """Bytes (files, bytes) or characters (str) in one source, for sampling."""
+    return os.path.getsize(source) if isinstance(source, os.PathLike) else len(source)
+
+
+def sample_pieces(sources: list[Source], sample_bytes: int | None) -> Iterator[str]:
+    """All pieces, or about `sample_bytes` of them spread evenly over the whole corpus."""
+    total = sum(source_size(s) for s in sources)
+    if sample_bytes is None or total <= sample_bytes:
+        yield from iter_pieces(sources)
+        return
+    ratio, seen, kept = sample_bytes / total, 0, 0
+    for piece in iter_pieces(sources):
+        seen += len(piece)
+        if kept < seen * ratio:  # keep a piece whenever the kept share falls behind the target
+            kept += len(piece)
+            yield piece
+
+
+def _batches(pieces: Iterable[str], size: int = PIECE) -> Iterator[list[str]]:
+    batch, n = [], 0
+    for piece in pieces:
+        batch.append(piece)
+        n += len(piece)
+        if n >= size:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
+
+def _count_batch(args: tuple[list[str], str, list[str]]) -> Counter:
+    """Word counts (str keys) of one batch of pieces; special tokens are cut out and not counted."""
+    pieces, pattern, specials = args
+    findall, counts = compile_pattern(pattern).findall, Counter()
+    splitter = special_splitter(specials) if specials else None
+    for piece in pieces:
+        for i, part in enumerate(splitter.split(piece) if splitter else [piece]):
+            if i % 2 == 0:  # odd parts are the special tokens themselves
+                counts.update(findall(part))
+    return counts
+
+
+def count_words(
+    pieces: Iterable[str], pattern: str = GPT2_PATTERN, specials: list[str] = (), workers: int = 1
+) -> dict[bytes, int]:
+    """Counts of unique pretokenized words, as bytes, over all pieces (`workers` processes)."""
+    jobs = ((batch, pattern, list(specials)) for batch in _batches(pieces))
+    total: Counter = Counter()
+    if workers > 1:
+        with multiprocessing.get_context(_context()).Pool(workers) as pool:
+            for counts in pool.imap_unordered(_count_batch, jobs):
+                total.update(counts)
+    else:
+        for job in jobs:
+            total.update(_count_batch(job))
+    merged: dict[bytes, int] = Counter()
+    for word, c in total.items():
+        merged[word_bytes(word, raw=True)] += c  # two spellings may give the same bytes
+    return dict(merged)
+
+
+def _context() -> str:
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"

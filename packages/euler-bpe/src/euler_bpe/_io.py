@@ -1,0 +1,95 @@
+"""euler-bpe's own file format: versioned JSON with a content hash.
+
+    {"format": "euler-bpe", "version": 1, "pattern": "...", "tokens": ["68", "6869", ...],
+     "merges": [[104, 105], ...], "special_tokens": {"<|endoftext|>": 4095}, "fingerprint": "..."}
+
+`tokens[i]` is the hex of token i's bytes; `merges` are in rank order; `fingerprint` is the SHA-256 of
+the canonical JSON of the other content fields, checked on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from euler_bpe.errors import TokenizerFileError
+
+if TYPE_CHECKING:
+    from euler_bpe.tokenizer import Tokenizer
+
+FORMAT = "euler-bpe"
+VERSION = 1
+
+
+def content(tok: Tokenizer) -> dict[str, Any]:
+    """The fields that define the tokenizer (what the fingerprint hashes)."""
+    return {
+        "pattern": tok.pattern,
+        "tokens": [t.hex() for t in tok.tokens],
+        "merges": [list(p) for p in tok.merges],
+        "special_tokens": dict(tok.special_tokens),
+    }
+
+
+def fingerprint(fields: dict[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of the content fields."""
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def to_dict(tok: Tokenizer) -> dict[str, Any]:
+    fields = content(tok)
+    return {"format": FORMAT, "version": VERSION, **fields, "fingerprint": fingerprint(fields)}
+
+
+def _field(data: dict, key: str, kind: type) -> Any:
+    if not isinstance(data.get(key), kind):
+        raise TokenizerFileError(f"load: field {key!r} is missing or not a {kind.__name__}")
+    return data[key]
+
+
+def from_dict(data: Any, check_fingerprint: bool = True) -> Tokenizer:
+    """Rebuild a tokenizer from `to_dict`'s output; raises TokenizerFileError on anything malformed."""
+    from euler_bpe.tokenizer import Tokenizer
+
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TokenizerFileError(f'load: not an {FORMAT} file (no "format": "{FORMAT}")')
+    if data.get("version") != VERSION:
+        raise TokenizerFileError(
+            f"load: unknown {FORMAT} version {data.get('version')!r}; this reads {VERSION}"
+        )
+    try:
+        tokens = [bytes.fromhex(h) for h in _field(data, "tokens", list)]
+        merges = [(int(a), int(b)) for a, b in _field(data, "merges", list)]
+        tok = Tokenizer(tokens, merges, _field(data, "special_tokens", dict), _field(data, "pattern", str))
+    except (TypeError, ValueError) as err:
+        raise TokenizerFileError(f"load: inconsistent tokenizer: {err}") from None
+    if check_fingerprint and data.get("fingerprint") != tok.fingerprint:
+        raise TokenizerFileError(
+            "load: the fingerprint does not match the content (file corrupted or edited)"
+        )
+    return tok
+
+
+def save(tok: Tokenizer, path: str | os.PathLike) -> None:
+    """Write atomically: a temporary file beside `path`, then rename."""
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(to_dict(tok), f, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def load(path: str | os.PathLike) -> Tokenizer:
+    """Read an euler-bpe file, or a Hugging Face tokenizer.json (recognised by its "model" field)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TokenizerFileError(f"load: {path} is not valid JSON (truncated?): {err}") from None
+    if isinstance(data, dict) and "model" in data and "format" not in data:
+        from euler_bpe._hf import from_hf_dict
+
+        return from_hf_dict(data)
+    return from_dict(data)

@@ -1,0 +1,111 @@
+"""Learning BPE merges from word counts, incrementally.
+
+Each unique pretokenized word is a list of token ids with a count. Pair counts are kept in a dict and
+updated only for the words that a merge touches; a heap with lazy invalidation yields the best pair.
+Ties: the highest count wins, then the smallest pair compared by (left bytes, right bytes).
+
+>>> merges, tokens = learn_merges({b"aaab": 2, b"ab": 3}, num_tokens=258)
+>>> [(tokens[a], tokens[b]) for a, b, _ in merges]
+[(b'a', b'b'), (b'a', b'a')]
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import defaultdict
+from collections.abc import Callable
+
+from euler_bpe._encode import _replace_pair
+
+Pair = tuple[int, int]
+
+
+class _PairTable:
+    """Pair counts, the words each pair occurs in, and a max-heap over (count, bytes) with lazy entries."""
+
+    def __init__(self, words: list[list[int]], counts: list[int], tokens: list[bytes]):
+        self.tokens = tokens
+        self.count: dict[Pair, int] = defaultdict(int)
+        self.where: dict[Pair, set[int]] = defaultdict(set)
+        for wi, (word, c) in enumerate(zip(words, counts)):
+            for pair in itertools.pairwise(word):
+                self.count[pair] += c
+                self.where[pair].add(wi)
+        self.heap = [self._entry(p, c) for p, c in self.count.items()]
+        heapq.heapify(self.heap)
+
+    def _entry(self, pair: Pair, count: int) -> tuple:
+        return (-count, self.tokens[pair[0]], self.tokens[pair[1]], pair)
+
+    def best(self) -> tuple[Pair, int] | None:
+        """The pair to merge next with its count, or None when no pair is left."""
+        while self.heap:
+            neg, _, _, pair = self.heap[0]
+            if self.count.get(pair, 0) == -neg and neg < 0:
+                return pair, -neg
+            heapq.heappop(self.heap)  # stale: the count changed after this entry was pushed
+        return None
+
+    def apply(self, delta: dict[Pair, int]) -> None:
+        """Add count changes and push fresh heap entries for the pairs that changed."""
+        for pair, d in delta.items():
+            if d == 0:
+                continue
+            new = self.count[pair] + d
+            if new > 0:
+                self.count[pair] = new
+                heapq.heappush(self.heap, self._entry(pair, new))
+            else:
+                del self.count[pair]
+
+
+def _merge_everywhere(table: _PairTable, words: list[list[int]], counts: list[int], pair: Pair, new_id: int):
+    """Rewrite every word that contains `pair` and update the pair counts by the difference."""
+    delta: dict[Pair, int] = defaultdict(int)
+    where = table.where
+    for wi in where.pop(pair, ()):
+        word = words[wi]
+        new = _replace_pair(word, pair, new_id)
+        if len(new) == len(word):
+            continue  # the pair left this word in an earlier merge
+        c = counts[wi]
+        for p in itertools.pairwise(word):
+            delta[p] -= c
+        for p in itertools.pairwise(new):
+            delta[p] += c
+            if new_id in p:
+                where[p].add(wi)
+        words[wi] = new
+    table.apply(delta)
+
+
+def learn_merges(
+    word_counts: dict[bytes, int],
+    num_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[tuple[int, int, int]], list[bytes]]:
+    """Merge until there are `num_tokens` tokens; returns ([(left, right, merged id)], tokens by id).
+
+    Ids 0..255 are the single bytes; each merge adds one token unless its bytes already exist (then
+    the merge reuses that id). Stops early when no adjacent pair is left in any word.
+    """
+    if num_tokens < 256:
+        raise ValueError(f"learn_merges: num_tokens must be >= 256 (the byte alphabet), got {num_tokens}")
+    tokens = [bytes([b]) for b in range(256)]
+    index = {t: i for i, t in enumerate(tokens)}
+    words = [list(w) for w in word_counts]
+    counts = list(word_counts.values())
+    table = _PairTable(words, counts, tokens)
+    merges: list[tuple[int, int, int]] = []
+    while len(tokens) < num_tokens and (top := table.best()) is not None:
+        (left, right), _ = top
+        merged = tokens[left] + tokens[right]
+        if merged not in index:
+            index[merged] = len(tokens)
+            tokens.append(merged)
+        merges.append((left, right, index[merged]))
+        _merge_everywhere(table, words, counts, (left, right), index[merged])
+        if progress is not None:
+            progress(len(tokens), num_tokens)
+    return merges, tokens

@@ -1,0 +1,230 @@
+"""The Tokenizer: byte-level BPE with GPT-2 pretokenization, special tokens, files and interop.
+
+>>> tok = Tokenizer.train(["low lower lowest " * 20], vocab_size=262, special_tokens=["<|end|>"])
+>>> ids = tok.encode("lower<|end|>", allowed_special="all")
+>>> tok.decode(ids), ids[-1] == tok.special_tokens["<|end|>"]
+('lower<|end|>', True)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from functools import cached_property
+from typing import Literal
+
+from euler_bpe import _io
+from euler_bpe._corpus import Source, count_words, sample_pieces
+from euler_bpe._encode import WordEncoder
+from euler_bpe._pretokenize import GPT2_PATTERN, compile_pattern, special_splitter
+from euler_bpe._train import learn_merges
+from euler_bpe._vocab import build_tables
+
+AllowedSpecial = Literal["all"] | Collection[str]
+
+
+class Tokenizer:
+    """Byte-level BPE. `tokens[i]` is the bytes of id i; `merges` are (left id, right id) in rank order.
+
+    Special tokens have ids of their own; their bytes (the UTF-8 of their name) are what `decode` shows.
+    """
+
+    def __init__(
+        self,
+        tokens: Sequence[bytes],
+        merges: Sequence[tuple[int, int]],
+        special_tokens: Mapping[str, int] | None = None,
+        pattern: str = GPT2_PATTERN,
+    ):
+        self.special_tokens: dict[str, int] = dict(special_tokens or {})
+        self.tokens: list[bytes] = [bytes(t) for t in tokens]
+        for name, i in self.special_tokens.items():
+            if isinstance(i, int) and 0 <= i < len(self.tokens) and isinstance(name, str):
+                self.tokens[i] = name.encode("utf-8")
+        self.merges: list[tuple[int, int]] = [tuple(p) for p in merges]
+        self.pattern = pattern
+        compile_pattern(pattern)
+        tables = build_tables(self.tokens, self.merges, self.special_tokens)
+        self._encoder = WordEncoder(tables.byte_ids, tables.merges, pattern)
+        self._splitters: dict[frozenset[str], object] = {}
+
+    # ---- training -------------------------------------------------------------------------------
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[Source],
+        vocab_size: int,
+        special_tokens: Sequence[str] = (),
+        *,
+        pattern: str = GPT2_PATTERN,
+        sample_bytes: int | None = None,
+        workers: int = 1,
+        progress: bool | Callable[[int, int], None] = False,
+    ) -> Tokenizer:
+        """Learn merges from `texts` (str: text, bytes: UTF-8, os.PathLike: a file) up to `vocab_size`.
+
+        `vocab_size` counts the 256 bytes, the merges and the special tokens, which take the last ids.
+        `sample_bytes` trains on about that much of the corpus, spread evenly; `workers` processes
+        pretokenize. If the corpus runs out of pairs, the vocabulary is smaller than asked.
+        """
+        specials = list(special_tokens)
+        if len(set(specials)) != len(specials) or not all(isinstance(s, str) and s for s in specials):
+            raise ValueError(f"train: special tokens must be distinct non-empty strings, got {specials}")
+        if vocab_size < 256 + len(specials):
+            raise ValueError(
+                f"train: vocab_size={vocab_size} is smaller than 256 bytes + {len(specials)} special tokens"
+            )
+        sources = [texts] if isinstance(texts, (str, bytes, os.PathLike)) else list(texts)
+        counts = count_words(sample_pieces(sources, sample_bytes), pattern, specials, workers)
+        if not counts:
+            raise ValueError("train: the corpus is empty (no text to learn merges from)")
+        report = _progress_printer() if progress is True else (progress or None)
+        merges, tokens = learn_merges(counts, vocab_size - len(specials), report)
+        special_ids = {s: len(tokens) + k for k, s in enumerate(specials)}
+        tokens += [s.encode("utf-8") for s in specials]
+        return cls(tokens, [(a, b) for a, b, _ in merges], special_ids, pattern)
+
+    # ---- encoding -------------------------------------------------------------------------------
+    def _allowed(self, allowed_special: AllowedSpecial) -> frozenset[str]:
+        if allowed_special == "all":
+            return frozenset(self.special_tokens)
+        if isinstance(allowed_special, str):
+            raise ValueError(
+                f"encode: allowed_special must be 'all' or a set of names, got {allowed_special!r}"
+            )
+        allowed = frozenset(allowed_special)
+        unknown = allowed - self.special_tokens.keys()
+        if unknown:
+            raise ValueError(
+                f"encode: unknown special tokens {sorted(unknown)}; known: {list(self.special_tokens)}"
+            )
+        return allowed
+
+    def encode(self, text: str, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
+        """Token ids of `text`. Special tokens count only when named in `allowed_special` (or "all");
+        otherwise they are plain text. Lone surrogates in `text` are encoded as U+FFFD (like tiktoken).
+
+        >>> Tokenizer.byte_level().encode("hi")
+        [104, 105]
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode: expected str, got {type(text).__name__}")
+        allowed = self._allowed(allowed_special) if allowed_special else frozenset()
+        if not allowed:
+            return self._encoder.encode(text)
+        if allowed not in self._splitters:
+            self._splitters[allowed] = special_splitter(sorted(allowed))
+        out: list[int] = []
+        for k, part in enumerate(self._splitters[allowed].split(text)):
+            # split() alternates text, special, text, ...
+            out += [self.special_tokens[part]] if k % 2 else self._encoder.encode(part)
+        return out
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Ids of raw bytes, valid UTF-8 or not; `decode_bytes` gives them back exactly (no specials)."""
+        return self._encoder.encode(bytes(data).decode("utf-8", "surrogateescape"), raw=True)
+
+    def encode_batch(
+        self, texts: Sequence[str], allowed_special: AllowedSpecial = frozenset(), workers: int = 1
+    ) -> list[list[int]]:
+        """`[encode(t) for t in texts]`, in `workers` processes when > 1 (the merges go once per worker)."""
+        texts = list(texts)
+        if allowed_special:
+            self._allowed(allowed_special)  # fail here, not in a worker
+        if workers <= 1 or len(texts) < 2 or sum(map(len, texts)) < 1 << 16:
+            return [self.encode(t, allowed_special) for t in texts]
+        from euler_bpe._parallel import encode_parallel
+
+        return encode_parallel(_io.to_dict(self), texts, allowed_special, workers)
+
+    # ---- decoding -------------------------------------------------------------------------------
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes of the tokens, concatenated; raises ValueError on an id outside the vocabulary."""
+        ids = list(ids)
+        if ids and (min(ids) < 0 or max(ids) >= len(self.tokens)):
+            bad = next(i for i in ids if not 0 <= i < len(self.tokens))
+            raise ValueError(f"decode: id {bad} is outside the vocabulary 0..{len(self.tokens) - 1}")
+        return b"".join(map(self.tokens.__getitem__, ids))
+
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
+        """Text of `ids`; partial UTF-8 becomes U+FFFD, or raises UnicodeDecodeError with errors="strict"."""
+        return self.decode_bytes(ids).decode("utf-8", errors)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of one token (a special token's are the UTF-8 of its name)."""
+        if not isinstance(token_id, int) or not 0 <= token_id < len(self.tokens):
+            raise ValueError(
+                f"token_bytes: id {token_id!r} is outside the vocabulary 0..{len(self.tokens) - 1}"
+            )
+        return self.tokens[token_id]
+
+    # ---- properties and files -------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the tokenizer's content: equal fingerprints mean equal encodings."""
+        return _io.fingerprint(_io.content(self))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the euler-bpe JSON format (see `_io`)."""
+        _io.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        """Read a file written by `save` (or a Hugging Face tokenizer.json); TokenizerFileError if bad."""
+        return _io.load(path)
+
+    @classmethod
+    def byte_level(cls, special_tokens: Sequence[str] = ()) -> Tokenizer:
+        """The 256-byte tokenizer with no merges (ids are byte values), plus specials after them."""
+        specials = {s: 256 + k for k, s in enumerate(special_tokens)}
+        return cls([bytes([b]) for b in range(256)] + [s.encode() for s in special_tokens], [], specials)
+
+    @classmethod
+    def from_gpt2(cls, vocab_bpe: str | os.PathLike, encoder_json: str | os.PathLike) -> Tokenizer:
+        """GPT-2's original `vocab.bpe` (merges) and `encoder.json` (token -> id)."""
+        from euler_bpe._gpt2 import from_gpt2
+
+        return from_gpt2(vocab_bpe, encoder_json)
+
+    @classmethod
+    def from_hf(cls, tokenizer_json: str | os.PathLike) -> Tokenizer:
+        """A Hugging Face `tokenizer.json` with a ByteLevel BPE model."""
+        from euler_bpe._hf import from_hf
+
+        return from_hf(tokenizer_json)
+
+    def to_hf(self, path: str | os.PathLike) -> None:
+        """Write a Hugging Face `tokenizer.json` that the `tokenizers` library encodes identically with."""
+        from euler_bpe._hf import to_hf
+
+        to_hf(self, path)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+            f"special_tokens={list(self.special_tokens)}, fingerprint={self.fingerprint[:12]})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokenizer) and self.fingerprint == other.fingerprint
+
+    __hash__ = None  # mutable-looking object: compare, don't hash
+
+
+def _progress_printer() -> Callable[[int, int], None]:
+    """A one-line progress bar on stderr (no dependency)."""
+
+    def show(done: int, total: int) -> None:
+        if done % 64 == 0 or done == total:
+            filled = int(30 * done / max(total, 1))
+            sys.stderr.write(f"\rmerges [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
+            if done == total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    return show
