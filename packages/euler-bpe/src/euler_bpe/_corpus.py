@@ -22,13 +22,30 @@ Source = str | bytes | os.PathLike
 PIECE = 1 << 20  # about 1 MiB of text per piece
 
 
-def _split_lines(data: str, size: int = PIECE) -> Iterator[str]:
-    """Pieces of about `size` characters, cut after a newline where there is one."""
+def safe_cut(data: str | bytes, end: int) -> int:
+    """The last position <= `end` where pretokenization surely splits: a newline after a visible
+    ASCII character (no pretoken holds both); `end` itself if there is none.
+
+    >>> safe_cut("ab  \\ncd\\nef", 10), safe_cut("ab  \\ncd\\nef", 6)
+    (7, 6)
+    """
+    newline = "\n" if isinstance(data, str) else b"\n"
+    pos = data.rfind(newline, 0, end)
+    while pos > 0:
+        prev = data[pos - 1]
+        if 0x21 <= (prev if isinstance(prev, int) else ord(prev)) <= 0x7E:
+            return pos
+        pos = data.rfind(newline, 0, pos)
+    return end
+
+
+def split_safely(data: str | bytes, size: int = PIECE) -> Iterator[str | bytes]:
+    """Pieces of about `size` whose pretokens are exactly those of the whole `data`."""
     start = 0
     while start < len(data):
-        end = min(start + size, len(data))
-        cut = data.rfind("\n", start, end) + 1 if end < len(data) else end
-        end = cut if cut > start else end
+        end = start + size
+        cut = safe_cut(data, end) if end < len(data) else len(data)
+        end = cut if cut > start else min(end, len(data))
         yield data[start:end]
         start = end
 
@@ -39,7 +56,12 @@ def _read_file(path: Path) -> Iterator[str]:
     with open(path, "rb") as f:
         while block := f.read(PIECE):
             block = tail + block
-            cut = block.rfind(b"\n") + 1 or len(block)
+            cut = safe_cut(block, len(block))
+            if cut == len(block) and len(block) < 16 * PIECE:
+                tail = block  # no safe place yet: read on
+                continue
+            while 0 < cut < len(block) and 0x80 <= block[cut] < 0xC0:
+                cut -= 1  # never cut inside a UTF-8 sequence
             tail = block[cut:]
             yield block[:cut].decode("utf-8", "surrogateescape")
     if tail:
@@ -52,9 +74,9 @@ def iter_pieces(sources: Iterable[Source]) -> Iterator[str]:
         if isinstance(source, os.PathLike):
             yield from _read_file(Path(source))
         elif isinstance(source, bytes):
-            yield from _split_lines(source.decode("utf-8", "surrogateescape"))
+            yield from split_safely(source.decode("utf-8", "surrogateescape"))
         elif isinstance(source, str):
-            yield from _split_lines(source)
+            yield from split_safely(source)
         else:
             raise TypeError(f"train: a source must be str, bytes or a path, got {type(source).__name__}")
 

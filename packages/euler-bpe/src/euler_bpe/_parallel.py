@@ -17,10 +17,10 @@ def _init(state: dict) -> None:
     _WORKER = from_dict(state)
 
 
-def _encode_chunk(args: tuple[Sequence[str], Any]) -> list[array]:
-    texts, allowed = args
+def _encode_chunk(args: tuple[Sequence[str], Any, bool]) -> list[array]:
+    texts, allowed, raw = args
     # array('I') travels back as raw bytes, much faster than a list of Python ints.
-    return [array("I", _WORKER.encode(t, allowed_special=allowed)) for t in texts]
+    return [array("I", _WORKER._encode(t, allowed, raw)) for t in texts]
 
 
 def _chunks(texts: Sequence[str], parts: int) -> list[Sequence[str]]:
@@ -37,10 +37,12 @@ def _chunks(texts: Sequence[str], parts: int) -> list[Sequence[str]]:
     return out
 
 
-def encode_parallel(state: dict, texts: Sequence[str], allowed: Any, workers: int) -> list[list[int]]:
+def encode_parallel(
+    state: dict, texts: Sequence[str], allowed: Any, workers: int, raw: bool
+) -> list[list[int]]:
     """Encode `texts` in `workers` processes; the order of the results is the order of `texts`."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    jobs = [(chunk, allowed) for chunk in _chunks(texts, workers * 4)]
+    jobs = [(chunk, allowed, raw) for chunk in _chunks(texts, workers * 4)]
     with multiprocessing.get_context(method).Pool(workers, initializer=_init, initargs=(state,)) as pool:
         results = pool.map(_encode_chunk, jobs, chunksize=1)
     return [a.tolist() for chunk in results for a in chunk]

@@ -110,33 +110,43 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"encode: expected str, got {type(text).__name__}")
+        return self._encode(text, allowed_special, raw=False)
+
+    def _encode(self, text: str, allowed_special: AllowedSpecial, raw: bool) -> list[int]:
         allowed = self._allowed(allowed_special) if allowed_special else frozenset()
         if not allowed:
-            return self._encoder.encode(text)
+            return self._encoder.encode(text, raw)
         if allowed not in self._splitters:
             self._splitters[allowed] = special_splitter(sorted(allowed))
         out: list[int] = []
         for k, part in enumerate(self._splitters[allowed].split(text)):
             # split() alternates text, special, text, ...
-            out += [self.special_tokens[part]] if k % 2 else self._encoder.encode(part)
+            out += [self.special_tokens[part]] if k % 2 else self._encoder.encode(part, raw)
         return out
 
-    def encode_bytes(self, data: bytes) -> list[int]:
-        """Ids of raw bytes, valid UTF-8 or not; `decode_bytes` gives them back exactly (no specials)."""
-        return self._encoder.encode(bytes(data).decode("utf-8", "surrogateescape"), raw=True)
+    def encode_bytes(self, data: bytes, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
+        """Ids of raw bytes, valid UTF-8 or not; `decode_bytes` gives the same bytes back."""
+        return self._encode(bytes(data).decode("utf-8", "surrogateescape"), allowed_special, raw=True)
 
     def encode_batch(
         self, texts: Sequence[str], allowed_special: AllowedSpecial = frozenset(), workers: int = 1
     ) -> list[list[int]]:
         """`[encode(t) for t in texts]`, in `workers` processes when > 1 (the merges go once per worker)."""
         texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("encode_batch: every text must be a str")
+        return self._encode_batch(texts, allowed_special, workers, raw=False)
+
+    def _encode_batch(
+        self, texts: list[str], allowed_special: AllowedSpecial, workers: int, raw: bool
+    ) -> list[list[int]]:
         if allowed_special:
             self._allowed(allowed_special)  # fail here, not in a worker
         if workers <= 1 or len(texts) < 2 or sum(map(len, texts)) < 1 << 16:
-            return [self.encode(t, allowed_special) for t in texts]
+            return [self._encode(t, allowed_special, raw) for t in texts]
         from euler_bpe._parallel import encode_parallel
 
-        return encode_parallel(_io.to_dict(self), texts, allowed_special, workers)
+        return encode_parallel(_io.to_dict(self), texts, allowed_special, workers, raw)
 
     # ---- decoding -------------------------------------------------------------------------------
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
