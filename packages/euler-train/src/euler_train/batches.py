@@ -1,0 +1,93 @@
+"""The trainer's view of a dataset: train micro-batches by (step, micro), validation batches by index.
+
+Both are pure functions of (seed, index, rank): a resumed run reads exactly the batches it would have
+read, and rank r of N reads its own shard of the batch a single process with N x batch_size would read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from euler_train.config import ConfigError
+
+
+def dataset_kind(folder: Path) -> str:
+    """ "sft" when the folder holds an SFT set, "pretrain" when it holds train.bin, else ConfigError."""
+    if any((folder / name).exists() for name in ("sft_tokens.bin", "train_tokens.bin")):
+        return "sft"
+    if (folder / "train.bin").is_file():
+        return "pretrain"
+    raise ConfigError(
+        f"data.dir {folder} is not a dataset made by euler-data (no train.bin or sft_tokens.bin)"
+    )
+
+
+def bytes_per_token(meta: dict[str, Any], split: str) -> float | None:
+    """Bytes per token of a split from meta.json (for bits per byte), None when meta lacks the counts."""
+    b, t = meta.get("bytes"), meta.get("tokens")  # euler-data: {"train": n, "val": n}
+    if isinstance(b, dict) and isinstance(t, dict) and b.get(split) and t.get(split):
+        return float(b[split]) / float(t[split])
+    return None
+
+
+def bits_per_byte(loss_nats: float, bytes_per_tok: float | None) -> float | None:
+    """bpb = loss / ln 2 * tokens / bytes; None without the byte counts.
+
+    >>> round(bits_per_byte(math.log(2), 1.0), 6)
+    1.0
+    """
+    if bytes_per_tok is None or not math.isfinite(loss_nats):
+        return None
+    return loss_nats / math.log(2) / bytes_per_tok
+
+
+@dataclass
+class Batches:
+    """Loader pair plus the counts needed for bits per byte."""
+
+    train_loader: Any
+    val_loader: Any | None
+    grad_accum: int
+    val_bytes_per_token: float | None
+
+    def train(self, step: int, micro: int) -> tuple[Any, Any, Any]:
+        """Micro-batch `micro` of optimizer step `step`: (tokens, targets, loss_mask or None)."""
+        return _triple(self.train_loader.batch(step * self.grad_accum + micro))
+
+    def val(self, index: int) -> tuple[Any, Any, Any]:
+        return _triple(self.val_loader.batch(index))
+
+
+def _triple(batch: tuple) -> tuple[Any, Any, Any]:
+    """(tokens, targets) or (tokens, targets, mask) as int64 tokens/targets and float32 mask or None."""
+    tokens, targets = np.asarray(batch[0], dtype=np.int64), np.asarray(batch[1], dtype=np.int64)
+    mask = np.asarray(batch[2], dtype=np.float32) if len(batch) > 2 and batch[2] is not None else None
+    return tokens, targets, mask
+
+
+def make_batches(cfg: dict, mcfg: Any, kind: str, rank: int, world_size: int) -> Batches:
+    """Build the train/val loaders of a pretrain or SFT set for this rank."""
+    import euler_data
+
+    folder = Path(cfg["data"]["dir"])
+    common = dict(
+        context=mcfg.context,
+        extra_targets=mcfg.n_mtp_heads - 1,
+        batch_size=cfg["train"]["batch_size"],
+        seed=cfg["train"]["seed"],
+        rank=rank,
+        world_size=world_size,
+    )
+    cls = euler_data.SFTLoader if kind == "sft" else euler_data.PretrainLoader
+    train = cls(folder, split="train", **common)
+    try:
+        val = cls(folder, split="val", **common)
+    except (ValueError, FileNotFoundError, OSError):
+        val = None  # no validation split: evaluation is skipped
+    meta = euler_data.read_meta(folder)
+    return Batches(train, val, cfg["train"]["grad_accum"], bytes_per_token(meta, "val"))

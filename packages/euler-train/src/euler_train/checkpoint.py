@@ -1,0 +1,169 @@
+"""Checkpoints of a run: `RUN/checkpoints/step_N/`, written atomically, checked by sha256, pruned.
+
+A checkpoint is written into a temporary folder, every file is fsynced, a `checksums.sha256` file lists
+the sha256 of every other file, then the folder is renamed to `step_N` and the parent fsynced: a crash
+leaves either the whole checkpoint or none. Loading verifies the checksums and falls back to the previous
+checkpoint with a message when the newest is truncated or corrupt.
+
+>>> import tempfile, pathlib
+>>> mgr = CheckpointManager(pathlib.Path(tempfile.mkdtemp()) / "checkpoints", keep_last=2)
+>>> path = mgr.save(3, lambda d: (d / "model.safetensors").write_bytes(b"w"), {"step": 3})
+>>> mgr.latest_valid().name
+'step_3'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+CHECKSUMS = "checksums.sha256"
+STATE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was expected."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (folders make a rename durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_of(path: Path) -> int:
+    """The N of a `step_N` folder, -1 for anything else."""
+    name = path.name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else -1
+
+
+def verify(folder: Path) -> str | None:
+    """None when `folder` is a complete checkpoint, else the reason it is not."""
+    sums = folder / CHECKSUMS
+    if not sums.is_file():
+        return f"{CHECKSUMS} is missing"
+    listed = {}
+    for line in sums.read_text(encoding="utf-8").splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    if STATE not in listed:
+        return f"{STATE} is not listed in {CHECKSUMS}"
+    for name, digest in listed.items():
+        file = folder / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if sha256_file(file) != digest:
+            return f"{name} does not match its sha256 (truncated or corrupt)"
+    return None
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """The trainer state JSON of a checkpoint folder."""
+    return json.loads((folder / STATE).read_text(encoding="utf-8"))
+
+
+class CheckpointManager:
+    """Writes, finds and prunes the checkpoints under one folder (rank 0 only writes)."""
+
+    def __init__(self, root: str | Path, keep_last: int = 3, keep_best: bool = True) -> None:
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+
+    def folders(self) -> list[Path]:
+        """Every `step_N` folder, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if p.is_dir() and step_of(p) >= 0]
+        return sorted(found, key=step_of, reverse=True)
+
+    def clean_temporaries(self) -> None:
+        """Remove half-written `.tmp-*` folders left by a crash."""
+        if self.root.is_dir():
+            for path in self.root.glob(".tmp-*"):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def save(self, step: int, write_files: Callable[[Path], Any], state: dict[str, Any]) -> Path:
+        """Write checkpoint `step`: `write_files(folder)` writes the tensors, then state, sums, rename."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-step_{step}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write_files(tmp)
+        (tmp / STATE).write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+        files = sorted(p for p in tmp.iterdir() if p.is_file())
+        lines = [f"{sha256_file(p)}  {p.name}" for p in files]
+        (tmp / CHECKSUMS).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        for path in [*files, tmp / CHECKSUMS, tmp]:
+            fsync_path(path)
+        final = self.root / f"step_{step}"
+        self._replace(tmp, final)
+        self.prune()
+        return final
+
+    def _replace(self, tmp: Path, final: Path) -> None:
+        """Rename tmp to final; an existing final is moved aside first and removed after."""
+        old = None
+        if final.exists():
+            old = final.with_name(f".tmp-old-{final.name}-{os.getpid()}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        fsync_path(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def best(self) -> Path | None:
+        """The valid-looking checkpoint with the lowest recorded `val_loss`, if any has one."""
+        scored = []
+        for path in self.folders():
+            try:
+                loss = read_state(path).get("val_loss")
+            except (OSError, ValueError):
+                continue
+            if loss is not None:
+                scored.append((loss, -step_of(path), path))
+        return min(scored)[2] if scored else None
+
+    def prune(self) -> None:
+        """Keep the newest `keep_last` checkpoints and the best one; delete the rest."""
+        folders = self.folders()
+        keep = set(folders[: self.keep_last])
+        best = self.best() if self.keep_best else None
+        if best is not None:
+            keep.add(best)
+        for path in folders:
+            if path not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def latest_valid(self, log: Callable[[str], Any] | None = None) -> Path | None:
+        """The newest checkpoint that verifies; skipped ones are reported through `log` (stderr)."""
+        log = log or (lambda msg: print(msg, file=sys.stderr))
+        folders = self.folders()
+        for path in folders:
+            reason = verify(path)
+            if reason is None:
+                return path
+            log(f"euler-train: checkpoint {path} is unusable ({reason}); trying the previous one")
+        if folders:
+            raise CheckpointError(
+                f"no valid checkpoint in {self.root}: all {len(folders)} are truncated or corrupt"
+            )
+        return None

@@ -1,0 +1,141 @@
+"""`euler-train`: pretrain, sft, chat, generate, check, export-hf, plot, quickstart.
+
+Exit codes: 0 done; 2 bad config or arguments (message names the key); 3 non-finite loss or gradient;
+128 + signal number after SIGINT/SIGTERM (a checkpoint was saved first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from euler_train.__about__ import __version__
+
+EXIT_CONFIG = 2
+
+# plain flags -> config keys
+TRAIN_FLAGS = {
+    "data": "data.dir",
+    "init": "data.init",
+    "steps": "train.steps",
+    "batch_size": "train.batch_size",
+    "grad_accum": "train.grad_accum",
+    "lr": "train.lr",
+    "seed": "train.seed",
+    "ckpt_every": "checkpoint.every",
+    "eval_every": "eval.every",
+    "device": "run.device",
+    "precision": "run.precision",
+    "gpus": "run.gpus",
+}
+
+
+def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
+    p.add_argument(
+        "--data", metavar="DIR", help="dataset folder made by euler-data" + (" (SFT set)" if sft else "")
+    )
+    if sft:
+        p.add_argument(
+            "--init", metavar="CHECKPOINT", help="pretrained checkpoint or run folder to start from"
+        )
+    p.add_argument("--out", metavar="RUN", required=True, help="run folder (config, metrics, checkpoints)")
+    p.add_argument("--preset", choices=["tiny", "small", "gpu"], help="run preset (default: tiny)")
+    p.add_argument("--config", metavar="TOML", help="a run config file applied over the preset")
+    p.add_argument("--device", choices=["cpu", "gpu", "auto"])
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"])
+    p.add_argument("--gpus", type=int, metavar="N", help="data-parallel processes, one per GPU (NCCL)")
+    p.add_argument("--steps", type=int, metavar="N")
+    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per micro-batch per GPU")
+    p.add_argument("--grad-accum", type=int, metavar="K", help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--ckpt-every", type=int, metavar="K")
+    p.add_argument("--eval-every", type=int, metavar="K")
+    p.add_argument("--seed", type=int, metavar="S")
+    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in RUN")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=3e-4"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="euler-train", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"euler-train {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_train_args(sub.add_parser("pretrain", help="pretrain a model on a dataset folder"), sft=False)
+    add_train_args(
+        sub.add_parser("sft", help="fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True
+    )
+    chat = sub.add_parser("chat", help="chat REPL: /reset, /temp X, /quit")
+    add_sampling_args(chat)
+    chat.add_argument("--system", default="", help="an optional system prompt")
+    gen = sub.add_parser("generate", help="sample a continuation of one prompt")
+    add_sampling_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument(
+        "--speculative", action="store_true", help="draft with the MTP heads, verify with head 0"
+    )
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    check = sub.add_parser("check", help="gradient check of every op and of the whole model (float64)")
+    check.add_argument("--quick", action="store_true", help="fewer cases")
+    exp = sub.add_parser("export-hf", help="write a Hugging Face LlamaForCausalLM folder")
+    exp.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
+    exp.add_argument("--out", required=True, metavar="DIR")
+    plot = sub.add_parser("plot", help="metrics.jsonl -> PNG of train and val loss")
+    plot.add_argument("run", metavar="RUN", help="run folder or metrics.jsonl")
+    plot.add_argument("--out", metavar="PNG", help="default: RUN/loss.png")
+    quick = sub.add_parser("quickstart", help="data -> tokenizer -> small pretrain on CPU -> samples")
+    quick.add_argument("--out", default="runs/quickstart", metavar="DIR")
+    quick.add_argument(
+        "--mirror", metavar="DIR", help="local data mirror (default: $EULER_DATA_MIRROR, else download)"
+    )
+    quick.add_argument("--steps", type=int, default=None, help="pretrain steps (default: the small preset's)")
+    quick.add_argument("--preset", choices=["tiny", "small"], default="small")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    from euler_train.checkpoint import CheckpointError
+    from euler_train.config import ConfigError
+
+    try:
+        return dispatch(args, argv)
+    except (ConfigError, CheckpointError, NotImplementedError) as err:
+        print(f"euler-train {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.command in ("pretrain", "sft"):
+        from euler_train.commands import run_training
+
+        return run_training(args, argv)
+    if args.command == "plot":
+        from euler_train.plot import plot_metrics
+
+        src = Path(args.run)
+        metrics = src / "metrics.jsonl" if src.is_dir() else src
+        out = Path(args.out) if args.out else metrics.parent / "loss.png"
+        print(plot_metrics(metrics, out))
+        return 0
+    from euler_train import commands
+
+    return getattr(commands, "run_" + args.command.replace("-", "_"))(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The subcommands behind cli.py (each imports the heavy packages only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from euler_train.cli import TRAIN_FLAGS
+from euler_train.config import ConfigError, load_toml, resolve_config
+
+
+def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """preset -> (RUN/config.toml when resuming, else --config) -> --set -> plain flags."""
+    saved = Path(args.out) / "config.toml"
+    base = None
+    if args.config:
+        base = load_toml(args.config)
+    elif args.resume and saved.is_file():
+        base = load_toml(saved)
+    flags = {key: getattr(args, name, None) for name, key in TRAIN_FLAGS.items()}
+    if args.no_progress:
+        flags["log.progress"] = False
+    if base is not None and args.preset is None:
+        args.preset = base.get("model", {}).get("preset", "tiny") if base.get("model") else None
+    return resolve_config(args.preset or "tiny", base, args.set, flags)
+
+
+def run_training(args: argparse.Namespace, argv: list[str]) -> int:
+    """pretrain / sft: validate everything, then train (spawning one process per GPU when asked)."""
+    from euler_train.distributed import env_world, spawn
+
+    cfg = config_from_args(args)
+    _, world, local = env_world()
+    if cfg["run"]["gpus"] > 1 and world == 1:
+        return spawn(cfg["run"]["gpus"], argv)
+    from euler_train.runspec import plan_run
+
+    spec = plan_run(cfg, args.out, args.command, resume=args.resume)
+    if args.resume and spec.resume_from is None:
+        print(
+            f"euler-train: --resume: no checkpoint in {args.out} yet; starting from step 0", file=sys.stderr
+        )
+    return _train(spec, local)
+
+
+def _train(spec: Any, local_rank: int) -> int:
+    from euler_train.device import setup_device
+    from euler_train.distributed import init_comm
+    from euler_train.signals import StopFlag
+    from euler_train.trainer import EXIT_NONFINITE, NonFiniteError, Trainer
+
+    try:
+        device = setup_device(spec.cfg["run"]["device"], spec.cfg["run"]["precision"], local_rank)
+    except (RuntimeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    comm = init_comm(spec.cfg["run"]["gpus"], spec.run_dir)
+    trainer = Trainer(spec, device, comm)
+    trainer.setup()
+    stop = StopFlag()
+    try:
+        with stop.installed():
+            return trainer.run(stop)
+    except NonFiniteError as err:
+        print(f"euler-train {spec.mode}: error: {err}", file=sys.stderr)
+        return EXIT_NONFINITE
+    finally:
+        comm.close()
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from euler_train.chat import chat_repl, load_for_sampling
+
+    model = load_for_sampling(args.checkpoint, args.device)
+    return chat_repl(model, args, sys.stdin, sys.stdout)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from euler_train.chat import generate_text, load_for_sampling
+
+    model = load_for_sampling(args.checkpoint, args.device)
+    for piece in generate_text(model, args, args.prompt, chat=args.chat, speculative=args.speculative):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from euler_train.check import run_check as check
+
+    return check(quick=args.quick)
+
+
+def run_export_hf(args: argparse.Namespace) -> int:
+    import euler_model
+    from euler_bpe import Tokenizer
+    from euler_train.modelio import TOKENIZER, load_model
+
+    mcfg, params, _, folder = load_model(args.checkpoint)
+    tok = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
+    euler_model.save_hf(mcfg, params, args.out, tokenizer=tok)
+    print(f"euler-train export-hf: {folder} -> {args.out}")
+    return 0
+
+
+def run_quickstart(args: argparse.Namespace) -> int:
+    from euler_train.quickstart import quickstart
+
+    return quickstart(args)

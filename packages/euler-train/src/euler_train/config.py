@@ -1,0 +1,254 @@
+"""Run configuration: TOML presets, `--set key=value` overrides, validation that names the key.
+
+A run config is a two-level dict `{section: {key: value}}`. The defaults below define every key and its
+type; `[model]` is the exception: besides `preset` it takes any field of euler-model's `ModelConfig`, which
+euler-model validates itself (see `validate_model_section`).
+
+>>> cfg = resolve_config("tiny", overrides=["train.lr=3e-4"])
+>>> cfg["train"]["lr"]
+0.0003
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A run config that cannot run; the message names the offending key."""
+
+
+# Every key of a run config, with its default; the default's type is the key's type.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"preset": "tiny"},  # plus any ModelConfig field as an override, e.g. n_layers = 2
+    "data": {
+        "dir": "",  # dataset folder made by euler-data (pretrain) or the SFT set folder (sft)
+        "init": "",  # sft: checkpoint folder to start from
+    },
+    "train": {
+        "steps": 50,  # optimizer steps
+        "batch_size": 4,  # sequences per micro-batch per process
+        "grad_accum": 1,  # micro-batches per optimizer step
+        "lr": 3e-3,  # peak learning rate
+        "min_lr": 3e-4,  # floor of the cosine decay
+        "warmup_steps": 5,  # linear warmup from 0 to lr
+        "weight_decay": 0.1,  # decoupled, on matrices only (ndim >= 2)
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "eps": 1e-8,
+        "grad_clip": 1.0,  # global-norm clipping; 0 disables
+        "seed": 0,  # every random choice is a function of (seed, step)
+        "on_nonfinite": "stop",  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
+    },
+    "eval": {
+        "every": 25,  # steps between evaluations (and at the last step); 0 disables
+        "batches": 4,  # validation batches per evaluation
+    },
+    "checkpoint": {
+        "every": 25,  # steps between checkpoints (and at the last step); 0: only at the end
+        "keep_last": 3,  # newest checkpoints kept
+        "keep_best": True,  # also keep the one with the lowest validation loss
+    },
+    "log": {
+        "every": 1,  # steps between metrics.jsonl lines
+        "tensorboard": True,  # write event files when tensorboardX is installed
+        "progress": True,  # tqdm progress bar
+    },
+    "run": {
+        "device": "cpu",  # cpu | gpu | auto
+        "precision": "fp32",  # fp32 | tf32 | bf16 (GPU only for tf32 / bf16)
+        "gpus": 1,  # data-parallel processes, one per GPU
+    },
+}
+
+# Presets: only what differs from DEFAULTS.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {"model": {"preset": "tiny"}},
+    "small": {
+        "model": {"preset": "small"},
+        "train": {"steps": 600, "batch_size": 16, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 30},
+        "eval": {"every": 100, "batches": 8},
+        "checkpoint": {"every": 100},
+        "log": {"every": 5},
+    },
+    "gpu": {
+        "model": {"preset": "gpu"},
+        "train": {"steps": 5000, "batch_size": 32, "lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 200},
+        "eval": {"every": 250, "batches": 20},
+        "checkpoint": {"every": 500},
+        "log": {"every": 10},
+        "run": {"device": "gpu", "precision": "tf32"},
+    },
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "train.on_nonfinite": ("stop", "skip"),
+    "run.device": ("cpu", "gpu", "auto"),
+    "run.precision": ("fp32", "tf32", "bf16"),
+}
+POSITIVE = ("train.steps", "train.batch_size", "train.grad_accum", "run.gpus", "eval.batches")
+NON_NEGATIVE = (
+    "train.lr",
+    "train.min_lr",
+    "train.warmup_steps",
+    "train.weight_decay",
+    "train.eps",
+    "train.grad_clip",
+    "train.seed",
+    "eval.every",
+    "checkpoint.every",
+    "checkpoint.keep_last",
+    "log.every",
+)
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value as TOML (numbers, booleans, quoted strings, arrays), else the bare string.
+
+    >>> parse_value("3e-4"), parse_value("true"), parse_value("data/x")
+    (0.0003, True, 'data/x')
+    """
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """Split `section.key=value` into (section, key, value); ConfigError if malformed."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+    dotted, text = item.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {item!r}: the key must be section.key, e.g. train.lr")
+    return parts[0], parts[1], parse_value(text.strip())
+
+
+def merge(base: dict[str, dict[str, Any]], update: dict[str, Any], origin: str) -> None:
+    """Merge `update` into `base` in place, rejecting unknown sections/keys with their full name."""
+    for section, values in update.items():
+        if section not in DEFAULTS:
+            raise ConfigError(f"{origin}: unknown section {section!r} (known: {', '.join(DEFAULTS)})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: {section!r} must be a table of keys, got {values!r}")
+        for key, value in values.items():
+            if section != "model" and key not in DEFAULTS[section]:
+                known = ", ".join(DEFAULTS[section])
+                raise ConfigError(f"{origin}: unknown key {section}.{key} (known in [{section}]: {known})")
+            base[section][key] = value
+
+
+def preset_config(name: str) -> dict[str, dict[str, Any]]:
+    """DEFAULTS with the named preset applied."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    cfg = copy.deepcopy(DEFAULTS)
+    merge(cfg, PRESETS[name], f"preset {name}")
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; ConfigError on a syntax error or a missing file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path}: {err}") from None
+
+
+def resolve_config(
+    preset: str | None = "tiny",
+    base: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Preset -> TOML file contents (`base`) -> `--set` overrides -> plain flags; then validate.
+
+    `flags` maps dotted keys to values (None entries are ignored), e.g. {"train.steps": 10}.
+    """
+    cfg = preset_config(preset or "tiny")
+    if base:
+        merge(cfg, base, "config file")
+    for item in overrides or []:
+        section, key, value = parse_override(item)
+        merge(cfg, {section: {key: value}}, f"--set {item}")
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            section, key = dotted.split(".")
+            merge(cfg, {section: {key: value}}, f"--{key.replace('_', '-')}")
+    validate(cfg)
+    return cfg
+
+
+def check_type(dotted: str, value: Any, default: Any) -> Any:
+    """Return value coerced to the default's type (int -> float allowed); ConfigError naming the key."""
+    want = type(default)
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
+        raise ConfigError(f"{dotted} must be {want.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def validate(cfg: dict[str, dict[str, Any]]) -> None:
+    """Types, choices and ranges of every key, in place (ints become floats where floats are expected)."""
+    for section, keys in DEFAULTS.items():
+        for key, default in keys.items():
+            cfg[section][key] = check_type(f"{section}.{key}", cfg[section][key], default)
+    for dotted, allowed in CHOICES.items():
+        section, key = dotted.split(".")
+        if cfg[section][key] not in allowed:
+            raise ConfigError(f"{dotted} must be one of {allowed}, got {cfg[section][key]!r}")
+    for dotted in POSITIVE + NON_NEGATIVE:
+        section, key = dotted.split(".")
+        low = 1 if dotted in POSITIVE else 0
+        if cfg[section][key] < low:
+            raise ConfigError(f"{dotted} must be >= {low}, got {cfg[section][key]!r}")
+    if cfg["train"]["min_lr"] > cfg["train"]["lr"]:
+        raise ConfigError(f"train.min_lr ({cfg['train']['min_lr']}) must not exceed train.lr")
+    for beta in ("beta1", "beta2"):
+        if not 0.0 <= cfg["train"][beta] < 1.0:
+            raise ConfigError(f"train.{beta} must be in [0, 1), got {cfg['train'][beta]!r}")
+    if cfg["run"]["device"] == "cpu" and cfg["run"]["precision"] != "fp32":
+        raise ConfigError(f"run.precision={cfg['run']['precision']!r} needs run.device=gpu (CPU is fp32)")
+    if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1:
+        raise ConfigError(f"run.gpus={cfg['run']['gpus']} needs run.device=gpu")
+
+
+def format_value(value: Any) -> str:
+    """One TOML literal (strings, booleans, numbers, flat lists)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value) if value == value and abs(value) != float("inf") else str(value)
+    return str(value)
+
+
+def dumps(cfg: dict[str, dict[str, Any]]) -> str:
+    """The config as TOML text that `tomllib` reads back to the same dict."""
+    lines: list[str] = []
+    for section, values in cfg.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {format_value(value)}" for key, value in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def save_config(cfg: dict[str, dict[str, Any]], path: str | Path) -> None:
+    """Write the resolved config as TOML."""
+    Path(path).write_text(dumps(cfg), encoding="utf-8")

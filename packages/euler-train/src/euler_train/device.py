@@ -1,0 +1,88 @@
+"""Devices and precision: `--device cpu|gpu|auto`, `--precision fp32|tf32|bf16`, and MFU.
+
+>>> resolve_device("cpu").xp.__name__
+'numpy'
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+# Dense peak FLOP/s of one GPU by precision, for MFU; matched against the device name.
+PEAK_FLOPS = {
+    "H200": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12},
+    "H100": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the arrays live: `kind` is "cpu" or "gpu", `xp` numpy or cupy, `index` the GPU ordinal."""
+
+    kind: str
+    xp: ModuleType
+    index: int = 0
+    name: str = "cpu"
+
+
+def _cupy_or_none() -> ModuleType | None:
+    try:
+        import cupy
+
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:
+        return None
+
+
+def resolve_device(device: str, local_rank: int = 0) -> Device:
+    """cpu -> NumPy; gpu -> CuPy on GPU `local_rank` (clear error when absent); auto -> gpu if usable."""
+    if device not in ("cpu", "gpu", "auto"):
+        raise ValueError(f"resolve_device: device must be cpu, gpu or auto, got {device!r}")
+    cupy = None if device == "cpu" else _cupy_or_none()
+    if device == "gpu" and cupy is None:
+        raise RuntimeError(
+            "--device gpu needs CuPy and a CUDA device (pip install 'euler-train[gpu]'); "
+            "none is usable here: use --device cpu or auto"
+        )
+    if cupy is None:
+        return Device("cpu", np)
+    cupy.cuda.Device(local_rank).use()
+    props = cupy.cuda.runtime.getDeviceProperties(local_rank)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return Device("gpu", cupy, local_rank, name)
+
+
+def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
+    """Validate the precision, set CuPy's TF32 switch before CuPy loads, then resolve the device.
+
+    fp32 everywhere; tf32 lets CuPy's float32 matmuls use TF32 tensor cores; bf16 is not supported yet.
+    """
+    if precision not in ("fp32", "tf32", "bf16"):
+        raise ValueError(f"setup_device: precision must be fp32, tf32 or bf16, got {precision!r}")
+    if precision == "bf16":
+        raise NotImplementedError(
+            "--precision bf16 is not yet supported (it lands with the performance work)"
+        )
+    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"  # read when CuPy is imported
+    dev = resolve_device(device, local_rank)
+    if dev.kind == "cpu" and precision != "fp32":
+        raise ValueError(f"--precision {precision} needs a GPU; the CPU path is fp32")
+    return dev
+
+
+def peak_flops(device: Device, precision: str) -> float | None:
+    """Dense peak FLOP/s of the device at this precision, or None when unknown (CPU, other GPUs)."""
+    for key, table in PEAK_FLOPS.items():
+        if device.kind == "gpu" and key in device.name:
+            return table[precision]
+    return None
+
+
+def flops_per_token(n_params: int, n_layers: int, dim: int, context: int) -> float:
+    """Training FLOPs per token: 6 N for the matmuls plus 12 L T C for attention scores (PaLM's count)."""
+    return 6.0 * n_params + 12.0 * n_layers * context * dim

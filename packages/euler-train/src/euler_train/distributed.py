@@ -1,0 +1,220 @@
+"""Data parallelism over NCCL (CuPy's bindings): one process per GPU, gradients all-reduced in buckets.
+
+`Comm` is the single-process world (every collective is the identity); `NcclComm` the real one. The
+launcher `spawn(n, argv)` starts n copies of this CLI with RANK / WORLD_SIZE / LOCAL_RANK set and a shared
+NCCL id in EULER_NCCL_ID; a process started by another launcher (torchrun-style variables already set)
+rendezvous through a file in the run folder instead.
+
+>>> comm = Comm()
+>>> comm.rank, comm.world_size, comm.allreduce_scalars([1.5, 2.0])
+(0, 1, [1.5, 2.0])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BUCKET_BYTES = 25 * 2**20  # gradients are packed into flat buffers of about this size per all-reduce
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from the launcher's environment; (0, 1, 0) when unset."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    if not 0 <= rank < world:
+        raise ValueError(f"env_world: RANK={rank} must be in [0, WORLD_SIZE={world})")
+    return rank, world, local
+
+
+class Comm:
+    """World of one process: collectives return their input."""
+
+    rank = 0
+    world_size = 1
+    local_rank = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def allreduce_grads(self, grads: dict[str, Any]) -> None:
+        """Sum gradients over ranks, in place (identity here)."""
+
+    def allreduce_scalars(self, values: list[float]) -> list[float]:
+        """Sum a few floats over ranks (identity here)."""
+        return list(values)
+
+    def barrier(self) -> None:
+        """Wait for every rank (nothing to wait for here)."""
+
+    def close(self) -> None:
+        """Release the communicator."""
+
+
+def buckets(names: list[str], sizes: dict[str, int], bucket_bytes: int) -> list[list[str]]:
+    """Group parameter names, in order, into runs whose byte sizes add up to about `bucket_bytes`.
+
+    >>> buckets(["a", "b", "c"], {"a": 6, "b": 6, "c": 6}, 10)
+    [['a', 'b'], ['c']]
+    """
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for name in names:
+        if groups[-1] and filled >= bucket_bytes:
+            groups.append([])
+            filled = 0
+        groups[-1].append(name)
+        filled += sizes[name]
+    return [g for g in groups if g]
+
+
+class NcclComm(Comm):
+    """NCCL communicator over CuPy arrays; all-reduces run on their own stream, bucket by bucket."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, nccl_id: tuple) -> None:
+        import cupy
+        from cupy.cuda import nccl
+
+        self.cp, self.nccl = cupy, nccl
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        cupy.cuda.Device(local_rank).use()
+        self.comm = nccl.NcclCommunicator(world_size, nccl_id, rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.flat: dict[int, Any] = {}  # bucket index -> persistent flat buffer
+
+    def _dtype_code(self, dtype: Any) -> int:
+        codes = {"float32": self.nccl.NCCL_FLOAT32, "float64": self.nccl.NCCL_FLOAT64}
+        return codes[str(dtype)]
+
+    def allreduce_grads(self, grads: dict[str, Any]) -> None:
+        """Pack each bucket on the compute stream, all-reduce it on the comm stream while the next packs."""
+        cp = self.cp
+        names = list(grads)
+        sizes = {n: grads[n].nbytes for n in names}
+        groups = buckets(names, sizes, BUCKET_BYTES)
+        compute = cp.cuda.get_current_stream()
+        for i, group in enumerate(groups):
+            total = sum(grads[n].size for n in group)
+            dtype = grads[group[0]].dtype
+            if i not in self.flat or self.flat[i].size != total or self.flat[i].dtype != dtype:
+                self.flat[i] = cp.empty(total, dtype=dtype)
+            cp.concatenate([grads[n].reshape(-1) for n in group], out=self.flat[i])
+            self.stream.wait_event(compute.record())  # comm waits for this bucket's packing only
+            buf = self.flat[i]
+            self.comm.allReduce(
+                buf.data.ptr,
+                buf.data.ptr,
+                buf.size,
+                self._dtype_code(dtype),
+                self.nccl.NCCL_SUM,
+                self.stream.ptr,
+            )
+        compute.wait_event(self.stream.record())
+        for i, group in enumerate(groups):
+            offset = 0
+            for n in group:
+                grads[n][...] = self.flat[i][offset : offset + grads[n].size].reshape(grads[n].shape)
+                offset += grads[n].size
+
+    def allreduce_scalars(self, values: list[float]) -> list[float]:
+        buf = self.cp.asarray(values, dtype=self.cp.float64)
+        stream = self.cp.cuda.get_current_stream()
+        self.comm.allReduce(
+            buf.data.ptr, buf.data.ptr, buf.size, self.nccl.NCCL_FLOAT64, self.nccl.NCCL_SUM, stream.ptr
+        )
+        return [float(x) for x in buf.get()]
+
+    def barrier(self) -> None:
+        self.allreduce_scalars([0.0])
+
+    def close(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+        self.comm.destroy()
+
+
+def _rendezvous_file(run_dir: Path) -> Path:
+    tag = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT") or "0"
+    return run_dir / f".nccl_id-{tag}.json"
+
+
+def shared_nccl_id(rank: int, run_dir: Path, timeout: float = 120.0) -> tuple:
+    """The NCCL unique id: from EULER_NCCL_ID, else rank 0 writes it to the run folder and others read it."""
+    if "EULER_NCCL_ID" in os.environ:
+        return tuple(json.loads(os.environ["EULER_NCCL_ID"]))
+    from cupy.cuda import nccl
+
+    path = _rendezvous_file(run_dir)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(nccl.get_unique_id())))
+        os.replace(tmp, path)
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: no NCCL id from rank 0 in {path} after {timeout:.0f} s")
+        time.sleep(0.1)
+    return tuple(json.loads(path.read_text()))
+
+
+def init_comm(gpus: int, run_dir: Path) -> Comm:
+    """The communicator for this process: `Comm()` for one process, else NCCL (launcher env required)."""
+    rank, world, local = env_world()
+    if world == 1:
+        return Comm()
+    if gpus not in (1, world):
+        raise ValueError(f"init_comm: --gpus {gpus} disagrees with WORLD_SIZE={world} set by the launcher")
+    comm = NcclComm(rank, world, local, shared_nccl_id(rank, run_dir))
+    comm.barrier()
+    if rank == 0:
+        _rendezvous_file(run_dir).unlink(missing_ok=True)
+    return comm
+
+
+def spawn(n: int, argv: list[str]) -> int:
+    """Run `python -m euler_train.cli argv` once per GPU; forward signals; return the worst exit code."""
+    from cupy.cuda import nccl
+
+    env = dict(os.environ, WORLD_SIZE=str(n), EULER_NCCL_ID=json.dumps(list(nccl.get_unique_id())))
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "euler_train.cli", *argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        )
+        for r in range(n)
+    ]
+
+    def forward(signum: int, frame: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _wait_all(procs)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _wait_all(procs: list[subprocess.Popen]) -> int:
+    """Wait for every process; when one fails, terminate the rest (NCCL would hang without it)."""
+    codes: dict[int, int] = {}
+    while len(codes) < len(procs):
+        for i, p in enumerate(procs):
+            if i not in codes and p.poll() is not None:
+                codes[i] = p.returncode
+                if p.returncode != 0:
+                    for q in procs:
+                        if q.poll() is None:
+                            q.terminate()
+        time.sleep(0.2)
+    return max(codes.values(), key=abs)

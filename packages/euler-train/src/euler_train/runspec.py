@@ -1,0 +1,154 @@
+"""Everything a run needs, checked before any work: dataset, tokenizer, model shapes, init checkpoint.
+
+`plan_run` turns a resolved config into a `RunSpec` or raises ConfigError naming the key; it reads only
+small files (meta.json, trainer_state.json, checksums), so a bad run fails in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from euler_train.batches import dataset_kind
+from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
+from euler_train.config import ConfigError
+
+
+@dataclass
+class RunSpec:
+    """A validated plan: the model config, where the data and tokenizer are, what to start from."""
+
+    cfg: dict[str, dict[str, Any]]
+    run_dir: Path
+    mode: str  # "pretrain" | "sft"
+    mcfg: Any  # euler_model.ModelConfig
+    tokenizer_path: Path
+    fingerprint: str | None
+    init: Path | None  # sft: the checkpoint folder to start from
+    resume_from: Path | None  # --resume: the newest valid checkpoint of this run
+
+
+def dataset_fingerprint(folder: Path) -> str | None:
+    """The tokenizer fingerprint recorded in meta.json, else computed from tokenizer.json."""
+    meta_path = folder / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        for key in ("tokenizer_fingerprint", "tokenizer_hash", "fingerprint"):
+            if isinstance(meta.get(key), str):
+                return meta[key]
+        if isinstance(meta.get("tokenizer"), dict) and isinstance(meta["tokenizer"].get("fingerprint"), str):
+            return meta["tokenizer"]["fingerprint"]
+    return tokenizer_info(folder / "tokenizer.json")[1]
+
+
+def tokenizer_info(path: Path) -> tuple[int, str]:
+    """(vocab_size, fingerprint) of a tokenizer.json."""
+    from euler_bpe import Tokenizer
+
+    tok = Tokenizer.load(path)
+    return tok.vocab_size, tok.fingerprint
+
+
+def model_overrides(cfg: dict) -> dict[str, Any]:
+    """The [model] keys other than `preset`, checked against ModelConfig's fields."""
+    from euler_model import ModelConfig
+
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    overrides = {k: v for k, v in cfg["model"].items() if k != "preset"}
+    for key in overrides:
+        if key not in known:
+            raise ConfigError(f"unknown key model.{key} (ModelConfig fields: {', '.join(sorted(known))})")
+    return overrides
+
+
+def build_model_config(cfg: dict, vocab_size: int) -> Any:
+    """preset + overrides, vocab_size defaulting to the tokenizer's; ConfigError for impossible shapes."""
+    from euler_model import preset
+
+    overrides = model_overrides(cfg)
+    if overrides.get("vocab_size", vocab_size) < vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={overrides['vocab_size']} is smaller than the dataset tokenizer's "
+            f"vocabulary ({vocab_size})"
+        )
+    overrides.setdefault("vocab_size", vocab_size)
+    try:
+        return preset(cfg["model"]["preset"], **overrides)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"[model] (preset {cfg['model']['preset']!r}): {err}") from None
+
+
+def check_data(cfg: dict, mode: str) -> Path:
+    """data.dir exists and holds the right kind of set for this mode."""
+    if not cfg["data"]["dir"]:
+        raise ConfigError("data.dir is not set: pass --data DIR (a folder made by euler-data)")
+    folder = Path(cfg["data"]["dir"])
+    if not folder.is_dir():
+        raise ConfigError(f"data.dir {folder} does not exist")
+    kind = dataset_kind(folder)
+    if kind != mode:
+        raise ConfigError(f"data.dir {folder} is a {kind} set, but `{mode}` needs a {mode} set")
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(f"data.dir {folder} has no tokenizer.json")
+    return folder
+
+
+def check_fingerprint(where: str, state_fp: str | None, data_fp: str | None) -> None:
+    """ConfigError when a checkpoint's tokenizer differs from the dataset's."""
+    if state_fp and data_fp and state_fp != data_fp:
+        raise ConfigError(
+            f"tokenizer mismatch: {where} was trained with tokenizer {state_fp[:12]}…, but data.dir's "
+            f"tokenizer is {data_fp[:12]}…; prepare the data with the checkpoint's tokenizer.json"
+        )
+
+
+def find_resume(run_dir: Path) -> Path | None:
+    try:
+        return CheckpointManager(run_dir / "checkpoints").latest_valid()
+    except CheckpointError as err:
+        raise ConfigError(f"--resume: {err}") from None
+
+
+def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) -> RunSpec:
+    """Validate data, tokenizer, model and checkpoints for a pretrain or sft run."""
+    from euler_model import ModelConfig
+
+    run_dir = Path(run_dir)
+    folder = check_data(cfg, mode)
+    data_fp = dataset_fingerprint(folder)
+    vocab, _ = tokenizer_info(folder / "tokenizer.json")
+    init = None
+    if mode == "sft":
+        init = _sft_init(cfg, data_fp)
+        mcfg = ModelConfig.from_dict(read_state(init)["model_config"])
+        if vocab > mcfg.vocab_size:
+            raise ConfigError(
+                f"tokenizer mismatch: data has {vocab} tokens, data.init's model {mcfg.vocab_size}"
+            )
+    else:
+        mcfg = build_model_config(cfg, vocab)
+    resume_from = find_resume(run_dir) if resume else None
+    if resume_from is not None:
+        check_fingerprint(
+            f"checkpoint {resume_from}", read_state(resume_from).get("tokenizer_fingerprint"), data_fp
+        )
+    return RunSpec(cfg, run_dir, mode, mcfg, folder / "tokenizer.json", data_fp, init, resume_from)
+
+
+def _sft_init(cfg: dict, data_fp: str | None) -> Path:
+    """The sft starting checkpoint: data.init (a checkpoint or run folder), verified, same tokenizer."""
+    from euler_train.modelio import resolve_checkpoint
+
+    if not cfg["data"]["init"]:
+        raise ConfigError(
+            "data.init is not set: sft needs --init CHECKPOINT (a pretrain checkpoint or run folder)"
+        )
+    try:
+        init = resolve_checkpoint(cfg["data"]["init"])
+    except CheckpointError as err:
+        raise ConfigError(f"data.init: {err}") from None
+    check_fingerprint(f"data.init {init}", read_state(init).get("tokenizer_fingerprint"), data_fp)
+    return init

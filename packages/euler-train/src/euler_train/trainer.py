@@ -1,0 +1,319 @@
+"""The training loop shared by pretrain and sft: AdamW, warmup + cosine, accumulation, clipping,
+evaluation, checkpoints, exact resume, SIGINT/SIGTERM, non-finite guards, data parallelism.
+
+Every source of randomness is a function of (seed, step): the initial weights of (seed), each batch of
+(seed, step, micro, rank). A checkpoint holds weights, moments, the step and the seed, so a resumed run
+computes exactly what an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from euler_train import modelio
+from euler_train.batches import Batches, bits_per_byte, make_batches
+from euler_train.checkpoint import CheckpointManager, read_state
+from euler_train.config import save_config
+from euler_train.device import Device, flops_per_token, peak_flops
+from euler_train.distributed import Comm
+from euler_train.metrics import MetricsLogger
+from euler_train.optimizer import AdamW
+from euler_train.runspec import RunSpec
+from euler_train.schedule import lr_at
+from euler_train.signals import StopFlag
+
+EXIT_NONFINITE = 3
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or gradient became NaN/inf and train.on_nonfinite is "stop"."""
+
+
+@dataclass
+class State:
+    """What changes while training (and is saved in trainer_state.json)."""
+
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # training tokens seen, all ranks together
+    skipped: int = 0  # steps skipped for a non-finite loss/gradient
+    val_loss: float | None = None  # at the most recent evaluation
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trainer:
+    spec: RunSpec
+    device: Device
+    comm: Comm
+    params: dict[str, Any] = field(default_factory=dict)
+    state: State = field(default_factory=State)
+
+    # --- setup ---------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Weights (fresh, from --init, or from the resume checkpoint), optimizer, loaders, run folder."""
+        import euler_model
+
+        tcfg, xp = self.spec.cfg["train"], self.device.xp
+        if self.spec.resume_from is not None:
+            _, self.params, _, _ = modelio.load_model(self.spec.resume_from, xp)
+        elif self.spec.init is not None:
+            _, self.params, _, _ = modelio.load_model(self.spec.init, xp)
+        else:
+            self.params = euler_model.init_params(self.spec.mcfg, seed=tcfg["seed"], xp=xp)
+        self.opt = AdamW(self.params, tcfg["beta1"], tcfg["beta2"], tcfg["eps"], tcfg["weight_decay"])
+        if self.spec.resume_from is not None:
+            self._restore(self.spec.resume_from)
+        self.batches: Batches = make_batches(
+            self.spec.cfg, self.spec.mcfg, self.spec.mode, self.comm.rank, self.comm.world_size
+        )
+        cfg = self.spec.cfg
+        self.ckpts = CheckpointManager(
+            self.spec.run_dir / "checkpoints", cfg["checkpoint"]["keep_last"], cfg["checkpoint"]["keep_best"]
+        )
+        if self.comm.is_main:
+            self.spec.run_dir.mkdir(parents=True, exist_ok=True)
+            self.ckpts.clean_temporaries()
+            save_config(cfg, self.spec.run_dir / "config.toml")
+
+    def _restore(self, folder: Any) -> None:
+        """Optimizer moments and the loop state of a checkpoint."""
+        saved = read_state(folder)
+        self.opt.load_state_tensors(modelio.read_optimizer(folder), saved["opt_t"], self.device.xp)
+        self.state = State(saved["step"], saved["tokens"], saved.get("skipped", 0), saved.get("val_loss"))
+        if saved.get("seed") != self.spec.cfg["train"]["seed"]:
+            print(f"euler-train: note: resuming a run started with seed {saved.get('seed')}", file=sys.stderr)
+
+    # --- one step ------------------------------------------------------------------------------------
+    def micro_weights(self, micro: list[tuple]) -> list[float]:
+        """Loss tokens per micro-batch: a masked (sft) batch weighs by its mask, a pretrain one by B*T."""
+        return [float(m[:, : t.shape[1]].sum()) if m is not None else float(t.size) for t, _, m in micro]
+
+    def gradients(self, step: int) -> tuple[float, dict[str, Any], int]:
+        """Loss and gradient of step `step`, averaged over micro-batches and ranks, weighted by tokens."""
+        import euler_model
+
+        xp, mcfg = self.device.xp, self.spec.mcfg
+        micro = [self.batches.train(step, i) for i in range(self.batches.grad_accum)]
+        weights = self.micro_weights(micro)
+        total = self.comm.allreduce_scalars([sum(weights)])[0]
+        loss_sum, grads = 0.0, None
+        for (tokens, targets, mask), w in zip(micro, weights):
+            args = [xp.asarray(tokens), xp.asarray(targets), None if mask is None else xp.asarray(mask)]
+            loss, g = euler_model.loss_and_grads(mcfg, self.params, *args)
+            share = w / total if total > 0 else 0.0
+            loss_sum += loss * share
+            grads = _accumulate(grads, g, share)
+        self.comm.allreduce_grads(grads)
+        ntok = sum(t.size for t, _, _ in micro) * self.comm.world_size
+        return loss_sum, grads, ntok
+
+    def step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool]:
+        """One optimizer step; returns its metrics row and whether every rank agreed to stop."""
+        import euler_kernels as ek
+
+        tcfg = self.spec.cfg["train"]
+        loss, grads, ntok = self.gradients(step)
+        norm = ek.global_grad_norm(grads)
+        loss, stop_votes = self.comm.allreduce_scalars([loss, float(stop.signum is not None)])
+        lr = lr_at(step, tcfg["lr"], tcfg["min_lr"], tcfg["warmup_steps"], tcfg["steps"])
+        row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            self._nonfinite(step, loss, norm)
+            row["skipped"] = True
+        else:
+            if tcfg["grad_clip"] > 0 and norm > tcfg["grad_clip"]:
+                ek.clip_grad_norm(grads, tcfg["grad_clip"])
+            self.opt.step(self.params, grads, lr)
+        self.state.step = step + 1
+        self.state.tokens += ntok
+        return row, stop_votes > 0
+
+    def _nonfinite(self, step: int, loss: float, norm: float) -> None:
+        msg = (
+            f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step {step + 1} "
+            f"(loss={loss}, grad_norm={norm})"
+        )
+        if self.spec.cfg["train"]["on_nonfinite"] == "stop":
+            raise NonFiniteError(
+                f"{msg}; stopping (the last good checkpoint is kept; set "
+                'train.on_nonfinite="skip" to skip such steps)'
+            )
+        self.state.skipped += 1
+        if self.comm.is_main:
+            print(f"euler-train: {msg}; step skipped", file=sys.stderr)
+
+    # --- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (MTP mean, as trained) and next-token bits per byte over eval.batches batches."""
+        if self.batches.val_loader is None:
+            return {}
+        sums = np.zeros(3)  # weighted MTP loss, weighted head-0 loss, weight
+        for i in range(self.spec.cfg["eval"]["batches"]):
+            tokens, targets, mask = self.batches.val(i)
+            w = float(mask[:, : tokens.shape[1]].sum()) if mask is not None else float(tokens.size)
+            mtp, head0 = self._eval_losses(tokens, targets, mask)
+            sums += (mtp * w, head0 * w, w)
+        mtp_sum, head0_sum, weight = self.comm.allreduce_scalars(list(sums))
+        val_loss, next_loss = mtp_sum / max(weight, 1.0), head0_sum / max(weight, 1.0)
+        out = {"val_loss": val_loss, "val_next_loss": next_loss}
+        bpb = bits_per_byte(next_loss, self.batches.val_bytes_per_token)
+        if bpb is not None and self.spec.mode == "pretrain":
+            out["val_bpb"] = bpb
+        return out
+
+    def _eval_losses(self, tokens: Any, targets: Any, mask: Any) -> tuple[float, float]:
+        """(mean over heads, head 0) cross-entropy of one batch, from one forward pass."""
+        import euler_kernels as ek
+        import euler_model
+
+        xp, mcfg = self.device.xp, self.spec.mcfg
+        tokens, targets = xp.asarray(tokens), xp.asarray(targets)
+        mask = None if mask is None else xp.asarray(mask)
+        z = euler_model.logits(mcfg, self.params, tokens, all_heads=True)  # (K, B, T, V)
+        t = tokens.shape[1]
+        losses = []
+        for k in range(mcfg.n_mtp_heads):
+            m = None if mask is None else mask[:, k : k + t]
+            losses.append(float(ek.cross_entropy_forward(z[k], targets[:, k : k + t], m)[0]))
+        return sum(losses) / len(losses), losses[0]
+
+    # --- checkpoints ---------------------------------------------------------------------------------
+    def save(self, val_loss: float | None = None) -> None:
+        """Checkpoint this step (rank 0); refuses non-finite weights so a good one is never replaced."""
+        if not self.comm.is_main:
+            return
+        if not all(bool(self.device.xp.isfinite(p).all()) for p in self.params.values()):
+            print(
+                f"euler-train: weights at step {self.state.step} are not finite; not saving", file=sys.stderr
+            )
+            return
+        state = self.trainer_state(val_loss)
+
+        def write(folder: Any) -> None:
+            modelio.write_model(
+                folder, self.spec.mcfg, self.params, {"step": str(self.state.step)}, self.spec.tokenizer_path
+            )
+            modelio.write_optimizer(folder, self.opt.state_tensors())
+
+        self.ckpts.save(self.state.step, write, state)
+
+    def trainer_state(self, val_loss: float | None) -> dict[str, Any]:
+        s = self.state
+        return {
+            "step": s.step,
+            "tokens": s.tokens,
+            "skipped": s.skipped,
+            "opt_t": self.opt.t,
+            "seed": self.spec.cfg["train"]["seed"],
+            "val_loss": val_loss,
+            "mode": self.spec.mode,
+            "model_config": self.spec.mcfg.to_dict(),
+            "tokenizer_fingerprint": self.spec.fingerprint,
+            "world_size": self.comm.world_size,
+            "time": time.time(),
+        }
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def run(self, stop: StopFlag) -> int:
+        """Train to train.steps; returns the exit code (0 done, 128 + signal when interrupted)."""
+        from euler_train.progress import Progress
+
+        cfg = self.spec.cfg
+        total = cfg["train"]["steps"]
+        log = (
+            MetricsLogger(self.spec.run_dir, cfg["log"]["tensorboard"], self.state.step or None)
+            if self.comm.is_main
+            else None
+        )
+        bar = Progress(self, total, enabled=self.comm.is_main and cfg["log"]["progress"])
+        try:
+            for step in range(self.state.step, total):
+                row, stopping = self.step_once(step, stop)
+                done = step + 1
+                self._maybe_eval_and_save(done, total, row)
+                bar.update(row)
+                if log is not None and (
+                    done % cfg["log"]["every"] == 0 or "val_loss" in row or done == total
+                ):
+                    log.write(row)
+                if stopping:
+                    if not self._saved_at(done):
+                        self.save()
+                    return self._interrupted(stop)
+        finally:
+            bar.close()
+            if log is not None:
+                log.close()
+        self.finish()
+        return 0
+
+    def _saved_at(self, step: int) -> bool:
+        return (self.ckpts.root / f"step_{step}").is_dir()
+
+    def _maybe_eval_and_save(self, done: int, total: int, row: dict[str, Any]) -> None:
+        cfg = self.spec.cfg
+        last = done == total
+        val = None
+        if (cfg["eval"]["every"] and done % cfg["eval"]["every"] == 0) or last:
+            row.update(self.evaluate())
+            val = row.get("val_loss")
+            self.state.val_loss = val
+        every = cfg["checkpoint"]["every"]
+        if (every and done % every == 0) or last:
+            self.save(val)
+
+    def _interrupted(self, stop: StopFlag) -> int:
+        signum = stop.signum or 2
+        if self.comm.is_main:
+            print(
+                f"euler-train: stopped at step {self.state.step}; checkpoint saved in "
+                f"{self.ckpts.root}; continue with --resume",
+                file=sys.stderr,
+            )
+        return 128 + signum
+
+    def finish(self) -> None:
+        """loss.png and a one-line summary (rank 0)."""
+        if not self.comm.is_main:
+            return
+        from euler_train.plot import plot_metrics
+
+        try:
+            plot_metrics(self.spec.run_dir / "metrics.jsonl", self.spec.run_dir / "loss.png")
+        except ValueError as err:
+            print(f"euler-train: no plot: {err}", file=sys.stderr)
+        v = self.state.val_loss
+        print(
+            f"euler-train: done: {self.state.step} steps, {self.state.tokens:,} tokens"
+            + (f", val loss {v:.4f}" if v is not None else "")
+            + f"; run folder {self.spec.run_dir}"
+        )
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation of this process's GPU, None on CPU."""
+        import euler_model
+
+        peak = peak_flops(self.device, self.spec.cfg["run"]["precision"])
+        if peak is None:
+            return None
+        m = self.spec.mcfg
+        per_tok = flops_per_token(euler_model.count_params(m), m.n_layers, m.dim, m.context)
+        return per_tok * tokens_per_s / (peak * self.comm.world_size)
+
+
+def _accumulate(acc: dict[str, Any] | None, grads: dict[str, Any], share: float) -> dict[str, Any]:
+    """acc + share * grads (share 1.0 leaves the gradients bit-identical)."""
+    if acc is None:
+        if share != 1.0:
+            for g in grads.values():
+                g *= share
+        return grads
+    for name, g in grads.items():
+        acc[name] += g * share
+    return acc
