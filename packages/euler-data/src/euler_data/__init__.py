@@ -1,5 +1,44 @@
-"""A DuckDB data pipeline from raw books, web text and instructions to token shards."""
+"""A DuckDB data pipeline from raw books, web text and instructions to token shards.
+
+>>> from euler_data import PretrainLoader, read_meta  # doctest: +SKIP
+>>> tokens, targets = PretrainLoader("data/mix", context=128, extra_targets=4, batch_size=8).batch(0)
+"""
 
 from euler_data.__about__ import __version__
+from euler_data.chat import alpaca_messages, encode_chat, render_chat
+from euler_data.errors import DataError
+from euler_data.loaders import PretrainLoader, SFTLoader
+from euler_data.meta import read_meta
+from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
 
-__all__ = ["__version__"]
+
+def prepare(*args, **kwargs):
+    """``euler_data.pipeline.prepare`` (imported lazily: it pulls in DuckDB and euler-bpe)."""
+    from euler_data.pipeline import prepare as _prepare
+
+    return _prepare(*args, **kwargs)
+
+
+def build_sft(*args, **kwargs):
+    """``euler_data.sft.build_sft``."""
+    from euler_data.sft import build_sft as _build_sft
+
+    return _build_sft(*args, **kwargs)
+
+
+__all__ = [
+    "DataError",
+    "FilterConfig",
+    "PretrainLoader",
+    "Recipe",
+    "SFTLoader",
+    "SourceSpec",
+    "__version__",
+    "alpaca_messages",
+    "build_sft",
+    "encode_chat",
+    "load_recipe",
+    "prepare",
+    "read_meta",
+    "render_chat",
+]

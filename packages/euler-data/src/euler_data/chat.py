@@ -1,0 +1,79 @@
+"""The chat template, and the tokens plus loss mask of a conversation.
+
+Every turn is ``<|role|>`` newline content ``<|end|>``, turns are joined by a newline::
+
+    <|user|>\\n{question}<|end|>\\n<|assistant|>\\n{answer}<|end|>
+
+A generation prompt appends ``\\n<|assistant|>\\n``; the model then writes the answer and ``<|end|>``.
+The loss mask is 1 exactly on the assistant's content tokens and its closing ``<|end|>``.
+
+>>> render_chat([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+'<|user|>\\nHi<|end|>\\n<|assistant|>\\n'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ROLES = ("user", "assistant")
+END = "<|end|>"
+
+
+def _check(messages: Sequence[dict]) -> None:
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ValueError(
+                f"render_chat: message {i} must be {{'role': 'user'|'assistant', 'content': str}}"
+            )
+
+
+def render_chat(messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
+    """The conversation as text with its special tokens (see the module docstring)."""
+    _check(messages)
+    text = "\n".join(f"<|{m['role']}|>\n{m['content']}{END}" for m in messages)
+    if add_generation_prompt:
+        text += ("\n" if messages else "") + "<|assistant|>\n"
+    return text
+
+
+def _segments(messages: Sequence[dict], add_generation_prompt: bool) -> list[tuple[str, bool, bool]]:
+    """(text, is_special, in_loss) pieces whose concatenation is ``render_chat(...)``."""
+    out: list[tuple[str, bool, bool]] = []
+    for i, m in enumerate(messages):
+        loss = m["role"] == "assistant"
+        if i:
+            out.append(("\n", False, False))
+        out += [(f"<|{m['role']}|>", True, False), ("\n", False, False)]
+        out += [(m["content"], False, loss), (END, True, loss)]
+    if add_generation_prompt:
+        out += [("\n", False, False)] if messages else []
+        out += [("<|assistant|>", True, False), ("\n", False, False)]
+    return out
+
+
+def encode_chat(
+    tok, messages: Sequence[dict], add_generation_prompt: bool = False
+) -> tuple[list[int], list[int]]:
+    """Token ids and 0/1 loss mask of a conversation; ``tok.decode(ids) == render_chat(messages, ...)``.
+
+    Each piece is encoded on its own (special tokens by id, content as plain text, so a literal
+    ``<|user|>`` in a message cannot forge a turn). euler-train's ``chat`` uses this with
+    ``add_generation_prompt=True`` and stops at ``<|end|>``.
+
+    >>> msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    >>> ids, mask = encode_chat(tok, msgs)  # doctest: +SKIP
+    """
+    _check(messages)
+    ids: list[int] = []
+    mask: list[int] = []
+    for text, special, loss in _segments(messages, add_generation_prompt):
+        piece = [tok.special_tokens[text]] if special else tok.encode(text)
+        ids += piece
+        mask += [int(loss)] * len(piece)
+    return ids, mask
+
+
+def alpaca_messages(record: dict) -> list[dict]:
+    """An Alpaca record as a conversation: instruction (+ blank line + input) -> output."""
+    prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["output"]}]

@@ -1,0 +1,150 @@
+"""The ``euler-data`` command: ``prepare``, ``inspect`` and ``sft``.
+
+euler-data prepare --source gutenberg:1342,84 --source web/c4.jsonl --out data/mix --vocab-size 4096
+euler-data inspect data/mix
+euler-data sft --source alpaca --out data/mix --mirror /path/to/mirror
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from euler_data.errors import DataError
+from euler_data.network import resolve_mirror
+from euler_data.recipe import SPLIT_MODES, Recipe, SourceSpec, load_recipe
+
+
+def source_from_cli(spec: str) -> SourceSpec:
+    """``PATH::MODE`` picks how a text file is cut into documents, e.g. ``wiki.txt::line``."""
+    path, sep, mode = spec.rpartition("::")
+    if sep and mode in SPLIT_MODES:
+        return SourceSpec(path, docs=mode)
+    return SourceSpec(spec)
+
+
+def _weights(pairs: list[str]) -> dict[str, float]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise DataError("--weight", f"expected NAME=WEIGHT, got {pair!r}")
+    return out
+
+
+def recipe_from_args(args: argparse.Namespace) -> Recipe:
+    """The recipe file (if any) with the flags given on top of it."""
+    recipe = load_recipe(args.recipe) if args.recipe else Recipe()
+    sources = list(recipe.sources) + [source_from_cli(s) for s in args.source]
+    weights = _weights(args.weight)
+    sources = [dataclasses.replace(s, weight=weights.pop(s.label, s.weight)) for s in sources]
+    if weights:
+        raise DataError(
+            "--weight", f"no source named {sorted(weights)}; sources: {[s.label for s in sources]}"
+        )
+    flags = {
+        "vocab_size": args.vocab_size,
+        "tokenizer": args.tokenizer,
+        "val_fraction": args.val_fraction,
+        "seed": args.seed,
+        "context_hint": args.context,
+        "workers": args.workers,
+    }
+    changes = {k: v for k, v in flags.items() if v is not None}
+    if args.min_chars is not None:
+        changes["filter"] = dataclasses.replace(recipe.filter, min_chars=args.min_chars)
+    return dataclasses.replace(recipe, sources=tuple(sources), **changes)
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from euler_data.pipeline import prepare
+
+    meta = prepare(recipe_from_args(args), args.out, mirror=args.mirror, quiet=args.quiet)
+    print(
+        f"wrote {args.out}: {meta['documents_kept']}/{meta['documents_in']} documents kept, "
+        f"tokens train={meta['tokens']['train']} val={meta['tokens']['val']}, dropped {meta['dropped']}"
+    )
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    from euler_data.report import inspect_folder
+
+    print(inspect_folder(args.folder, samples=args.samples))
+
+
+def cmd_sft(args: argparse.Namespace) -> None:
+    from euler_data.sft import build_sft
+    from euler_data.sources import resolve
+    from euler_data.tokenizer import load_tokenizer
+
+    out = Path(args.out)
+    tok_path = Path(args.tokenizer) if args.tokenizer else out / "tokenizer.json"
+    if not tok_path.is_file():
+        raise DataError(
+            str(tok_path), "no tokenizer: pass --tokenizer FILE or run `prepare` into --out first"
+        )
+    tok = load_tokenizer(tok_path)
+    mirror = resolve_mirror(args.mirror)
+    paths = [Path(i.location) for s in args.source for i in resolve(SourceSpec(s), mirror, out / "downloads")]
+    meta = build_sft(paths, out, tok, context=args.context, val_fraction=args.val_fraction, seed=args.seed)
+    if not (out / "tokenizer.json").exists():
+        tok.save(out / "tokenizer.json")
+    print(
+        f"wrote {out}: {meta['examples_kept']}/{meta['examples_in']} examples kept, dropped {meta['dropped']}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="euler-data", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="sources -> clean -> filter -> dedup -> split -> mix -> token shards")
+    p.add_argument("--source", action="append", default=[], help="file/folder (PATH::line|paragraph|eot) "
+                   "or gutenberg:ID,..., fineweb-edu[:ROWS], alpaca, tinyshakespeare")  # fmt: skip
+    p.add_argument("--recipe", help="a .toml or .json recipe (flags override it)")
+    p.add_argument("--out", required=True, help="dataset folder to write")
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--tokenizer", help="use this tokenizer.json instead of training one")
+    p.add_argument("--val-fraction", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--mirror", help="local mirror folder instead of the network (or EULER_DATA_MIRROR)")
+    p.add_argument("--weight", action="append", default=[], help="NAME=W mixing weight of a source")
+    p.add_argument("--context", type=int, help="context length hint written to meta.json")
+    p.add_argument("--workers", type=int, help="tokenization processes (default 2)")
+    p.add_argument("--min-chars", type=int, help="drop cleaned documents shorter than this")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_prepare)
+    i = sub.add_parser("inspect", help="counts, samples and a token-length histogram of a dataset folder")
+    i.add_argument("folder")
+    i.add_argument("--samples", type=int, default=3)
+    i.set_defaults(func=cmd_inspect)
+    s = sub.add_parser("sft", help="build an SFT set (chat template, loss mask) from Alpaca-style records")
+    s.add_argument("--source", action="append", required=True, help="alpaca, or a .json/.jsonl file")
+    s.add_argument("--out", required=True)
+    s.add_argument("--tokenizer", help="tokenizer.json (default: OUT/tokenizer.json)")
+    s.add_argument("--context", type=int, default=512, help="drop examples longer than this many tokens")
+    s.add_argument("--val-fraction", type=float, default=0.05)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--mirror")
+    s.set_defaults(func=cmd_sft)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; bad input exits with status 2 and one line naming the file and the problem."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (DataError, ValueError, OSError) as err:
+        print(f"euler-data: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

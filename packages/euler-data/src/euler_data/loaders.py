@@ -1,0 +1,115 @@
+"""Batches for training, deterministic in (seed, step, rank): a resumed run sees the same batches.
+
+Each call draws the *global* batch of ``batch_size * world_size`` rows from
+``numpy.random.default_rng([seed, step])``; rank ``r`` keeps rows ``r::world_size``. So N ranks
+together see exactly what one process with N times the batch would see, and no state is kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from euler_data.device import to_device
+from euler_data.errors import DataError
+from euler_data.meta import open_bin, read_meta
+from euler_data.sft import read_sft
+
+
+def _check_args(
+    name: str, split: str, context: int, extra_targets: int, batch_size: int, rank, world
+) -> None:
+    if split not in ("train", "val"):
+        raise ValueError(f"{name}: split must be 'train' or 'val', got {split!r}")
+    if context < 1 or extra_targets < 1 or batch_size < 1:
+        raise ValueError(
+            f"{name}: context={context}, extra_targets={extra_targets}, batch_size={batch_size} must be >= 1"
+        )
+    if not 0 <= rank < world:
+        raise ValueError(f"{name}: rank={rank} must be in [0, world_size={world})")
+
+
+class PretrainLoader:
+    """Random windows of ``context + extra_targets`` tokens from ``train.bin`` / ``val.bin``.
+
+    ``tokens = w[:T]`` and ``targets = w[1:]`` of each window ``w`` (MTP head k uses ``targets[:, k:k+T]``).
+
+    >>> loader = PretrainLoader("data/tiny", context=128, extra_targets=4, batch_size=8)  # doctest: +SKIP
+    >>> tokens, targets = loader.batch(0)  # doctest: +SKIP  (8, 128) and (8, 131) int64
+    """
+
+    def __init__(self, folder, split="train", context=128, extra_targets=1, batch_size=8, seed=0, rank=0,
+                 world_size=1, device=None):  # fmt: skip
+        _check_args("PretrainLoader", split, context, extra_targets, batch_size, rank, world_size)
+        self.folder, self.split, self.device = Path(folder), split, device
+        self.meta = read_meta(folder)
+        self.data = open_bin(self.folder / f"{split}.bin", np.uint16)  # (N,)
+        self.window = context + extra_targets
+        self.context, self.batch_size, self.seed = context, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        if len(self.data) < self.window:
+            raise DataError(
+                str(self.folder / f"{split}.bin"), f"{len(self.data)} tokens < one window of {self.window}"
+            )
+
+    def starts(self, step: int) -> np.ndarray:
+        """This rank's window starts for ``step``: (batch_size,) int64."""
+        rng = np.random.default_rng([self.seed, step])
+        starts = rng.integers(0, len(self.data) - self.window + 1, size=self.batch_size * self.world_size)
+        return starts[self.rank :: self.world_size]
+
+    def batch(self, step: int):
+        """(tokens (B, T) int64, targets (B, T + K - 1) int64) for ``step``."""
+        rows = np.stack([self.data[s : s + self.window] for s in self.starts(step)]).astype(
+            np.int64
+        )  # (B, T+K)
+        return to_device(rows[:, : self.context], self.device), to_device(rows[:, 1:], self.device)
+
+
+class SFTLoader:
+    """SFT examples as rows of ``context + extra_targets`` tokens with a loss mask on the responses.
+
+    Padded (default): one example per row, cut to the window, padded with ``<|endoftext|>`` (mask 0).
+    Packed (``pack=True``): consecutive examples from a random one on, until the row is full.
+    Returns ``(tokens (B, T), targets (B, T + K - 1), loss_mask (B, T + K - 1) float32)``.
+    """
+
+    def __init__(self, folder, split="train", context=128, extra_targets=1, batch_size=8, seed=0, rank=0,
+                 world_size=1, pack=False, device=None):  # fmt: skip
+        _check_args("SFTLoader", split, context, extra_targets, batch_size, rank, world_size)
+        self.tokens, self.mask, self.offsets, self.meta = read_sft(folder, split)
+        self.window, self.context, self.batch_size, self.seed = (
+            context + extra_targets,
+            context,
+            batch_size,
+            seed,
+        )
+        self.rank, self.world_size, self.pack, self.device = rank, world_size, pack, device
+        self.pad = int(self.meta["eot_id"])
+        if len(self.offsets) < 2:
+            raise DataError(str(folder), f"SFT split {split!r} has no examples")
+
+    def _row(self, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """One (window,) row of tokens and mask starting at example ``first``."""
+        toks = np.full(self.window, self.pad, dtype=np.int64)
+        mask = np.zeros(self.window, dtype=np.float32)
+        filled, n, i = 0, len(self.offsets) - 1, first
+        while filled < self.window:
+            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+            take = min(hi - lo, self.window - filled)
+            toks[filled : filled + take] = self.tokens[lo : lo + take]
+            mask[filled : filled + take] = self.mask[lo : lo + take]
+            filled, i = filled + take, (i + 1) % n
+            if not self.pack:
+                break
+        return toks, mask
+
+    def batch(self, step: int):
+        rng = np.random.default_rng([self.seed, step])
+        firsts = rng.integers(0, len(self.offsets) - 1, size=self.batch_size * self.world_size)
+        rows = [self._row(int(i)) for i in firsts[self.rank :: self.world_size]]
+        toks = np.stack([r[0] for r in rows])  # (B, T+K)
+        mask = np.stack([r[1] for r in rows])  # (B, T+K)
+        out = toks[:, : self.context], toks[:, 1:], mask[:, 1:]
+        return tuple(to_device(a, self.device) for a in out)

@@ -1,0 +1,106 @@
+"""``prepare``: run every stage in order over ``DIR/pipeline.duckdb`` and write the dataset folder.
+
+>>> meta = prepare(Recipe(sources=(SourceSpec("tinyshakespeare"),)), "out", mirror="mirror")  # doctest: +SKIP
+>>> sorted(p.name for p in Path("out").iterdir())  # doctest: +SKIP
+['meta.json', 'pipeline.duckdb', 'tokenizer.json', 'train.bin', 'val.bin']
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from euler_data import clean, dedup, filters, ingest, mix, shards, split
+from euler_data import tokenizer as tokenizer_stage
+from euler_data.db import connect
+from euler_data.errors import DataError
+from euler_data.meta import build_meta, write_meta
+from euler_data.network import resolve_mirror
+from euler_data.recipe import Recipe
+from euler_data.sources import resolve
+
+STAGES = ("ingest", "clean", "filter", "dedup", "split", "mix", "tokenizer", "tokenize")
+
+
+def check_sources(recipe: Recipe) -> None:
+    if not recipe.sources:
+        raise DataError("prepare", "no sources: pass --source SPEC or a recipe with [[source]] entries")
+    twice = [label for label, n in Counter(s.label for s in recipe.sources).items() if n > 1]
+    if twice:
+        raise DataError("prepare", f"two sources are named {twice}; give them distinct `name`s")
+
+
+def _tokenizer(con, recipe: Recipe):
+    if recipe.tokenizer:
+        return tokenizer_stage.load_tokenizer(recipe.tokenizer)
+    return tokenizer_stage.train_tokenizer(con, recipe.vocab_size, recipe.tokenizer_sample_bytes)
+
+
+def _text_bytes(con, table: str) -> int:
+    """UTF-8 bytes of the text a stage read: its throughput denominator."""
+    return int(con.execute(f"SELECT coalesce(sum(strlen(text)), 0) FROM {table}").fetchone()[0])
+
+
+def run_stages(con, recipe: Recipe, inputs, out: Path, quiet: bool) -> tuple[Any, dict, dict]:
+    """Run the stages in order; returns the tokenizer, tokens per split and per-stage timings."""
+    timings: dict[str, dict[str, float]] = {}
+    bar = tqdm(total=len(STAGES), desc="prepare", unit="stage", disable=quiet)
+    state: dict[str, Any] = {}
+    steps = {
+        "ingest": lambda: ingest.ingest(con, recipe, inputs, out),
+        "clean": lambda: clean.clean(con),
+        "filter": lambda: filters.filter_docs(con, recipe.filter),
+        "dedup": lambda: dedup.dedup(con, recipe.filter.near_dedup),
+        "split": lambda: split.split(con, recipe.val_fraction, recipe.seed),
+        "mix": lambda: mix.mix(con, recipe.seed),
+        "tokenizer": lambda: state.setdefault("tok", _tokenizer(con, recipe)),
+        "tokenize": lambda: state.setdefault("tokens", _tokenize(con, state["tok"], out, recipe, quiet)),
+    }
+    source_table = {"ingest": "raw", "clean": "raw", "filter": "clean", "dedup": "filtered"}
+    for name in STAGES:
+        bar.set_postfix_str(name)
+        start = time.perf_counter()
+        steps[name]()
+        seconds = time.perf_counter() - start
+        nbytes = _text_bytes(con, source_table.get(name, "pieces"))
+        timings[name] = {
+            "seconds": round(seconds, 3),
+            "mb_per_s": round(nbytes / 1e6 / max(seconds, 1e-9), 2),
+        }
+        bar.update(1)
+    bar.close()
+    return state["tok"], state["tokens"], timings
+
+
+def _tokenize(con, tok, out: Path, recipe: Recipe, quiet: bool) -> dict[str, int]:
+    total = _text_bytes(con, "pieces")
+    with tqdm(total=total, desc="tokenize", unit="B", unit_scale=True, disable=quiet) as bar:
+        return shards.tokenize(con, tok, out, recipe.workers, bar)
+
+
+def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, quiet: bool = False) -> dict:
+    """Run ingest -> clean -> filter -> dedup -> split -> mix -> tokenizer -> tokenize; returns meta."""
+    check_sources(recipe)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    mirror_path = resolve_mirror(mirror)
+    inputs = {s.label: resolve(s, mirror_path, out / "downloads") for s in recipe.sources}
+    con = connect(out)
+    try:
+        tok, tokens, timings = run_stages(con, recipe, inputs, out, quiet)
+        tok.save(out / "tokenizer.json")
+        extra = {
+            "context_hint": recipe.context_hint,
+            "seed": recipe.seed,
+            "val_fraction": recipe.val_fraction,
+        }
+        meta = build_meta(con, tok, {**extra, "stages": timings, "recipe": recipe.to_dict()})
+    finally:
+        con.close()
+    assert meta["tokens"] == tokens, f"prepare: meta tokens {meta['tokens']} != bins {tokens}"
+    write_meta(out, meta)
+    return meta

@@ -1,0 +1,82 @@
+"""``euler-data inspect``: counts, sample documents and a token-length histogram, as text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from euler_data.meta import open_bin, read_meta
+
+
+def doc_lengths(tokens: np.ndarray, eot: int) -> np.ndarray:
+    """Token count of each document in a bin (documents end with ``eot``): (documents,) int64."""
+    ends = np.flatnonzero(tokens == eot)  # positions of the separators
+    return np.diff(np.concatenate([[-1], ends])) - 1
+
+
+def histogram(lengths: np.ndarray, width: int = 40) -> list[str]:
+    """Power-of-two bins of document lengths, one text bar per bin."""
+    if len(lengths) == 0:
+        return ["  (no documents)"]
+    top = int(np.ceil(np.log2(max(int(lengths.max()), 1) + 1)))
+    edges = [0] + [2**k for k in range(1, top + 1)]
+    counts, _ = np.histogram(lengths, bins=[*edges, edges[-1] * 2])
+    peak = max(int(counts.max()), 1)
+    lines = []
+    for lo, hi, n in zip(edges, [*edges[1:], edges[-1] * 2], counts):
+        if n:
+            lines.append(f"  [{lo:>9,}, {hi:>9,})  {n:>6}  " + "#" * max(1, round(width * n / peak)))
+    return lines
+
+
+def counts_lines(meta: dict) -> list[str]:
+    lines = [
+        f"documents: {meta['documents_in']} in, {meta['documents_kept']} kept, dropped {meta['dropped']}",
+        f"tokens: {meta['tokens']}  bytes: {meta['bytes']}  vocab: {meta['vocab_size']}",
+        f"tokenizer: {meta['tokenizer_fingerprint']}",
+        f"{'source':<24} {'in':>6} {'kept':>6} {'train docs':>10} {'train tok':>12} "
+        f"{'val docs':>9} {'val tok':>10}",
+    ]
+    for name, s in meta["sources"].items():
+        tr, va = s.get("train", {}), s.get("val", {})
+        lines.append(
+            f"{name:<24} {s['documents_in']:>6} {s.get('documents_kept', 0):>6} {tr.get('documents', 0):>10} "
+            f"{tr.get('tokens', 0):>12} {va.get('documents', 0):>9} {va.get('tokens', 0):>10}"
+        )
+    return lines
+
+
+def sample_lines(folder: Path, eot: int, samples: int, chars: int = 160) -> list[str]:
+    """The first ``samples`` documents of train.bin, decoded and cut to ``chars`` characters."""
+    if samples <= 0:
+        return []
+    from euler_bpe import Tokenizer
+
+    tok = Tokenizer.load(folder / "tokenizer.json")
+    tokens = open_bin(folder / "train.bin", np.uint16)
+    ends = np.flatnonzero(tokens[:50_000_000] == eot)[:samples]
+    lines, start = [], 0
+    for end in ends:
+        text = tok.decode(tokens[start:end].tolist()[:chars])[:chars]
+        lines.append("  " + json.dumps(text, ensure_ascii=False))
+        start = end + 1
+    return lines
+
+
+def inspect_folder(folder: str | Path, samples: int = 3) -> str:
+    """The whole report for a dataset folder."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    lines = counts_lines(meta)
+    for split in ("train", "val"):
+        lengths = doc_lengths(open_bin(folder / f"{split}.bin", np.uint16), meta["eot_id"])
+        lines.append(f"{split}: tokens per document ({len(lengths)} documents)")
+        lines += histogram(lengths)
+    lines.append(f"samples (first {samples} train documents):")
+    lines += sample_lines(folder, meta["eot_id"], samples)
+    sft = folder / "sft_meta.json"
+    if sft.is_file():
+        lines.append("sft: " + json.dumps(json.loads(sft.read_text(encoding="utf-8")), ensure_ascii=False))
+    return "\n".join(lines)

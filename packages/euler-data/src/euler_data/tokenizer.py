@@ -1,0 +1,63 @@
+"""Stage 7, tokenizer: train euler-bpe on a sample of the train pieces, or load a given tokenizer.json.
+
+The sample takes a prefix of every train piece (cut at a newline), each ``budget / pieces`` characters
+long, in the seeded mix order, until ``sample_bytes``; so every source and book is represented.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from euler_bpe import CHAT_SPECIAL_TOKENS, ENDOFTEXT, Tokenizer
+from euler_data.errors import DataError
+
+UINT16_LIMIT = 1 << 16
+
+
+def check_tokenizer(tok: Tokenizer, where: str) -> Tokenizer:
+    """The tokenizer must fit uint16 shards and know ``<|endoftext|>``."""
+    if tok.vocab_size > UINT16_LIMIT:
+        raise DataError(where, f"vocab_size {tok.vocab_size} exceeds {UINT16_LIMIT}: ids do not fit uint16")
+    if ENDOFTEXT not in tok.special_tokens:
+        raise DataError(where, f"tokenizer has no {ENDOFTEXT} special token to join documents")
+    return tok
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """``Tokenizer.load`` with the uint16 and ``<|endoftext|>`` checks, errors naming the file."""
+    try:
+        tok = Tokenizer.load(path)
+    except (OSError, ValueError) as err:
+        raise DataError(str(path), f"cannot load tokenizer: {err}") from err
+    return check_tokenizer(tok, str(path))
+
+
+def sample_texts(con: duckdb.DuckDBPyConnection, sample_bytes: int) -> list[str]:
+    """A prefix of each train piece, together about ``sample_bytes`` of UTF-8."""
+    n = con.execute("SELECT count(*) FROM mixed WHERE split = 'train' AND copy = 0").fetchone()[0]
+    per_piece = max(sample_bytes // max(n, 1), 4096)
+    rows = con.execute(
+        """SELECT substr(p.text, 1, ?) FROM mixed m JOIN pieces p USING (doc_id, part)
+        WHERE m.split = 'train' AND m.copy = 0 ORDER BY m.ord""",
+        [per_piece],
+    ).fetchall()
+    out, total = [], 0
+    for (text,) in rows:
+        cut = text.rfind("\n") if len(text) == per_piece else -1
+        text = text[: cut + 1] if cut > 0 else text  # end on a line boundary when truncated
+        out.append(text)
+        total += len(text.encode("utf-8"))
+        if total >= sample_bytes:
+            break
+    return out
+
+
+def train_tokenizer(con: duckdb.DuckDBPyConnection, vocab_size: int, sample_bytes: int) -> Tokenizer:
+    """Stage 7: a byte-level BPE with the chat special tokens, trained on the sample."""
+    texts = sample_texts(con, sample_bytes)
+    if not texts:
+        raise DataError("prepare", "no train documents left to train a tokenizer on")
+    tok = Tokenizer.train(texts, vocab_size=vocab_size, special_tokens=CHAT_SPECIAL_TOKENS)
+    return check_tokenizer(tok, "trained tokenizer")
