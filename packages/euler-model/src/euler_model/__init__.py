@@ -1,5 +1,40 @@
-"""A Llama-style decoder with multi-token prediction, generation, checkpoints and Hugging Face interop."""
+"""A Llama-style decoder with multi-token prediction, generation, checkpoints and Hugging Face interop.
+
+>>> import numpy as np
+>>> from euler_model import preset, init_params, loss_and_grads
+>>> cfg = preset("tiny"); params = init_params(cfg, seed=0)
+>>> tokens = np.zeros((2, 8), dtype=np.int64)
+>>> targets = np.zeros((2, 8 + cfg.n_mtp_heads - 1), dtype=np.int64)
+>>> loss, grads = loss_and_grads(cfg, params, tokens, targets)
+"""
 
 from euler_model.__about__ import __version__
+from euler_model.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from euler_model.config import PRESETS, ModelConfig, preset
+from euler_model.generate import GenerationStats, generate
+from euler_model.hf import load_hf, save_hf
+from euler_model.kv_cache import KVCache
+from euler_model.model import forward_loss, logits, loss_and_grads
+from euler_model.params import count_params, describe_params, init_params, param_shapes
 
-__all__ = ["__version__"]
+__all__ = [
+    "FORMAT_VERSION",
+    "PRESETS",
+    "GenerationStats",
+    "KVCache",
+    "ModelConfig",
+    "__version__",
+    "count_params",
+    "describe_params",
+    "forward_loss",
+    "generate",
+    "init_params",
+    "load_checkpoint",
+    "load_hf",
+    "logits",
+    "loss_and_grads",
+    "param_shapes",
+    "preset",
+    "save_checkpoint",
+    "save_hf",
+]

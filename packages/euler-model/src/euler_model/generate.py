@@ -1,0 +1,159 @@
+"""Streaming generation with a KV cache, sampling, and speculative decoding with the MTP heads.
+
+Speculative decoding (greedy output identical to plain decoding): at the last accepted position,
+heads 1..K-1 draft the K-1 tokens after head 0's next token; one forward over [next token, drafts]
+lets head 0 check each draft; the longest prefix of drafts head 0 agrees with is kept, plus head 0's
+own token after it, and the KV cache is rolled back past the rejected drafts. When sampling, head 0's
+token at each checked position is sampled and a draft is kept only if it equals that sample, so every
+emitted token is still a sample from head 0's distribution given everything before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import euler_kernels as ek
+from euler_model.config import ModelConfig
+from euler_model.kv_cache import KVCache
+from euler_model.model import trunk_forward
+from euler_model.sampling import check_sampling_args, choose_token
+
+
+@dataclass
+class GenerationStats:
+    """Counters filled in by generate(stats=...): forwards run, tokens emitted, drafts proposed / accepted."""
+
+    forwards: int = 0  # trunk forward passes, the prompt's included
+    generated: int = 0  # tokens yielded
+    drafted: int = 0  # speculative drafts proposed by heads 1..K-1
+    accepted: int = 0  # drafts that head 0 agreed with
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens emitted per forward pass after the prompt (1 for plain decoding)."""
+        return self.generated / max(self.forwards - 1, 1)
+
+
+def _host_row(config: ModelConfig, params: dict[str, Any], h: Any, head: int) -> np.ndarray:
+    """Head `head`'s logits for one hidden row h (1, 1, C), as a NumPy vector (V,)."""
+    z = ek.linear_forward(h, params[f"heads.{head}"])[0].reshape(-1)
+    return z.get() if hasattr(z, "get") else np.asarray(z)
+
+
+def _forward(config, params, cache, ids: Sequence[int], stats: GenerationStats) -> Any:
+    """Run ids through the trunk, appending to the cache; the hidden states (1, T, C)."""
+    xp = ek.get_array_module(params["embed"])
+    stats.forwards += 1
+    return trunk_forward(config, params, xp.asarray([list(ids)], dtype=xp.int64), kv=cache)[0]
+
+
+def _plain(config, params, cache, history: list[int], pick: Callable, stats) -> Iterator[int]:
+    """One forward per token; stops when the sequence fills the context."""
+    h = _forward(config, params, cache, history, stats)[:, -1:]
+    while True:
+        token = pick(_host_row(config, params, h, 0), history)
+        history.append(token)
+        yield token
+        if len(history) >= config.context:
+            return
+        h = _forward(config, params, cache, [token], stats)
+
+
+def _speculative(config, params, cache, history, pick, stats, budget: int) -> Iterator[int]:
+    """Heads 1..K-1 draft, head 0 verifies them all in one forward; see the module docstring."""
+    h = _forward(config, params, cache, history, stats)[:, -1:]  # hidden state of the last position
+    token = pick(_host_row(config, params, h, 0), history)
+    history.append(token)
+    yield token
+    produced = 1
+    while len(history) < config.context:
+        m = min(config.n_mtp_heads - 1, config.context - len(history) - 1, budget - produced - 1)
+        drafts = [int(np.argmax(_host_row(config, params, h, k))) for k in range(1, m + 1)]
+        stats.drafted += len(drafts)
+        start = cache.length  # position of `token`
+        hs = _forward(config, params, cache, [token, *drafts], stats)  # (1, 1 + m, C)
+        for i in range(len(drafts) + 1):
+            g = pick(_host_row(config, params, hs[:, i : i + 1], 0), history)
+            history.append(g)
+            produced += 1
+            yield g
+            if i < len(drafts) and g == drafts[i]:
+                stats.accepted += 1
+                continue
+            cache.rollback(start + i + 1)  # keep `token` and the i accepted drafts
+            token, h = g, hs[:, i : i + 1]
+            break
+
+
+def generate(
+    config: ModelConfig,
+    params: dict[str, Any],
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    stop_tokens: Sequence[int] = (),
+    seed: int | None = None,
+    speculative: bool = False,
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """An iterator over up to max_new_tokens new token ids after prompt_ids (streaming).
+
+    temperature 0 is greedy decoding. A stop token ends generation and is not yielded. Generation
+    also ends when prompt + output fill the context. speculative=True drafts with the MTP heads
+    (needs K >= 2; greedy output is identical to plain greedy). Pass a GenerationStats to read counters.
+    Arguments are checked at once, before the first token is asked for.
+
+    >>> from euler_model import preset, init_params
+    >>> cfg = preset("tiny"); p = init_params(cfg)
+    >>> len(list(generate(cfg, p, [1, 2, 3], 4, temperature=0.0)))
+    4
+    """
+    prompt = [int(t) for t in prompt_ids]
+    if not 1 <= len(prompt) < config.context:
+        raise ValueError(f"generate: the prompt needs 1 to {config.context - 1} tokens, got {len(prompt)}")
+    if min(prompt) < 0 or max(prompt) >= config.vocab_size:
+        raise ValueError(
+            f"generate: prompt ids must be in [0, {config.vocab_size}), got {min(prompt)}..{max(prompt)}"
+        )
+    check_sampling_args(temperature, top_k, top_p, repetition_penalty)
+    pick = partial(
+        choose_token,
+        rng=np.random.default_rng(seed),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+    )
+    stats = GenerationStats() if stats is None else stats
+    xp = ek.get_array_module(params["embed"])
+    cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
+    if speculative and config.n_mtp_heads > 1:
+        steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens)
+    else:
+        steps = _plain(config, params, cache, prompt, pick, stats)
+    return _until_stop(steps, max_new_tokens, {int(t) for t in stop_tokens}, stats)
+
+
+def _until_stop(steps: Iterator[int], max_new: int, stop: set[int], stats: GenerationStats) -> Iterator[int]:
+    """Pass tokens on until max_new were yielded or a stop token (not yielded) comes."""
+    count = 0
+    while count < max_new:
+        token = next(steps, None)
+        if token is None or token in stop:
+            return
+        count += 1
+        stats.generated += 1
+        yield token

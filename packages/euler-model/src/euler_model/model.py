@@ -1,0 +1,163 @@
+"""The whole decoder: logits, the multi-token-prediction loss and its gradients.
+
+tokens (B, T) -> embed -> n_layers x [attention block, ffn block] -> rmsnorm -> K heads
+head k's logits at position t predict token t + 1 + k, i.e. targets[:, k + t]
+loss = mean over the K heads of the masked cross-entropy of that head
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import euler_kernels as ek
+from euler_model.blocks import (
+    attention_block_backward,
+    attention_block_forward,
+    ffn_block_backward,
+    ffn_block_forward,
+)
+from euler_model.config import ModelConfig
+
+_ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
+
+
+def rope_for(config: ModelConfig, like: Any) -> tuple[Any, Any]:
+    """cos/sin tables (context, head_dim // 2) in the array kind and dtype of `like`, memoised."""
+    xp = ek.get_array_module(like)
+    key = (config.head_dim, config.context, config.rope_theta, np.dtype(like.dtype).str, xp.__name__)
+    if key not in _ROPE_TABLES:
+        _ROPE_TABLES[key] = ek.rope_tables(
+            config.head_dim, config.context, theta=config.rope_theta, dtype=like.dtype, xp=xp
+        )
+    return _ROPE_TABLES[key]
+
+
+def trunk_forward(
+    config: ModelConfig, params: dict[str, Any], tokens: Any, kv: Any = None
+) -> tuple[Any, list]:
+    """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
+
+    kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
+    """
+    rope = rope_for(config, params["embed"])
+    x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
+    caches: list = [c_emb]
+    for i in range(config.n_layers):
+        prefix = f"layers.{i}."
+        x, c_attn = attention_block_forward(config, params, prefix, x, rope, None if kv is None else (kv, i))
+        x, c_ffn = ffn_block_forward(config, params, prefix, x)
+        caches.append((c_attn, c_ffn))
+    if kv is not None:
+        kv.advance(tokens.shape[1])
+    h, c_norm = ek.rmsnorm_forward(x, params["norm"], config.norm_eps)  # (B, T, C)
+    caches.append(c_norm)
+    return h, caches
+
+
+def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
+    """Gradients of trunk_forward for every trunk parameter, layers in reverse order."""
+    dx, dnorm = ek.rmsnorm_backward(dh, caches[-1])
+    grads = {"norm": dnorm}
+    for i in reversed(range(config.n_layers)):
+        c_attn, c_ffn = caches[1 + i]
+        dx, g_ffn = ffn_block_backward(dx, c_ffn, f"layers.{i}.")
+        dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")
+        grads.update(g_ffn)
+        grads.update(g_attn)
+    grads["embed"] = ek.embedding_backward(dx, caches[0])
+    return grads
+
+
+def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:
+    if tokens.ndim != 2 or not 1 <= tokens.shape[1] <= config.context:
+        raise ValueError(
+            f"{where}: tokens must be (B, T) with 1 <= T <= context={config.context}, got {tokens.shape}"
+        )
+
+
+def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool = False) -> Any:
+    """Head 0's logits (B, T, V), or every head's stacked as (K, B, T, V) when all_heads.
+
+    >>> from euler_model import preset, init_params
+    >>> cfg = preset("tiny"); p = init_params(cfg)
+    >>> logits(cfg, p, np.zeros((2, 5), dtype=np.int64)).shape
+    (2, 5, 64)
+    """
+    _check_tokens(config, tokens, "logits")
+    h, _ = trunk_forward(config, params, tokens)
+    if not all_heads:
+        return ek.linear_forward(h, params["heads.0"])[0]
+    xp = ek.get_array_module(h)
+    return xp.stack([ek.linear_forward(h, params[f"heads.{k}"])[0] for k in range(config.n_mtp_heads)])
+
+
+def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: Any, where: str) -> None:
+    _check_tokens(config, tokens, where)
+    b, t = tokens.shape
+    want = (b, t + config.n_mtp_heads - 1)
+    if tuple(targets.shape) != want:
+        raise ValueError(
+            f"{where}: targets must be (B, T + K - 1) = {want} for tokens {tuple(tokens.shape)} and "
+            f"K={config.n_mtp_heads} heads, got {tuple(targets.shape)}"
+        )
+    if loss_mask is not None and tuple(loss_mask.shape) != want:
+        raise ValueError(f"{where}: loss_mask must have the targets' shape {want}, got {loss_mask.shape}")
+
+
+def _heads_forward(config, params, h, targets, loss_mask) -> tuple[float, list]:
+    """Mean over the K heads of each head's masked cross-entropy, and the caches for backward."""
+    t = h.shape[1]
+    total, caches = 0.0, []
+    for k in range(config.n_mtp_heads):
+        z, c_head = ek.linear_forward(h, params[f"heads.{k}"])  # (B, T, V)
+        mask = None if loss_mask is None else loss_mask[:, k : k + t]
+        loss, c_ce = ek.cross_entropy_forward(z, targets[:, k : k + t], mask)  # head k reads t + 1 + k
+        total = total + loss
+        caches.append((c_head, c_ce))
+    return total / config.n_mtp_heads, caches
+
+
+def _heads_backward(config, h, caches) -> tuple[Any, dict[str, Any]]:
+    """Gradient of the mean head loss wrt the hidden state h and every head's weight."""
+    xp = ek.get_array_module(h)
+    dloss = xp.asarray(1.0 / config.n_mtp_heads, dtype=h.dtype)  # d mean / d loss_k
+    dh, grads = None, {}
+    for k in reversed(range(config.n_mtp_heads)):
+        c_head, c_ce = caches[k]
+        dz = ek.cross_entropy_backward(dloss, c_ce)  # (B, T, V)
+        dh_k, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)
+        dh = dh_k if dh is None else dh + dh_k
+    return dh, grads
+
+
+def loss_and_grads(
+    config: ModelConfig, params: dict[str, Any], tokens: Any, targets: Any, loss_mask: Any = None
+) -> tuple[float, dict[str, Any]]:
+    """The MTP training loss and its gradient for every parameter (keyed like params).
+
+    tokens (B, T) int; targets and loss_mask (B, T + K - 1); head k is scored on targets[:, k:k+T].
+
+    >>> from euler_model import preset, init_params
+    >>> cfg = preset("tiny"); p = init_params(cfg)
+    >>> tok = np.zeros((1, 4), dtype=np.int64); tgt = np.ones((1, 4 + cfg.n_mtp_heads - 1), dtype=np.int64)
+    >>> loss, grads = loss_and_grads(cfg, p, tok, tgt)
+    >>> sorted(grads) == sorted(p)
+    True
+    """
+    _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
+    h, trunk_caches = trunk_forward(config, params, tokens)
+    loss, head_caches = _heads_forward(config, params, h, targets, loss_mask)
+    dh, grads = _heads_backward(config, h, head_caches)
+    grads.update(trunk_backward(config, dh, trunk_caches))
+    return float(loss), {name: grads[name] for name in params}
+
+
+def forward_loss(
+    config: ModelConfig, params: dict[str, Any], tokens: Any, targets: Any, loss_mask: Any = None
+) -> float:
+    """The same loss as loss_and_grads, for evaluation: no gradients are computed."""
+    _check_targets(config, tokens, targets, loss_mask, "forward_loss")
+    h, _ = trunk_forward(config, params, tokens)
+    return float(_heads_forward(config, params, h, targets, loss_mask)[0])
