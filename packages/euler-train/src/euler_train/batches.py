@@ -16,15 +16,12 @@ import numpy as np
 from euler_train.config import ConfigError
 
 
-def dataset_kind(folder: Path) -> str:
-    """ "sft" when the folder holds an SFT set, "pretrain" when it holds train.bin, else ConfigError."""
-    if any((folder / name).exists() for name in ("sft_tokens.bin", "train_tokens.bin")):
-        return "sft"
-    if (folder / "train.bin").is_file():
-        return "pretrain"
-    raise ConfigError(
-        f"data.dir {folder} is not a dataset made by euler-data (no train.bin or sft_tokens.bin)"
-    )
+def check_kind(folder: Path, mode: str) -> None:
+    """ConfigError unless `folder` holds a pretrain set (train.bin) or an SFT set (sft_meta.json) as asked."""
+    marker = "sft_meta.json" if mode == "sft" else "train.bin"
+    if not (folder / marker).is_file():
+        made_by = "euler-data sft" if mode == "sft" else "euler-data prepare"
+        raise ConfigError(f"data.dir {folder} has no {marker}: `{mode}` needs a folder made by `{made_by}`")
 
 
 def bytes_per_token(meta: dict[str, Any], split: str) -> float | None:
@@ -77,7 +74,7 @@ def make_batches(cfg: dict, mcfg: Any, kind: str, rank: int, world_size: int) ->
     folder = Path(cfg["data"]["dir"])
     common = dict(
         context=mcfg.context,
-        extra_targets=mcfg.n_mtp_heads - 1,
+        extra_targets=mcfg.n_mtp_heads,  # windows of T + K tokens: targets (B, T + K - 1)
         batch_size=cfg["train"]["batch_size"],
         seed=cfg["train"]["seed"],
         rank=rank,
@@ -87,7 +84,7 @@ def make_batches(cfg: dict, mcfg: Any, kind: str, rank: int, world_size: int) ->
     train = cls(folder, split="train", **common)
     try:
         val = cls(folder, split="val", **common)
-    except (ValueError, FileNotFoundError, OSError):
+    except (ValueError, OSError, euler_data.DataError):
         val = None  # no validation split: evaluation is skipped
-    meta = euler_data.read_meta(folder)
-    return Batches(train, val, cfg["train"]["grad_accum"], bytes_per_token(meta, "val"))
+    bpt = bytes_per_token(euler_data.read_meta(folder), "val") if kind == "pretrain" else None
+    return Batches(train, val, cfg["train"]["grad_accum"], bpt)

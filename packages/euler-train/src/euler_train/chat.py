@@ -82,11 +82,11 @@ def decode_stream(tok: Any, ids: Iterator[int], stops: tuple[int, ...]) -> Itera
         yield tail
 
 
-def render(messages: list[dict[str, str]]) -> str:
-    """The chat template (euler-data's render_chat) with an open assistant turn at the end."""
-    from euler_data import render_chat
+def encode_prompt(tok: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Ids of the chat template (euler-data's encode_chat) with an open assistant turn at the end."""
+    from euler_data import encode_chat
 
-    return render_chat(messages, add_generation_prompt=True)
+    return encode_chat(tok, messages, add_generation_prompt=True)[0]
 
 
 def generate_text(
@@ -94,8 +94,7 @@ def generate_text(
 ) -> Iterator[str]:
     """Stream the continuation of `prompt` (wrapped in the chat template when `chat`)."""
     tok = model.tokenizer
-    text = render([{"role": "user", "content": prompt}]) if chat else prompt
-    ids = tok.encode(text, allowed_special="all") if chat else tok.encode(text)
+    ids = encode_prompt(tok, [{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
     ids = ids[-(model.mcfg.context - 1) :]  # keep room for at least one new token
     stops = stop_ids(tok, (END, EOT))
     yield from decode_stream(tok, stream_ids(model, ids, args, stops, speculative), stops)
@@ -104,17 +103,16 @@ def generate_text(
 def fit_history(tok: Any, history: list[dict[str, str]], budget: int) -> list[int]:
     """Prompt ids of the newest turns that fit in `budget` tokens (oldest turns dropped first)."""
     for start in range(0, len(history), 2):
-        ids = tok.encode(render(history[start:]), allowed_special="all")
+        ids = encode_prompt(tok, history[start:])
         if len(ids) <= budget:
             return ids
-    ids = tok.encode(render(history[-1:]), allowed_special="all")
-    return ids[-budget:]  # even the last message is too long: keep its end
+    return encode_prompt(tok, history[-1:])[-budget:]  # even the last message is too long: keep its end
 
 
 def chat_repl(model: SamplingModel, args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     """Read user lines; answer each; `/reset` clears history, `/temp X` sets temperature, `/quit` ends."""
     tok, temperature = model.tokenizer, args.temperature
-    history: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
     stops = stop_ids(tok, (END, EOT))
     budget = max(1, model.mcfg.context - min(args.max_new_tokens, model.mcfg.context // 2))
     interactive = stdin.isatty()
@@ -153,7 +151,7 @@ def _command(line: str, history: list, stdout: TextIO, args: argparse.Namespace)
     if cmd in ("/quit", "/exit"):
         return True
     if cmd == "/reset":
-        del history[int(bool(args.system)) :]
+        history.clear()
         stdout.write("(history cleared)\n")
     elif cmd == "/temp":
         try:

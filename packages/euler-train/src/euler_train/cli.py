@@ -80,7 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat = sub.add_parser("chat", help="chat REPL: /reset, /temp X, /quit")
     add_sampling_args(chat)
-    chat.add_argument("--system", default="", help="an optional system prompt")
     gen = sub.add_parser("generate", help="sample a continuation of one prompt")
     add_sampling_args(gen)
     gen.add_argument("--prompt", required=True)

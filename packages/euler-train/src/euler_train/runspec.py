@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from euler_train.batches import dataset_kind
+from euler_train.batches import check_kind
 from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
 from euler_train.config import ConfigError
 
@@ -31,16 +31,13 @@ class RunSpec:
     resume_from: Path | None  # --resume: the newest valid checkpoint of this run
 
 
-def dataset_fingerprint(folder: Path) -> str | None:
-    """The tokenizer fingerprint recorded in meta.json, else computed from tokenizer.json."""
-    meta_path = folder / "meta.json"
+def dataset_fingerprint(folder: Path, mode: str) -> str | None:
+    """The tokenizer fingerprint recorded in meta.json / sft_meta.json, else computed from tokenizer.json."""
+    meta_path = folder / ("sft_meta.json" if mode == "sft" else "meta.json")
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        for key in ("tokenizer_fingerprint", "tokenizer_hash", "fingerprint"):
-            if isinstance(meta.get(key), str):
-                return meta[key]
-        if isinstance(meta.get("tokenizer"), dict) and isinstance(meta["tokenizer"].get("fingerprint"), str):
-            return meta["tokenizer"]["fingerprint"]
+        if isinstance(meta.get("tokenizer_fingerprint"), str):
+            return meta["tokenizer_fingerprint"]
     return tokenizer_info(folder / "tokenizer.json")[1]
 
 
@@ -88,9 +85,7 @@ def check_data(cfg: dict, mode: str) -> Path:
     folder = Path(cfg["data"]["dir"])
     if not folder.is_dir():
         raise ConfigError(f"data.dir {folder} does not exist")
-    kind = dataset_kind(folder)
-    if kind != mode:
-        raise ConfigError(f"data.dir {folder} is a {kind} set, but `{mode}` needs a {mode} set")
+    check_kind(folder, mode)
     if not (folder / "tokenizer.json").is_file():
         raise ConfigError(f"data.dir {folder} has no tokenizer.json")
     return folder
@@ -118,7 +113,7 @@ def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) ->
 
     run_dir = Path(run_dir)
     folder = check_data(cfg, mode)
-    data_fp = dataset_fingerprint(folder)
+    data_fp = dataset_fingerprint(folder, mode)
     vocab, _ = tokenizer_info(folder / "tokenizer.json")
     init = None
     if mode == "sft":
