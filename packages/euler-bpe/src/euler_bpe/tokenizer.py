@@ -232,7 +232,7 @@ def _progress_printer() -> Callable[[int, int], None]:
     def show(done: int, total: int) -> None:
         if done % 64 == 0 or done == total:
             filled = int(30 * done / max(total, 1))
-            sys.stderr.write(f"\rmerges [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
+            sys.stderr.write(f"\rtokens [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
             if done == total:
                 sys.stderr.write("\n")
             sys.stderr.flush()

@@ -1,0 +1,124 @@
+"""Training: merges worked out by hand on tiny corpora, determinism, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from euler_bpe import CHAT_SPECIAL_TOKENS, Tokenizer
+
+# Word counts: hug 10, pug 5, pun 12, bun 4, hugs 5 (each text is one word: no leading space).
+HUGS = ["hug"] * 10 + ["pug"] * 5 + ["pun"] * 12 + ["bun"] * 4 + ["hugs"] * 5
+
+
+def merged_strings(tok: Tokenizer) -> list[str]:
+    return [(tok.token_bytes(a) + tok.token_bytes(b)).decode() for a, b in tok.merges]
+
+
+def test_merges_worked_by_hand() -> None:
+    # Pair counts at the start: u g 20, p u 17, u n 16, h u 15, g s 5, b u 4 -> "ug".
+    # Then: u n 16 (pun 12 + bun 4), h ug 15, p u 12 ... -> "un"; then h ug 15 -> "hug";
+    # then p un 12 -> "pun"; then hug s 5 and p ug 5 tie: b"hug" < b"p" -> "hugs"; then "pug";
+    # then b un 4 -> "bun". Nothing is left to merge after that.
+    tok = Tokenizer.train(HUGS, vocab_size=256 + 7)
+    assert merged_strings(tok) == ["ug", "un", "hug", "pun", "hugs", "pug", "bun"]
+    assert tok.encode("hugs") == [256 + 4]
+    assert tok.encode("bug") == [ord("b"), 256]
+
+
+def test_corpus_running_out_of_pairs_gives_a_smaller_vocab() -> None:
+    tok = Tokenizer.train(HUGS, vocab_size=1000, special_tokens=["<|end|>"])
+    assert len(tok.merges) == 7
+    assert tok.vocab_size == 256 + 7 + 1
+    assert tok.special_tokens == {"<|end|>": 263}
+
+
+def test_count_ties_break_by_bytes() -> None:
+    # "ab" and "cd" both occur 3 times; b"a" < b"c" so (a, b) merges first.
+    tok = Tokenizer.train(["cd", "ab"] * 3, vocab_size=257)
+    assert merged_strings(tok) == ["ab"]
+    tok = Tokenizer.train(["cd", "ab"] * 3 + ["cd"], vocab_size=257)
+    assert merged_strings(tok) == ["cd"]
+    # In " ab" the pair (" ", "a") ties with ("a", "b") and b" " < b"a".
+    tok = Tokenizer.train([" ab"], vocab_size=257)
+    assert merged_strings(tok) == [" a"]
+
+
+def test_spaces_attach_to_the_following_word() -> None:
+    # Words: "x"(1) and " x"(4): the pair (" ", "x") is the only one.
+    tok = Tokenizer.train(["x x x x x"], vocab_size=257)
+    assert merged_strings(tok) == [" x"]
+    assert tok.encode("x x") == [ord("x"), 256]
+
+
+def test_merges_never_cross_words() -> None:
+    tok = Tokenizer.train(["ab. ab. ab."], vocab_size=300)
+    assert all("." not in s[:-1] or s.strip(".") == "" for s in merged_strings(tok))
+    assert "b." not in merged_strings(tok)
+
+
+def test_special_tokens_take_the_last_ids_and_are_not_learned() -> None:
+    text = "<|user|>hello<|assistant|>hi<|end|>" * 50
+    tok = Tokenizer.train([text], vocab_size=300, special_tokens=CHAT_SPECIAL_TOKENS)
+    assert sorted(tok.special_tokens.values()) == list(range(tok.vocab_size - 4, tok.vocab_size))
+    assert not any("<|" in s or "|>" in s for s in merged_strings(tok))
+
+
+def test_training_is_deterministic_and_workers_agree(tmp_path) -> None:
+    from tests.bpe.conftest import CORPUS
+
+    a = Tokenizer.train([CORPUS], vocab_size=350)
+    b = Tokenizer.train([CORPUS], vocab_size=350)
+    path = tmp_path / "c.txt"
+    path.write_text(CORPUS * 30, encoding="utf-8")
+    c = Tokenizer.train([path], vocab_size=350, workers=2)
+    d = Tokenizer.train([CORPUS * 30], vocab_size=350)
+    assert a.fingerprint == b.fingerprint
+    assert c.fingerprint == d.fingerprint
+
+
+def test_files_with_invalid_utf8_train_on_the_raw_bytes(tmp_path) -> None:
+    path = tmp_path / "bad.bin"
+    path.write_bytes(b"ab\xff\xfe ab\xff\xfe ab\xff\xfe \xc3")
+    tok = Tokenizer.train([path], vocab_size=270)
+    learned = {tok.token_bytes(i) for i in range(256, tok.vocab_size)}
+    # Invalid bytes pretokenize like punctuation: " ab" and b"\xff\xfe" are separate words.
+    assert {b" ab", b"\xff\xfe"} <= learned
+    assert tok.decode_bytes(tok.encode_bytes(path.read_bytes())) == path.read_bytes()
+
+
+def test_sample_bytes_trains_on_a_part(tmp_path) -> None:
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("aaaa bbbb\n" * 200_000)
+    second.write_text("cccc dddd\n" * 200_000)
+    tok = Tokenizer.train([first, second], vocab_size=270, sample_bytes=1_500_000)
+    learned = {tok.token_bytes(i) for i in range(256, tok.vocab_size)}
+    # Pieces are taken from both files, not just the start of the corpus.
+    assert b"aa" in learned and b"cc" in learned
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vocab_size": 255}, "vocab_size=255"),
+        ({"vocab_size": 257, "special_tokens": ["<a>", "<b>"]}, "2 special tokens"),
+        ({"vocab_size": 300, "special_tokens": ["<a>", "<a>"]}, "distinct"),
+        ({"vocab_size": 300, "special_tokens": [""]}, "non-empty"),
+    ],
+)
+def test_bad_vocab_sizes_and_specials_are_clear_errors(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        Tokenizer.train(["some text"], **kwargs)
+
+
+def test_empty_corpus_is_an_error(tmp_path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    for corpus in ([], [""], [empty], ["<|end|>"]):
+        with pytest.raises(ValueError, match="empty"):
+            Tokenizer.train(corpus, vocab_size=300, special_tokens=["<|end|>"])
+
+
+def test_a_corpus_of_single_characters_has_no_merges() -> None:
+    tok = Tokenizer.train(["a b c"], vocab_size=300)
+    assert tok.merges == [] or merged_strings(tok) == [" b", " c"]
+    assert tok.decode(tok.encode("a b c")) == "a b c"
