@@ -41,6 +41,11 @@ def trunk_forward(
 
     kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
     """
+    if kv is not None and kv.length + tokens.shape[1] > config.context:
+        raise ValueError(
+            f"trunk_forward: {kv.length} cached + {tokens.shape[1]} new positions "
+            f"exceed the context {config.context}"
+        )
     rope = rope_for(config, params["embed"])
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     caches: list = [c_emb]

@@ -95,7 +95,7 @@ def check_params(config: ModelConfig, params: dict[str, Any], where: str = "para
         for k, s in shapes.items()
         if k in params and tuple(params[k].shape) != s
     ]
-    if missing or extra or wrong:
-        raise ValueError(
-            f"{where}: does not match the config: missing {missing}, unexpected {extra}, wrong shapes {wrong}"
-        )
+    problems = {"missing": missing, "unexpected": extra, "wrong shapes": wrong}
+    found = ", ".join(f"{kind} {names}" for kind, names in problems.items() if names)
+    if found:
+        raise ValueError(f"{where}: does not match the config: {found}")

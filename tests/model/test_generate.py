@@ -1,0 +1,166 @@
+"""Generation: KV cache against full recomputation, sampling options, speculative decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import euler_kernels as ek
+from euler_model import GenerationStats, KVCache, generate, init_params, logits, loss_and_grads, preset
+from euler_model.model import trunk_forward
+
+
+def naive_greedy(cfg, params, prompt, n, penalty=1.0):
+    """Greedy decoding that recomputes the full forward over the whole sequence at every step."""
+    seq = list(prompt)
+    for _ in range(n):
+        z = logits(cfg, params, np.array([seq]))[0, -1].astype(np.float64)
+        seen = np.unique(seq)
+        z[seen] = np.where(z[seen] > 0, z[seen] / penalty, z[seen] * penalty)
+        seq.append(int(np.argmax(z)))
+    return seq[len(prompt) :]
+
+
+def scaled_params(cfg, seed, dtype=np.float64, scale=8.0):
+    """Random weights large enough that the logits are far from uniform (no near-ties)."""
+    p = init_params(cfg, seed=seed, dtype=dtype)
+    return {k: (v if k.endswith("norm") else v * scale) for k, v in p.items()}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kv_cache_forward_equals_full_forward(dtype) -> None:
+    cfg = preset("tiny")
+    params = scaled_params(cfg, 0, dtype)
+    seq = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, cfg.context))
+    full, _ = trunk_forward(cfg, params, seq)  # (B, T, C)
+    cache = KVCache(cfg, batch=2, dtype=dtype)
+    pieces = [(0, 5), (5, 6), (6, 9), (9, 16)]  # a prompt, then single tokens and chunks
+    for a, b in pieces:
+        h, _ = trunk_forward(cfg, params, seq[:, a:b], kv=cache)
+        tol = 1e-12 if dtype == np.float64 else 2e-5
+        np.testing.assert_allclose(h, full[:, a:b], rtol=tol, atol=tol)
+    assert cache.length == cfg.context
+    with pytest.raises(ValueError, match="exceed the context"):
+        trunk_forward(cfg, params, seq[:, :1], kv=cache)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_greedy_equals_recomputed_greedy(seed) -> None:
+    cfg = preset("tiny")
+    params = scaled_params(cfg, seed)
+    prompt = [3, 1, 4, 1, 5]
+    stats = GenerationStats()
+    out = list(generate(cfg, params, prompt, 9, temperature=0.0, stats=stats))
+    assert out == naive_greedy(cfg, params, prompt, 9)
+    assert stats.generated == 9 and stats.forwards == 9  # prompt forward + one per further token
+    penalised = list(generate(cfg, params, prompt, 9, temperature=0.0, repetition_penalty=1.8))
+    assert penalised == naive_greedy(cfg, params, prompt, 9, penalty=1.8)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_speculative_greedy_equals_plain_greedy_random_model(seed, dtype) -> None:
+    cfg = preset("tiny", n_mtp_heads=1 + seed % 3 + 1)
+    params = scaled_params(cfg, seed, dtype)
+    prompt = list(np.random.default_rng(seed).integers(0, cfg.vocab_size, 3))
+    n = cfg.context - len(prompt)  # run to the end of the context
+    plain = list(generate(cfg, params, prompt, n, temperature=0.0))
+    stats = GenerationStats()
+    spec = list(generate(cfg, params, prompt, n, temperature=0.0, speculative=True, stats=stats))
+    assert spec == plain and len(plain) == n
+    assert stats.drafted > 0 and 0 <= stats.accepted <= stats.drafted
+
+
+def train_on_cycle(cfg, steps=150, seed=0):
+    """A tiny model trained to continue (start + i) % 11: every head can learn its token exactly."""
+    params = init_params(cfg, seed=seed)
+    m = {k: np.zeros_like(v) for k, v in params.items()}
+    v = {k: np.zeros_like(p) for k, p in params.items()}
+    rng = np.random.default_rng(seed)
+    t, extra = 12, cfg.n_mtp_heads - 1
+    for step in range(1, steps + 1):
+        seq = (rng.integers(0, 11, (8, 1)) + np.arange(t + 1 + extra)) % 11
+        loss, grads = loss_and_grads(cfg, params, seq[:, :t], seq[:, 1:])
+        for k in params:
+            ek.adamw_update(params[k], m[k], v[k], grads[k], step, lr=1e-2)
+    return params, loss
+
+
+@pytest.fixture(scope="module")
+def trained():
+    cfg = preset("tiny")
+    params, loss = train_on_cycle(cfg)
+    return cfg, params, loss
+
+
+def test_speculative_greedy_equals_plain_greedy_trained_model(trained) -> None:
+    cfg, params, loss = trained
+    assert loss < 0.5  # it did learn the cycle
+    prompt = [4, 5, 6]
+    plain = list(generate(cfg, params, prompt, 12, temperature=0.0))
+    assert plain == [(7 + i) % 11 for i in range(12)]
+    stats = GenerationStats()
+    spec = list(generate(cfg, params, prompt, 12, temperature=0.0, speculative=True, stats=stats))
+    assert spec == plain
+    assert stats.acceptance_rate > 0.9 and stats.tokens_per_forward > 2.0  # drafts mostly right
+
+
+def test_speculative_sampling_is_reproducible_and_top_k_1_is_greedy(trained) -> None:
+    cfg, params, _ = trained
+    greedy = list(generate(cfg, params, [1, 2], 10, temperature=0.0))
+    top1 = list(generate(cfg, params, [1, 2], 10, temperature=1.3, top_k=1, seed=5, speculative=True))
+    assert top1 == greedy
+    a = list(generate(cfg, params, [1, 2], 10, temperature=1.0, seed=9, speculative=True))
+    b = list(generate(cfg, params, [1, 2], 10, temperature=1.0, seed=9, speculative=True))
+    assert a == b
+
+
+def test_sampling_is_seeded_and_respects_top_k_top_p() -> None:
+    cfg = preset("tiny")
+    params = scaled_params(cfg, 4)
+    runs = [list(generate(cfg, params, [1, 2, 3], 12, temperature=1.0, seed=s)) for s in (7, 7, 8)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+    greedy = list(generate(cfg, params, [1, 2, 3], 12, temperature=0.0))
+    assert list(generate(cfg, params, [1, 2, 3], 12, temperature=2.0, top_k=1, seed=1)) == greedy
+    assert list(generate(cfg, params, [1, 2, 3], 12, temperature=2.0, top_p=1e-9, seed=1)) == greedy
+
+
+def test_stop_tokens_max_tokens_and_context_limit() -> None:
+    cfg = preset("tiny")
+    params = scaled_params(cfg, 5)
+    greedy = list(generate(cfg, params, [1, 2, 3], 13, temperature=0.0))
+    assert len(greedy) == 13  # 3 + 13 = the context length 16
+    assert len(list(generate(cfg, params, [1, 2, 3], 100, temperature=0.0))) == 13
+    stop = greedy[4]
+    cut = list(generate(cfg, params, [1, 2, 3], 13, temperature=0.0, stop_tokens=[stop]))
+    assert cut == greedy[: greedy.index(stop)]  # the stop token itself is not yielded
+    assert list(generate(cfg, params, [1, 2, 3], 0)) == []
+
+
+def test_generation_is_streaming() -> None:
+    cfg = preset("tiny")
+    params = scaled_params(cfg, 6)
+    stats = GenerationStats()
+    stream = generate(cfg, params, [1, 2, 3], 10, temperature=0.0, stats=stats)
+    assert stats.forwards == 0  # nothing computed before the first token is asked for
+    first = next(stream)
+    assert stats.forwards == 1 and isinstance(first, int)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_ids": []}, "prompt needs"),
+        ({"prompt_ids": [64]}, r"prompt ids must be in \[0, 64\)"),
+        ({"prompt_ids": list(range(16))}, "prompt needs"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ],
+)
+def test_bad_arguments_raise_at_once(kwargs, message) -> None:
+    cfg = preset("tiny")
+    args = {"prompt_ids": [1, 2], "max_new_tokens": 3} | kwargs
+    with pytest.raises(ValueError, match=message):
+        generate(cfg, init_params(cfg), **args)
