@@ -48,6 +48,7 @@ def stream_ids(
     stops: tuple[int, ...],
     speculative: bool = False,
     temperature: float | None = None,
+    turn: int = 0,
 ) -> Iterator[int]:
     """Token ids from euler-model's generate, with the sampling flags of the command line."""
     import euler_model
@@ -63,7 +64,7 @@ def stream_ids(
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
         stop_tokens=stops,
-        seed=args.seed,
+        seed=None if args.seed is None else args.seed + turn,  # a fresh stream per chat turn
         speculative=speculative,
     )
 
@@ -136,7 +137,8 @@ def chat_repl(model: SamplingModel, args: argparse.Namespace, stdin: TextIO, std
         ids = fit_history(tok, history, budget)
         stdout.write("assistant> ")
         reply = []
-        for piece in decode_stream(tok, stream_ids(model, ids, args, stops, temperature=temperature), stops):
+        ids_out = stream_ids(model, ids, args, stops, temperature=temperature, turn=len(history) // 2)
+        for piece in decode_stream(tok, ids_out, stops):
             reply.append(piece)
             stdout.write(piece)
             stdout.flush()

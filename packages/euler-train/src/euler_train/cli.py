@@ -108,12 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    from euler_data import DataError
     from euler_train.checkpoint import CheckpointError
     from euler_train.config import ConfigError
 
     try:
         return dispatch(args, argv)
-    except (ConfigError, CheckpointError, NotImplementedError) as err:
+    except (ConfigError, CheckpointError, DataError, NotImplementedError) as err:
         print(f"euler-train {args.command}: error: {err}", file=sys.stderr)
         return EXIT_CONFIG
 

@@ -1,0 +1,62 @@
+"""`euler-train quickstart`: Tiny Shakespeare -> BPE tokenizer -> `small` pretrain on CPU -> samples.
+
+Uses the data mirror when one is given (--mirror or $EULER_DATA_MIRROR), else euler-data downloads the
+source. Re-running reuses the prepared data and resumes (or re-samples) the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PROMPTS = ("ROMEO:", "First Citizen:\nWhat", "KING HENRY:\nMy lord,")
+QUICK_STEPS = {"tiny": 60, "small": 150}  # a few minutes on two CPU cores
+
+
+def prepare_data(folder: Path, mirror: str | None) -> None:
+    """euler-data prepare (skipped when the folder already holds train.bin)."""
+    if (folder / "train.bin").is_file():
+        print(f"quickstart: reusing the dataset in {folder}")
+        return
+    from euler_data.cli import main as euler_data
+
+    argv = ["prepare", "--source", "tinyshakespeare", "--vocab-size", "512", "--out", str(folder)]
+    argv += ["--mirror", mirror] if mirror else []
+    print("quickstart: preparing Tiny Shakespeare and training a 512-token BPE tokenizer ...")
+    if euler_data(argv) != 0:
+        raise SystemExit("quickstart: euler-data prepare failed (see above)")
+
+
+def print_samples(run: Path, seed: int = 0) -> None:
+    """A few sampled continuations from the newest checkpoint of `run`."""
+    from euler_train.chat import generate_text, load_for_sampling
+
+    model = load_for_sampling(str(run))
+    args = argparse.Namespace(max_new_tokens=96, temperature=0.8, top_k=40, top_p=0.95,
+                              repetition_penalty=1.1, seed=seed)  # fmt: skip
+    for i, prompt in enumerate(PROMPTS):
+        args.seed = seed + i
+        text = "".join(generate_text(model, args, prompt))
+        print(f"\n--- sample {i + 1} ---\n{prompt}{text}")
+
+
+def quickstart(args: argparse.Namespace) -> int:
+    """Data, tokenizer, pretrain, samples; returns the pretrain's exit code on failure."""
+    from euler_train.cli import main as euler_train
+
+    out = Path(args.out)
+    data, run = out / "data", out / "run"
+    prepare_data(data, args.mirror)
+    steps = args.steps or QUICK_STEPS[args.preset]
+    every = str(max(1, steps // 3))
+    argv = ["pretrain", "--data", str(data), "--out", str(run), "--preset", args.preset,
+            "--steps", str(steps), "--eval-every", every, "--ckpt-every", every, "--resume"]  # fmt: skip
+    print(f"quickstart: pretraining the {args.preset} model for {steps} steps on the CPU ...")
+    code = euler_train(argv)
+    if code != 0:
+        return code
+    print_samples(run)
+    print(f"\nquickstart: done. Loss curve: {run / 'loss.png'}; chat: euler-train chat --checkpoint {run}",
+          file=sys.stderr)  # fmt: skip
+    return 0
