@@ -1,50 +1,48 @@
 // Multi-tensor kernels: one launch covers every parameter tensor. Tensors are passed as arrays of
-// device pointers plus prefix offsets (n_tensors + 1) of their element counts.
+// device pointers; the work is cut into chunks that never straddle two tensors, one block per chunk:
+// chunk_tensor[c] names the tensor and chunk_start[c] the first element of chunk c.
 
-__device__ __forceinline__ int tensor_of(const long long* offsets, int n_tensors, long long i) {
-    int lo = 0, hi = n_tensors - 1;  // binary search: offsets[t] <= i < offsets[t + 1]
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (offsets[mid] <= i) lo = mid; else hi = mid - 1;
-    }
-    return lo;
+#define CHUNK 8192
+
+__device__ __forceinline__ void chunk_range(const int* chunk_tensor, const long long* chunk_start,
+                                            const long long* sizes, int* t, long long* begin, long long* end) {
+    *t = chunk_tensor[blockIdx.x];
+    *begin = chunk_start[blockIdx.x];
+    *end = min(*begin + CHUNK, sizes[*t]);
 }
 
 // AdamW with decoupled weight decay and bias correction; grad_scale (device scalar) is the clipping factor.
 extern "C" __global__ void adamw_multi(float* const* params, float* const* ms, float* const* vs,
                                        const float* const* grads, const float* weight_decay,
-                                       const long long* offsets, int n_tensors, const float* grad_scale,
-                                       float lr, float beta1, float beta2, float eps,
-                                       float bias_correction1, float bias_correction2) {
-    const long long total = offsets[n_tensors];
-    const float gs = grad_scale[0];
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int t = tensor_of(offsets, n_tensors, i);
-        const long long j = i - offsets[t];
-        const float g = grads[t][j] * gs;
-        const float m = beta1 * ms[t][j] + (1.0f - beta1) * g;
-        const float v = beta2 * vs[t][j] + (1.0f - beta2) * g * g;
-        ms[t][j] = m;
-        vs[t][j] = v;
-        const float p = params[t][j];
-        const float update = (m / bias_correction1) / (sqrtf(v / bias_correction2) + eps);
-        params[t][j] = p - lr * (update + weight_decay[t] * p);
+                                       const int* chunk_tensor, const long long* chunk_start,
+                                       const long long* sizes, const float* grad_scale, float lr, float beta1,
+                                       float beta2, float eps, float bias_correction1, float bias_correction2) {
+    int t;
+    long long begin, end;
+    chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
+    const float gs = grad_scale[0], decay = weight_decay[t];
+    float *p = params[t], *m = ms[t], *v = vs[t];
+    const float* g = grads[t];
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        const float gj = g[j] * gs;
+        const float mj = beta1 * m[j] + (1.0f - beta1) * gj;
+        const float vj = beta2 * v[j] + (1.0f - beta2) * gj * gj;
+        m[j] = mj;
+        v[j] = vj;
+        const float update = (mj / bias_correction1) / (sqrtf(vj / bias_correction2) + eps);
+        p[j] = p[j] - lr * (update + decay * p[j]);
     }
 }
 
 // Sum of squares of every element of every tensor, accumulated in double into out[0].
-extern "C" __global__ void sum_squares_multi(double* out, const float* const* tensors,
-                                             const long long* offsets, int n_tensors) {
+extern "C" __global__ void sum_squares_multi(double* out, const float* const* tensors, const int* chunk_tensor,
+                                             const long long* chunk_start, const long long* sizes) {
     __shared__ double scratch[32];
-    const long long total = offsets[n_tensors];
+    int t;
+    long long begin, end;
+    chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
     double acc = 0.0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int t = tensor_of(offsets, n_tensors, i);
-        const float g = tensors[t][i - offsets[t]];
-        acc += (double)g * g;
-    }
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) acc += (double)tensors[t][j] * tensors[t][j];
     for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
     __syncthreads();

@@ -1,0 +1,301 @@
+"""Python launchers for the CUDA kernels: shapes in, CuPy arrays out. Inputs must be C-contiguous float32."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import blocks, get_kernel
+
+THREADS = 256
+GRID_CAP = 132 * 32  # enough blocks to fill an H200's 132 SMs for grid-stride loops
+
+
+def _contiguous(*arrays: Any) -> list[Any]:
+    import cupy
+
+    return [cupy.ascontiguousarray(a) for a in arrays]
+
+
+def _grid(n: int) -> tuple[int]:
+    return (min(blocks(n, THREADS), GRID_CAP),)
+
+
+# --- rmsnorm ---------------------------------------------------------------------------------------
+def rmsnorm_forward(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+    """x (..., C) -> out (..., C), rstd (N,) with N the number of rows."""
+    import cupy
+
+    x, weight = _contiguous(x, weight)
+    C = x.shape[-1]
+    N = x.size // C
+    out = cupy.empty_like(x)
+    rstd = cupy.empty((N,), dtype=cupy.float32)
+    threads = min(1024, max(32, 32 * math.ceil(C / 4 / 32)))  # about 4 elements per thread
+    kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward")
+    kernel((N,), (threads,), (out, rstd, x, weight, np.int32(C), np.float32(eps)))
+    return out, rstd
+
+
+def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, Any]:
+    import cupy
+
+    dout, x = _contiguous(dout, x)
+    C = x.shape[-1]
+    N = x.size // C
+    dx = cupy.empty_like(x)
+    dweight = cupy.zeros((C,), dtype=cupy.float32)
+    rows_per_block = max(1, N // (132 * 4))
+    threads = min(1024, max(32, 32 * math.ceil(C / 4 / 32)))
+    kernel = get_kernel("rmsnorm.cu", "rmsnorm_backward")
+    args = (dx, dweight, dout, x, weight, rstd, np.int32(N), np.int32(C), np.int32(rows_per_block))
+    kernel((blocks(N, rows_per_block),), (threads,), args, shared_mem=4 * C)
+    return dx, dweight
+
+
+# --- rope ------------------------------------------------------------------------------------------
+def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float) -> Any:
+    """Rotate x (B, T, H, D) by +angle (direction 1, forward) or -angle (direction -1, backward)."""
+    import cupy
+
+    x, cos, sin = _contiguous(x, cos, sin)
+    _, T, H, D = x.shape
+    out = cupy.empty_like(x)
+    n_pairs = x.size // 2
+    args = (
+        out,
+        x,
+        cos,
+        sin,
+        np.int64(n_pairs),
+        np.int32(T),
+        np.int32(H),
+        np.int32(D),
+        np.int32(offset),
+        np.float32(direction),
+    )
+    get_kernel("rope.cu", "rope_rotate")(_grid(n_pairs), (THREADS,), args)
+    return out
+
+
+# --- swiglu ----------------------------------------------------------------------------------------
+def swiglu_forward(gate: Any, up: Any) -> Any:
+    import cupy
+
+    gate, up = _contiguous(gate, up)
+    out = cupy.empty_like(gate)
+    args = (out, gate, up, np.int64(gate.size))
+    get_kernel("swiglu.cu", "swiglu_forward")(_grid(gate.size), (THREADS,), args)
+    return out
+
+
+def swiglu_backward(dout: Any, gate: Any, up: Any) -> tuple[Any, Any]:
+    import cupy
+
+    dout, gate, up = _contiguous(dout, gate, up)
+    dgate, dup = cupy.empty_like(gate), cupy.empty_like(up)
+    args = (dgate, dup, dout, gate, up, np.int64(gate.size))
+    get_kernel("swiglu.cu", "swiglu_backward")(_grid(gate.size), (THREADS,), args)
+    return dgate, dup
+
+
+# --- embedding -------------------------------------------------------------------------------------
+def embedding_backward(dout: Any, tokens: Any, vocab_size: int) -> Any:
+    """dout (..., C), tokens (...) -> dweight (V, C), scatter-added with atomics."""
+    import cupy
+
+    (dout,) = _contiguous(dout)
+    C = dout.shape[-1]
+    ids = cupy.ascontiguousarray(tokens.reshape(-1), dtype=cupy.int64)
+    dweight = cupy.zeros((vocab_size, C), dtype=cupy.float32)
+    args = (dweight, dout, ids, np.int64(ids.size), np.int32(C))
+    get_kernel("embedding.cu", "embedding_backward")(_grid(dout.size), (THREADS,), args)
+    return dweight
+
+
+# --- cross-entropy ---------------------------------------------------------------------------------
+def cross_entropy_forward(logits: Any, targets: Any, weight: Any) -> tuple[Any, Any]:
+    """logits (N, V), targets (N,) int64, weight (N,) float32 -> per-row weighted nll (N,), lse (N,)."""
+    import cupy
+
+    logits, targets, weight = _contiguous(logits, targets, weight)
+    N, V = logits.shape
+    nll = cupy.empty((N,), dtype=cupy.float32)
+    lse = cupy.empty((N,), dtype=cupy.float32)
+    args = (nll, lse, logits, targets, weight, np.int32(V))
+    get_kernel("cross_entropy.cu", "cross_entropy_forward")((N,), (THREADS,), args)
+    return nll, lse
+
+
+def cross_entropy_backward(
+    logits: Any, lse: Any, targets: Any, weight: Any, scale: Any, out: Any = None
+) -> Any:
+    """dlogits (N, V) = scale * weight * (softmax - onehot); `out` may be `logits` itself (in place)."""
+    import cupy
+
+    N, V = logits.shape
+    dlogits = cupy.empty_like(logits) if out is None else out
+    args = (dlogits, logits, lse, targets, weight, scale, np.int32(V))
+    get_kernel("cross_entropy.cu", "cross_entropy_backward")((N,), (THREADS,), args)
+    return dlogits
+
+
+# --- multi-tensor AdamW and norms ------------------------------------------------------------------
+CHUNK = 8192  # elements per block; must match CHUNK in adamw.cu
+_tables: dict[tuple, tuple] = {}
+
+
+def _chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
+    """Device tables (pointers, chunk->tensor, chunk->start, sizes) for tensors, cached by address."""
+    import cupy
+
+    key = tuple((t.data.ptr, t.size) for t in tensors)
+    if key not in _tables:
+        if len(_tables) > 16:
+            _tables.clear()
+        sizes = np.array([t.size for t in tensors], dtype=np.int64)
+        n_chunks = (sizes + CHUNK - 1) // CHUNK
+        chunk_tensor = np.repeat(np.arange(len(tensors), dtype=np.int32), n_chunks)
+        chunk_start = np.concatenate([np.arange(n, dtype=np.int64) * CHUNK for n in n_chunks])
+        pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
+        _tables[key] = tuple(cupy.asarray(a) for a in (pointers, chunk_tensor, chunk_start, sizes))
+    return _tables[key]
+
+
+def sum_squares_multi(tensors: list[Any]) -> Any:
+    """Sum of squares of all elements of all float32 tensors, as a float64 device scalar (shape (1,))."""
+    import cupy
+
+    out = cupy.zeros((1,), dtype=cupy.float64)
+    pointers, chunk_tensor, chunk_start, sizes = _chunk_table(tensors)
+    args = (out, pointers, chunk_tensor, chunk_start, sizes)
+    get_kernel("adamw.cu", "sum_squares_multi")((chunk_tensor.size,), (THREADS,), args)
+    return out
+
+
+def adamw_multi(
+    params: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    grads: list[Any],
+    weight_decays: list[float],
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    grad_scale: Any = None,
+) -> None:
+    """One launch updates every tensor in place; grad_scale is an optional float32 device scalar."""
+    import cupy
+
+    p_ptr, chunk_tensor, chunk_start, sizes = _chunk_table(params)
+    m_ptr, v_ptr, g_ptr = (_chunk_table(ts)[0] for ts in (ms, vs, grads))
+    wd = cupy.asarray(np.asarray(weight_decays, dtype=np.float32))
+    scale = cupy.ones((1,), dtype=cupy.float32) if grad_scale is None else grad_scale
+    args = (
+        p_ptr,
+        m_ptr,
+        v_ptr,
+        g_ptr,
+        wd,
+        chunk_tensor,
+        chunk_start,
+        sizes,
+        scale,
+        np.float32(lr),
+        np.float32(beta1),
+        np.float32(beta2),
+        np.float32(eps),
+        np.float32(1 - beta1**step),
+        np.float32(1 - beta2**step),
+    )
+    get_kernel("adamw.cu", "adamw_multi")((chunk_tensor.size,), (THREADS,), args)
+
+
+# --- FlashAttention --------------------------------------------------------------------------------
+_TILE = 64
+
+
+def _attention_smem(head_dim: int, backward: bool) -> int:
+    pad = head_dim + 1
+    if backward:
+        return 4 * (4 * _TILE * pad + 2 * _TILE * (_TILE + 1) + 2 * _TILE)
+    return 4 * (3 * _TILE * pad + _TILE * (_TILE + 1))
+
+
+def _attention_kernel(name: str, head_dim: int, backward: bool):
+    if head_dim not in (64, 128):
+        raise ValueError(f"flash_attention: head_dim must be 64 or 128 on the GPU, got {head_dim}")
+    kernel = get_kernel("flash_attention.cu", name, HEAD_DIM=head_dim)
+    kernel.max_dynamic_shared_size_bytes = _attention_smem(head_dim, backward)
+    return kernel
+
+
+def flash_attention_forward(q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Any]:
+    """q (B, T, Hq, D), k/v (B, S, Hkv, D) -> out (B, T, Hq, D), lse (B, Hq, T)."""
+    import cupy
+
+    q, k, v = _contiguous(q, k, v)
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    out = cupy.empty_like(q)
+    lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
+    kernel = _attention_kernel("flash_attention_forward", D, backward=False)
+    args = (
+        out,
+        lse,
+        q,
+        k,
+        v,
+        np.int32(T),
+        np.int32(S),
+        np.int32(Hq),
+        np.int32(Hkv),
+        np.float32(D**-0.5),
+        np.int32(causal),
+    )
+    kernel((blocks(T, _TILE), Hq, B), (256,), args, shared_mem=_attention_smem(D, backward=False))
+    return out, lse
+
+
+def flash_attention_backward(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
+) -> tuple[Any, Any, Any]:
+    import cupy
+
+    dout, q, k, v, out = _contiguous(dout, q, k, v, out)
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    delta = cupy.empty((B, Hq, T), dtype=cupy.float32)
+    n_rows = B * T * Hq
+    delta_kernel = get_kernel("flash_attention.cu", "flash_attention_delta", HEAD_DIM=D)
+    delta_kernel(
+        (blocks(n_rows * 32, THREADS),),
+        (THREADS,),
+        (delta, dout, out, np.int32(T), np.int32(Hq), np.int64(n_rows)),
+    )
+    dq = cupy.zeros_like(q)
+    dk, dv = cupy.empty_like(k), cupy.empty_like(v)
+    kernel = _attention_kernel("flash_attention_backward", D, backward=True)
+    args = (
+        dq,
+        dk,
+        dv,
+        q,
+        k,
+        v,
+        dout,
+        lse,
+        delta,
+        np.int32(T),
+        np.int32(S),
+        np.int32(Hq),
+        np.int32(Hkv),
+        np.float32(D**-0.5),
+        np.int32(causal),
+    )
+    kernel((blocks(S, _TILE), Hkv, B), (256,), args, shared_mem=_attention_smem(D, backward=True))
+    return dq, dk, dv

@@ -1,0 +1,170 @@
+"""The fused CUDA kernels against the NumPy ops on the same inputs (float32 on the GPU, no TF32 involved).
+
+Bounds: elementwise and row kernels within 1e-5 relative (norm-wise), FlashAttention within 2e-5
+relative to a float64 CPU reference, since its sums run in a different order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import euler_kernels as ek
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+from euler_kernels import cuda as kc  # noqa: E402
+
+
+def rel(a, b) -> float:
+    """Norm-wise relative error. Inputs are O(1) normals, so float32 rounding is judged against the size of
+    the terms summed: a result that is zero in exact arithmetic (attention with T = S = 1, rmsnorm with
+    C = 1) is measured against an RMS floor of 1e-2 instead of against its own rounding noise."""
+    a, b = np.asarray(ek.to_numpy(a), np.float64), np.asarray(ek.to_numpy(b), np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-2 * np.sqrt(b.size)))
+
+
+def randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+rows = st.integers(1, 70)
+cols = st.sampled_from([1, 7, 32, 128, 768, 1000])
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows, cols, st.integers(0, 2**31))
+def test_rmsnorm_matches_numpy(n, c, seed):
+    rng = np.random.default_rng(seed)
+    x, w, g = randn(rng, n, c), randn(rng, c), randn(rng, n, c)
+    out_ref, cache = ek.rmsnorm_forward(x.astype(np.float64), w.astype(np.float64))
+    dx_ref, dw_ref = ek.rmsnorm_backward(g.astype(np.float64), cache)
+    out, rstd = kc.rmsnorm_forward(cp.asarray(x), cp.asarray(w), 1e-5)
+    dx, dw = kc.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
+    assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref) < 1e-5 and rel(dw, dw_ref) < 1e-5
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 40),
+    st.integers(1, 5),
+    st.sampled_from([2, 8, 64, 128]),
+    st.integers(0, 9),
+    st.integers(0, 2**31),
+)
+def test_rope_matches_numpy(b, t, h, d, offset, seed):
+    rng = np.random.default_rng(seed)
+    x, g = randn(rng, b, t, h, d), randn(rng, b, t, h, d)
+    cos, sin = ek.rope_tables(d, t + offset, dtype=np.float32)
+    out_ref, cache = ek.rope_forward(x, cos, sin, offset)
+    dx_ref = ek.rope_backward(g, cache)
+    out = kc.rope_rotate(cp.asarray(x), cp.asarray(cos), cp.asarray(sin), offset, 1.0)
+    dx = kc.rope_rotate(cp.asarray(g), cp.asarray(cos), cp.asarray(sin), offset, -1.0)
+    assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref) < 1e-5
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows, cols, st.integers(0, 2**31))
+def test_swiglu_matches_numpy(n, c, seed):
+    rng = np.random.default_rng(seed)
+    gate, up, g = randn(rng, n, c, scale=3.0), randn(rng, n, c), randn(rng, n, c)
+    out_ref, cache = ek.swiglu_forward(gate, up)
+    dgate_ref, dup_ref = ek.swiglu_backward(g, cache)
+    out = kc.swiglu_forward(cp.asarray(gate), cp.asarray(up))
+    dgate, dup = kc.swiglu_backward(cp.asarray(g), cp.asarray(gate), cp.asarray(up))
+    assert rel(out, out_ref) < 1e-5 and rel(dgate, dgate_ref) < 1e-5 and rel(dup, dup_ref) < 1e-5
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 200), st.sampled_from([1, 3, 50]), st.integers(0, 2**31))
+def test_embedding_backward_loses_no_update(b, t, vocab, seed):
+    rng = np.random.default_rng(seed)
+    c = 64
+    weight, tokens = randn(rng, vocab, c), rng.integers(0, vocab, (b, t))  # small vocab: many repeats
+    g = randn(rng, b, t, c)
+    _, cache = ek.embedding_forward(weight, tokens)
+    ref = ek.embedding_backward(g, cache)
+    got = kc.embedding_backward(cp.asarray(g), cp.asarray(tokens), vocab)
+    assert rel(got, ref) < 1e-5
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.integers(1, 64),
+    st.sampled_from([2, 17, 512, 4096]),
+    st.sampled_from([1.0, 30.0, 1e4]),
+    st.integers(0, 2**31),
+)
+def test_cross_entropy_matches_numpy(n, v, scale, seed):
+    rng = np.random.default_rng(seed)
+    logits = randn(rng, n, v, scale=scale)
+    targets = rng.integers(0, v, n)
+    targets[rng.random(n) < 0.2] = -100
+    mask = (rng.random(n) < 0.7).astype(np.float32)
+    loss_ref, cache = ek.cross_entropy_forward(logits.astype(np.float64), targets, mask.astype(np.float64))
+    dl_ref = ek.cross_entropy_backward(np.float64(1.5), cache)
+    weight = cp.asarray(mask * (targets != -100))
+    t_safe = cp.asarray(np.where(targets == -100, 0, targets))
+    nll, lse = kc.cross_entropy_forward(cp.asarray(logits), t_safe, weight)
+    denom = max(float(weight.sum()), 1.0)
+    assert abs(float(nll.sum()) / denom - float(loss_ref)) <= 1e-5 * max(1.0, abs(float(loss_ref)))
+    scale_dev = cp.asarray([1.5 / denom], dtype=cp.float32)
+    dl = kc.cross_entropy_backward(cp.asarray(logits), lse, t_safe, weight, scale_dev)
+    assert rel(dl, dl_ref) < 1e-5 if np.abs(dl_ref).max() > 0 else float(cp.abs(dl).max()) == 0.0
+
+
+def test_adamw_multi_and_norm_match_per_tensor_numpy():
+    rng = np.random.default_rng(0)
+    shapes = [(7,), (33, 5), (128, 64), (1,)]
+    params = [randn(rng, *s) for s in shapes]
+    grads = [randn(rng, *s) for s in shapes]
+    ms = [randn(rng, *s, scale=0.1) for s in shapes]
+    vs = [np.abs(randn(rng, *s, scale=0.1)) for s in shapes]
+    wds = [0.0, 0.1, 0.1, 0.0]
+    dev = [[cp.asarray(a) for a in group] for group in (params, ms, vs, grads)]
+    sq = kc.sum_squares_multi(dev[3])
+    assert abs(float(sq[0]) ** 0.5 - ek.global_grad_norm(grads)) < 1e-5 * ek.global_grad_norm(grads)
+    for p, m, v, g, wd in zip(params, ms, vs, grads, wds):
+        ek.adamw_update(p, m, v, g, step=3, lr=1e-2, weight_decay=wd)
+    kc.adamw_multi(*dev, wds, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
+    for ref, got in zip(params + ms + vs, dev[0] + dev[1] + dev[2]):
+        assert rel(got, ref) < 1e-6
+
+
+ATTENTION_CASES = [
+    # (B, T, S, Hq, Hkv, D, causal)
+    (2, 1, 1, 4, 4, 64, True),
+    (2, 7, 7, 3, 1, 64, True),
+    (1, 64, 64, 12, 4, 64, True),
+    (2, 129, 129, 12, 1, 64, True),
+    (1, 512, 512, 12, 4, 64, True),
+    (1, 2048, 2048, 3, 1, 64, True),
+    (1, 129, 129, 6, 2, 128, True),
+    (1, 200, 200, 4, 4, 64, False),
+    (2, 1, 77, 12, 4, 64, True),  # a KV-cache decode step: one query at the last position
+    (1, 5, 133, 4, 2, 128, True),  # a chunk of 5 new queries after 128 cached keys
+]
+
+
+@pytest.mark.parametrize("b,t,s,hq,hkv,d,causal", ATTENTION_CASES)
+def test_flash_attention_matches_cpu_reference(b, t, s, hq, hkv, d, causal):
+    rng = np.random.default_rng(t * 1000 + hq)
+    q, k, v = randn(rng, b, t, hq, d), randn(rng, b, s, hkv, d), randn(rng, b, s, hkv, d)
+    g = randn(rng, b, t, hq, d)
+    to64 = [a.astype(np.float64) for a in (q, k, v, g)]
+    out_ref, cache = ek.attention_forward(*to64[:3], causal=causal)
+    dq_ref, dk_ref, dv_ref = ek.attention_backward(to64[3], cache)
+    out, lse = kc.flash_attention_forward(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal)
+    dq, dk, dv = kc.flash_attention_backward(
+        cp.asarray(g), cp.asarray(q), cp.asarray(k), cp.asarray(v), out, lse, causal
+    )
+    errors = {"out": rel(out, out_ref), "dq": rel(dq, dq_ref), "dk": rel(dk, dk_ref), "dv": rel(dv, dv_ref)}
+    print(
+        f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal}: "
+        + " ".join(f"{k}={e:.2e}" for k, e in errors.items())
+    )
+    assert all(e < 2e-5 for e in errors.values()), errors
