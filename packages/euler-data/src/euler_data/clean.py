@@ -1,7 +1,7 @@
 """Stage 2, clean: ``raw`` -> ``clean`` with one SQL query.
 
-Line endings to ``\\n``, the UTF-8 byte-order mark removed, Unicode NFC, control characters (all but
-tab and newline) removed, the Project Gutenberg header (up to ``*** START OF ... ***``) and footer (from
+Line endings to ``\\n``, control characters (all but tab and newline) and the byte-order mark removed,
+Unicode NFC, the Project Gutenberg header (up to ``*** START OF ... ***``) and footer (from
 ``*** END OF ...``) cut, surrounding whitespace trimmed.
 
 >>> clean_text(con, "\\ufeffa\\r\\nb\\x00")  # doctest: +SKIP
@@ -22,8 +22,8 @@ PG_LAST_LINE = r"(?is)\n[^\n]*end of (the )?project gutenberg[^\n]*\s*$"
 def clean_sql(column: str) -> str:
     """The SQL expression that cleans text ``column`` (innermost step first)."""
     expr = f"replace(replace({column}, chr(13) || chr(10), chr(10)), chr(13), chr(10))"
+    expr = f"regexp_replace({expr}, '{CONTROL}', '', 'g')"  # before NFC: nfc_normalize stops at a NUL
     expr = f"nfc_normalize({expr})"
-    expr = f"regexp_replace({expr}, '{CONTROL}', '', 'g')"
     expr = f"regexp_replace({expr}, '{PG_HEADER}', '')"
     expr = f"regexp_replace({expr}, '{PG_FOOTER}', '')"
     expr = f"regexp_replace({expr}, '{PG_LAST_LINE}', '')"

@@ -20,7 +20,7 @@ from euler_data.errors import DataError
 
 Record = tuple[str | None, float | None, str | None]
 EOT = b"<|endoftext|>"
-_PARAGRAPH = re.compile(rb"\n[ \t\r]*\n")
+_PARAGRAPH = re.compile(rb"\n(?:[ \t\r]*\n)+")  # one or more blank lines
 
 
 def _decode(raw: bytes) -> Record:

@@ -1,0 +1,81 @@
+"""Readers, cleaning and recipes on small inputs with known answers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import unicodedata
+
+import duckdb
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from euler_data import DataError, SourceSpec, load_recipe
+from euler_data.clean import clean_text
+from euler_data.cli import source_from_cli
+from euler_data.readers import read_json_file, read_jsonl_lines, read_txt, split_bytes
+
+
+@pytest.fixture(scope="module")
+def con():
+    return duckdb.connect()
+
+
+def test_jsonl_reader_counts_each_bad_line():
+    lines = [b'{"text": "ok", "score": 2}', b"", b"{bad", b'"just a string"', b'{"title": 1}']
+    lines.append(b'{"text": "\xff"}')
+    assert list(read_jsonl_lines(lines, "text")) == [
+        ("ok", 2.0, None),
+        (None, None, "malformed_json"),
+        (None, None, "malformed_json"),
+        (None, None, "no_text"),
+        (None, None, "not_utf8"),
+    ]
+
+
+def test_alpaca_records_read_as_text_and_gzip_json_lines(tmp_path):
+    path = tmp_path / "x.json.gz"
+    recs = [{"instruction": "Add.", "input": "1 2", "output": "3"}, {"text": "plain", "url": "u"}]
+    path.write_bytes(gzip.compress("\n".join(json.dumps(r) for r in recs).encode()))
+    assert list(read_json_file(path, "text")) == [("Add.\n\n1 2\n\n3", None, None), ("plain", None, None)]
+
+
+def test_text_files_split_into_documents(tmp_path):
+    data = b"one\ntwo\n\n  \nthree<|endoftext|>four\n"
+    assert split_bytes(data, "line") == [b"one", b"two", b"three<|endoftext|>four"]
+    assert split_bytes(data, "paragraph") == [b"one\ntwo", b"three<|endoftext|>four\n"]
+    assert split_bytes(data, "eot") == [b"one\ntwo\n\n  \nthree", b"four\n"]
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9 latin-1")
+    assert list(read_txt(tmp_path / "a.txt", "document", 1000)) == [(None, None, "not_utf8")]
+    assert list(read_txt(tmp_path / "a.txt", "document", 5)) == [(None, None, "too_long")]
+
+
+def test_clean_normalises_and_strips_boilerplate(con):
+    assert clean_text(con, "\ufeffLine one\r\nLine\x00 two\rend\x0c") == "Line one\nLine two\nend"
+    assert clean_text(con, "Cafe\u0301") == "Café"
+    book = "Header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\nBody text.\n"
+    book += "*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicense."
+    assert clean_text(con, book) == "Body text."
+    assert clean_text(con, "Keep\ttabs\nand lines") == "Keep\ttabs\nand lines"
+
+
+@given(st.text(max_size=60))
+def test_clean_output_has_no_control_characters_and_is_nfc(con, text):
+    out = clean_text(con, text)
+    assert out == out.strip(" \t\n")
+    assert not any(unicodedata.category(c) == "Cc" and c not in "\t\n" for c in out)
+    assert unicodedata.is_normalized("NFC", out)
+    assert clean_text(con, out) == out  # idempotent
+
+
+def test_recipe_files_and_cli_specs(tmp_path):
+    data = {"vocab_size": 1000, "source": ["alpaca", {"spec": "x.txt"}]}
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    recipe = load_recipe(tmp_path / "r.json")
+    assert recipe.vocab_size == 1000 and [s.label for s in recipe.sources] == ["alpaca", "x"]
+    (tmp_path / "bad.toml").write_text("vocab_size = 1000\ncolour = 'red'\n")
+    with pytest.raises(DataError, match=r"bad\.toml: unknown recipe keys \['colour'\]"):
+        load_recipe(tmp_path / "bad.toml")
+    assert source_from_cli("wiki.txt::line") == SourceSpec("wiki.txt", docs="line")
+    assert SourceSpec("tinyshakespeare").split_mode == "position" and SourceSpec("a.txt").split_mode == "hash"
