@@ -19,7 +19,7 @@ import numpy as np
 from euler_train import modelio
 from euler_train.batches import Batches, bits_per_byte, make_batches
 from euler_train.checkpoint import CheckpointManager, read_state
-from euler_train.config import save_config
+from euler_train.config import ConfigError, save_config
 from euler_train.device import Device, flops_per_token, peak_flops
 from euler_train.distributed import Comm
 from euler_train.metrics import MetricsLogger
@@ -72,6 +72,8 @@ class Trainer:
         self.batches: Batches = make_batches(
             self.spec.cfg, self.spec.mcfg, self.spec.mode, self.comm.rank, self.comm.world_size
         )
+        if self.spec.mode == "sft":
+            self._check_sft_fits()
         cfg = self.spec.cfg
         self.ckpts = CheckpointManager(
             self.spec.run_dir / "checkpoints", cfg["checkpoint"]["keep_last"], cfg["checkpoint"]["keep_best"]
@@ -80,6 +82,15 @@ class Trainer:
             self.spec.run_dir.mkdir(parents=True, exist_ok=True)
             self.ckpts.clean_temporaries()
             save_config(cfg, self.spec.run_dir / "config.toml")
+
+    def _check_sft_fits(self) -> None:
+        """ConfigError when the first step's batches hold no response token inside the context."""
+        micro = [self.batches.train(0, i) for i in range(self.batches.grad_accum)]
+        if self.comm.allreduce_scalars([sum(self.micro_weights(micro))])[0] == 0:
+            raise ConfigError(
+                f"sft: no response token fits in the context ({self.spec.mcfg.context} tokens) of the "
+                "first batch; pretrain with a longer context (--set model.context=N) or shorter examples"
+            )
 
     def _restore(self, folder: Any) -> None:
         """Optimizer moments and the loop state of a checkpoint."""
@@ -94,8 +105,9 @@ class Trainer:
         """Loss tokens per micro-batch: a masked (sft) batch weighs by its mask, a pretrain one by B*T."""
         return [float(m[:, : t.shape[1]].sum()) if m is not None else float(t.size) for t, _, m in micro]
 
-    def gradients(self, step: int) -> tuple[float, dict[str, Any], int]:
-        """Loss and gradient of step `step`, averaged over micro-batches and ranks, weighted by tokens."""
+    def gradients(self, step: int) -> tuple[float, dict[str, Any], int, float]:
+        """Loss and gradient of `step`, averaged over micro-batches and ranks weighted by loss tokens;
+        also the tokens read and the loss tokens counted (all ranks)."""
         import euler_model
 
         xp, mcfg = self.device.xp, self.spec.mcfg
@@ -111,20 +123,22 @@ class Trainer:
             grads = _accumulate(grads, g, share)
         self.comm.allreduce_grads(grads)
         ntok = sum(t.size for t, _, _ in micro) * self.comm.world_size
-        return loss_sum, grads, ntok
+        return loss_sum, grads, ntok, total
 
     def step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool]:
         """One optimizer step; returns its metrics row and whether every rank agreed to stop."""
         import euler_kernels as ek
 
         tcfg = self.spec.cfg["train"]
-        loss, grads, ntok = self.gradients(step)
+        loss, grads, ntok, counted = self.gradients(step)
         norm = ek.global_grad_norm(grads)
         loss, stop_votes = self.comm.allreduce_scalars([loss, float(stop.signum is not None)])
         lr = lr_at(step, tcfg["lr"], tcfg["min_lr"], tcfg["warmup_steps"], tcfg["steps"])
         row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
         if not (math.isfinite(loss) and math.isfinite(norm)):
             self._nonfinite(step, loss, norm)
+            row["skipped"] = True
+        elif counted == 0:  # SFT rows whose responses all fall outside the context
             row["skipped"] = True
         else:
             if tcfg["grad_clip"] > 0 and norm > tcfg["grad_clip"]:
