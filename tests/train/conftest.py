@@ -15,12 +15,45 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from euler_data.cli import main as euler_data
 
-MODULES = ["argparse", "json", "pathlib", "collections", "functools", "itertools", "re", "string", "textwrap",
-           "typing", "dataclasses", "logging", "subprocess", "threading", "unittest", "datetime", "decimal",
-           "fractions", "statistics", "random", "heapq", "bisect", "shutil", "tempfile", "csv", "zipfile",
-           "tarfile", "urllib.parse", "pydoc", "doctest", "calendar", "difflib", "enum", "contextlib"]  # fmt: skip
+MODULES = [
+    "argparse",
+    "json",
+    "pathlib",
+    "collections",
+    "functools",
+    "itertools",
+    "re",
+    "string",
+    "textwrap",
+    "typing",
+    "dataclasses",
+    "logging",
+    "subprocess",
+    "threading",
+    "unittest",
+    "datetime",
+    "decimal",
+    "fractions",
+    "statistics",
+    "random",
+    "heapq",
+    "bisect",
+    "shutil",
+    "tempfile",
+    "csv",
+    "zipfile",
+    "tarfile",
+    "urllib.parse",
+    "pydoc",
+    "doctest",
+    "calendar",
+    "difflib",
+    "enum",
+    "contextlib",
+]
 
 
 def docstrings() -> list[tuple[str, str]]:
@@ -28,7 +61,9 @@ def docstrings() -> list[tuple[str, str]]:
     out, seen = [], set()
     for name in MODULES:
         module = importlib.import_module(name)
-        members = [(name, module)] + [(f"{name}.{k}", v) for k, v in vars(module).items() if not k.startswith("_")]
+        members = [(name, module)] + [
+            (f"{name}.{k}", v) for k, v in vars(module).items() if not k.startswith("_")
+        ]
         for qual, obj in members:
             if obj is module or inspect.isfunction(obj) or inspect.isclass(obj):
                 doc = inspect.getdoc(obj)
@@ -39,8 +74,20 @@ def docstrings() -> list[tuple[str, str]]:
 
 
 def prepare(folder: Path, text_file: Path, vocab: int) -> Path:
-    argv = ["prepare", "--source", f"{text_file}::paragraph", "--vocab-size", str(vocab), "--min-chars", "40",
-            "--out", str(folder), "--quiet", "--workers", "1"]  # fmt: skip
+    argv = [
+        "prepare",
+        "--source",
+        f"{text_file}::paragraph",
+        "--vocab-size",
+        str(vocab),
+        "--min-chars",
+        "40",
+        "--out",
+        str(folder),
+        "--quiet",
+        "--workers",
+        "1",
+    ]
     assert euler_data(argv) == 0
     return folder
 
@@ -56,8 +103,10 @@ def corpus(tmp_path_factory) -> Path:
 def dataset(tmp_path_factory, corpus) -> Path:
     """A pretrain set (vocab 320) with an SFT set in the same folder."""
     folder = prepare(tmp_path_factory.mktemp("data") / "docs", corpus, 320)
-    records = [{"instruction": f"What does {q} do?", "input": "", "output": d.split("\n\n")[0][:200]}
-               for q, d in docstrings()]  # fmt: skip
+    records = [
+        {"instruction": f"What does {q} do?", "input": "", "output": d.split("\n\n")[0][:200]}
+        for q, d in docstrings()
+    ]
     src = folder.parent / "qa.json"
     src.write_text(json.dumps(records), encoding="utf-8")
     assert euler_data(["sft", "--source", str(src), "--out", str(folder), "--context", "96"]) == 0
@@ -73,8 +122,14 @@ def other_dataset(tmp_path_factory, corpus) -> Path:
 def cli(*argv: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """Run `python -m euler_train.cli ARGV` in a subprocess; returns the completed process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "euler_train.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "euler_train.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +138,23 @@ def tiny_run(tmp_path_factory, dataset) -> Path:
     from euler_train.cli import main
 
     run = tmp_path_factory.mktemp("runs") / "tiny"
-    argv = ["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "30", "--eval-every", "10",
-            "--ckpt-every", "10", "--no-progress", "--set", "model.context=64", "--set", "train.lr=1e-2"]  # fmt: skip
+    argv = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--out",
+        str(run),
+        "--steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "10",
+        "--no-progress",
+        "--set",
+        "model.context=64",
+        "--set",
+        "train.lr=1e-2",
+    ]
     assert main(argv) == 0
     return run

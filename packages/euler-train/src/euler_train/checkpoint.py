@@ -107,6 +107,19 @@ class CheckpointManager:
         tmp = self.root / f".tmp-step_{step}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        try:
+            self._fill(tmp, write_files, state)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+            raise
+        final = self.root / f"step_{step}"
+        self._replace(tmp, final)
+        self.prune()
+        return final
+
+    @staticmethod
+    def _fill(tmp: Path, write_files: Callable[[Path], Any], state: dict[str, Any]) -> None:
+        """Tensors, trainer state and checksums into `tmp`, every file and the folder fsynced."""
         write_files(tmp)
         (tmp / STATE).write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
         files = sorted(p for p in tmp.iterdir() if p.is_file())
@@ -114,10 +127,6 @@ class CheckpointManager:
         (tmp / CHECKSUMS).write_text("\n".join(lines) + "\n", encoding="utf-8")
         for path in [*files, tmp / CHECKSUMS, tmp]:
             fsync_path(path)
-        final = self.root / f"step_{step}"
-        self._replace(tmp, final)
-        self.prune()
-        return final
 
     def _replace(self, tmp: Path, final: Path) -> None:
         """Rename tmp to final; an existing final is moved aside first and removed after."""

@@ -33,8 +33,9 @@ def print_samples(run: Path, seed: int = 0) -> None:
     from euler_train.chat import generate_text, load_for_sampling
 
     model = load_for_sampling(str(run))
-    args = argparse.Namespace(max_new_tokens=96, temperature=0.8, top_k=40, top_p=0.95,
-                              repetition_penalty=1.1, seed=seed)  # fmt: skip
+    args = argparse.Namespace(
+        max_new_tokens=96, temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=seed
+    )
     for i, prompt in enumerate(PROMPTS):
         args.seed = seed + i
         text = "".join(generate_text(model, args, prompt))
@@ -50,13 +51,29 @@ def quickstart(args: argparse.Namespace) -> int:
     prepare_data(data, args.mirror)
     steps = args.steps or QUICK_STEPS[args.preset]
     every = str(max(1, steps // 3))
-    argv = ["pretrain", "--data", str(data), "--out", str(run), "--preset", args.preset,
-            "--steps", str(steps), "--eval-every", every, "--ckpt-every", every, "--resume"]  # fmt: skip
+    argv = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(run),
+        "--preset",
+        args.preset,
+        "--steps",
+        str(steps),
+        "--eval-every",
+        every,
+        "--ckpt-every",
+        every,
+        "--resume",
+    ]
     print(f"quickstart: pretraining the {args.preset} model for {steps} steps on the CPU ...")
     code = euler_train(argv)
     if code != 0:
         return code
     print_samples(run)
-    print(f"\nquickstart: done. Loss curve: {run / 'loss.png'}; chat: euler-train chat --checkpoint {run}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"\nquickstart: done. Loss curve: {run / 'loss.png'}; chat: euler-train chat --checkpoint {run}",
+        file=sys.stderr,
+    )
     return 0
