@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from euler_bpe import CHAT_SPECIAL_TOKENS, Tokenizer
+from euler_data.sft import read_sft
 
 WORDS = (
     "the of and to in a is that for it as was with be by on not he this are or his from at which but "
@@ -116,3 +119,26 @@ def _decode_docs(folder: Path, split: str) -> list[str]:
 def decode_docs():
     """``decode_docs(folder, split) -> list[str]``."""
     return _decode_docs
+
+
+ASSISTANT = re.compile(r"<\|assistant\|>\n(.*?)<\|end\|>", re.S)
+
+
+def _check_sft_split(tok, folder, split):
+    """Every example: decodes to a rendered chat, and its masked tokens are the replies + <|end|>."""
+    tokens, mask, offsets, _ = read_sft(folder, split)
+    rendered = []
+    for lo, hi in itertools.pairwise(offsets):
+        ids, m = tokens[lo:hi].tolist(), mask[lo:hi]
+        text = tok.decode(ids, errors="strict")
+        replies = "".join(r + "<|end|>" for r in ASSISTANT.findall(text))
+        assert tok.decode([i for i, k in zip(ids, m) if k], errors="strict") == replies
+        assert m[-1] == 1 and ids[-1] == tok.special_tokens["<|end|>"]
+        rendered.append(text)
+    return rendered
+
+
+@pytest.fixture
+def check_sft_split():
+    """``check_sft_split(tok, folder, split) -> rendered texts``, asserting the mask of every example."""
+    return _check_sft_split

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import re
 
 import numpy as np
 
@@ -12,24 +10,8 @@ from euler_data import build_sft, render_chat
 from euler_data.chat import alpaca_messages
 from euler_data.sft import read_sft
 
-ASSISTANT = re.compile(r"<\|assistant\|>\n(.*?)<\|end\|>", re.S)
 
-
-def check_split(tok, folder, split):
-    """Every example: decodes to a rendered chat, and its masked tokens are the replies + <|end|>."""
-    tokens, mask, offsets, _ = read_sft(folder, split)
-    rendered = []
-    for lo, hi in itertools.pairwise(offsets):
-        ids, m = tokens[lo:hi].tolist(), mask[lo:hi]
-        text = tok.decode(ids, errors="strict")
-        replies = "".join(r + "<|end|>" for r in ASSISTANT.findall(text))
-        assert tok.decode([i for i, k in zip(ids, m) if k], errors="strict") == replies
-        assert m[-1] == 1 and ids[-1] == tok.special_tokens["<|end|>"]
-        rendered.append(text)
-    return rendered
-
-
-def test_sft_set_masks_cover_exactly_the_responses(tok, tmp_path):
+def test_sft_set_masks_cover_exactly_the_responses(tok, tmp_path, check_sft_split):
     say = lambda i: {"instruction": f"Say {i} twice.", "input": "" if i % 2 else "ok", "output": f"{i} {i}"}  # noqa: E731
     records = [say(i) for i in range(40)]
     lines = [json.dumps(r) for r in records] + ["{broken", json.dumps({"instruction": "x"})]
@@ -43,7 +25,7 @@ def test_sft_set_masks_cover_exactly_the_responses(tok, tmp_path):
     assert meta["dropped"] == expected
     assert meta["examples_kept"] == 40 == meta["train"]["examples"] + meta["val"]["examples"]
     assert meta["val"]["examples"] > 0
-    seen = check_split(tok, tmp_path / "out", "train") + check_split(tok, tmp_path / "out", "val")
+    seen = check_sft_split(tok, tmp_path / "out", "train") + check_sft_split(tok, tmp_path / "out", "val")
     assert sorted(seen) == sorted(render_chat(alpaca_messages(r)) for r in records)
 
 

@@ -16,7 +16,8 @@ import duckdb
 CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F-\x9F\x{FEFF}]"
 PG_HEADER = r"(?s)^.*?\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG[^\n]*\n"
 PG_FOOTER = r"(?s)\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$"
-PG_LAST_LINE = r"(?is)\n[^\n]*end of (the )?project gutenberg[^\n]*\s*$"
+# "End of the Project Gutenberg EBook of <title>" just before the footer; titles may wrap onto 2 more lines
+PG_LAST_LINE = r"(?is)\n[^\n]*end of (the )?project gutenberg[^\n]*(\n[^\n]+){0,2}\s*$"
 
 
 def clean_sql(column: str) -> str:
