@@ -52,22 +52,21 @@ def cross_entropy_forward(
     w = _weights(xp, z, t, loss_mask, ignore_index)  # (N,)
     t_safe = xp.where(t == ignore_index, 0, t)  # ignored rows read column 0, weighted by 0
     rows = xp.arange(z.shape[0])
-    probs = z - z.max(axis=-1, keepdims=True)  # (N, V) shifted logits
-    picked = probs[rows, t_safe]  # (N,) shifted logit of the target
-    xp.exp(probs, out=probs)
-    total = probs.sum(axis=-1)  # (N,)
-    probs /= total[:, None]  # softmax, kept for backward
+    exps = z - z.max(axis=-1, keepdims=True)  # (N, V) shifted logits, max 0: exp cannot overflow
+    picked = exps[rows, t_safe]  # (N,) shifted logit of the target
+    xp.exp(exps, out=exps)
+    total = exps.sum(axis=-1)  # (N,) softmax = exps / total, normalised only in backward
     nll = xp.log(total) - picked  # (N,)
     denom = max(float(w.sum()), 1.0)
     loss = xp.asarray((w * nll).sum() / denom, dtype=logits.dtype)
-    return loss, (probs, t_safe, w, denom, logits.shape)
+    return loss, (exps, total, t_safe, w, denom, logits.shape)
 
 
 def cross_entropy_backward(dloss: Any, cache: tuple) -> Any:
     """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits."""
-    probs, t_safe, w, denom, shape = cache
-    xp = get_array_module(probs)
+    exps, total, t_safe, w, denom, shape = cache
+    xp = get_array_module(exps)
     coef = w * (float(dloss) / denom)  # (N,)
-    dlogits = probs * coef[:, None]  # (N, V)
-    dlogits[xp.arange(probs.shape[0]), t_safe] -= coef
+    dlogits = exps * (coef / total)[:, None]  # (N, V) coef * softmax
+    dlogits[xp.arange(exps.shape[0]), t_safe] -= coef
     return dlogits.reshape(shape)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
@@ -39,6 +41,16 @@ def embedding_backward(dout: Any, cache: tuple) -> Any:
         raise shape_error(
             "embedding_backward", f"dout must be tokens.shape + ({wshape[1]},)", dout=dout, tokens=tokens
         )
+    flat = tokens.reshape(-1)  # (N,)
+    rows = dout.reshape(-1, wshape[1]).astype(dtype, copy=False)  # (N, C)
     dweight = xp.zeros(wshape, dtype=dtype)  # (V, C)
-    xp.add.at(dweight, tokens.reshape(-1), dout.reshape(-1, wshape[1]).astype(dtype, copy=False))
+    if xp is not np:  # CuPy: atomic scatter-add
+        xp.add.at(dweight, flat, rows)
+        return dweight
+    # NumPy: sort by token, sum each run of equal tokens with one reduceat (much faster than add.at)
+    order = np.argsort(flat, kind="stable")
+    sorted_tokens = flat[order]
+    starts = np.flatnonzero(np.r_[True, sorted_tokens[1:] != sorted_tokens[:-1]]) if flat.size else order
+    if flat.size:
+        dweight[sorted_tokens[starts]] = np.add.reduceat(rows[order], starts, axis=0)
     return dweight

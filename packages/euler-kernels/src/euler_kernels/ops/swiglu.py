@@ -11,8 +11,9 @@ from euler_kernels.backend import check_float, get_array_module, shape_error
 
 def _sigmoid(xp: Any, g: Any) -> Any:
     # 1 / (1 + exp(-g)) is accurate in both tails; exp overflowing to inf just gives 0
+    s = xp.negative(g)
     with np.errstate(over="ignore"):
-        s = xp.exp(-g)
+        xp.exp(s, out=s)
     s += 1.0
     return xp.reciprocal(s, out=s)
 
@@ -30,17 +31,15 @@ def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
     sig = _sigmoid(xp, gate)
-    out = gate * sig
-    out *= up
-    return out, (gate, up, sig)
+    silu = gate * sig
+    return silu * up, (up, sig, silu)
 
 
 def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
     """(dgate, dup): dup = dout * silu(g); dgate = dout * up * sig * (1 + g * (1 - sig))."""
-    gate, up, sig = cache
-    if dout.shape != gate.shape:
-        raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=gate)
-    silu = gate * sig
+    up, sig, silu = cache
+    if dout.shape != up.shape:
+        raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
     dup = dout * silu
     # d silu / dg = sig + g * sig * (1 - sig) = sig + silu * (1 - sig)
     dgate = 1.0 - sig
