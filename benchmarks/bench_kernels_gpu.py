@@ -43,7 +43,7 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes / ms / 1e6
 
 
-def bench_attention(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
+def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
     rng = np.random.default_rng(0)
     q, k, v, g = (
         cp.asarray(rng.standard_normal(s, dtype=np.float32))
@@ -51,8 +51,8 @@ def bench_attention(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
     )
 
     def ours():
-        out, lse = kc.flash_attention_forward(q, k, v, True)
-        kc.flash_attention_backward(g, q, k, v, out, lse, True)
+        out, lse = kc.flash_attention_forward(q, k, v, True, tf32)
+        kc.flash_attention_backward(g, q, k, v, out, lse, True, tf32)
 
     # torch reference: (B, H, T, D) layout, K/V expanded to the query heads beforehand (not timed)
     tq = torch.as_tensor(q, device="cuda").transpose(1, 2).contiguous().requires_grad_()
@@ -67,8 +67,9 @@ def bench_attention(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
         out.backward(tg)
 
     # check agreement once before timing
-    out, _ = kc.flash_attention_forward(q, k, v, True)
-    ref = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).transpose(1, 2)
+    out, _ = kc.flash_attention_forward(q, k, v, True, tf32)
+    with torch.no_grad():
+        ref = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).transpose(1, 2)
     err = float((torch.as_tensor(out, device="cuda") - ref).norm() / ref.norm())
     flops = 3.5 * 4 * B * Hq * T * T * D / 2  # causal forward 2 matmuls, backward 2.5x forward
     ms_ours, ms_ref = time_ms(ours), time_ms(reference)
@@ -151,18 +152,20 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cp.__version__}")
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth (read+write): {bandwidth:.0f} GB/s")
-    print("\nFlashAttention fwd+bwd, fp32, causal, 12 q / 4 kv heads, head_dim 64")
-    print(
-        f"{'B x T':>10} {'ours ms':>9} {'torch ms':>9} {'ours TF/s':>10} {'torch TF/s':>11}"
-        f" {'speed':>7} {'rel err':>9}"
-    )
     shapes = [(32, 512)] if args.quick else [(32, 512), (8, 2048), (2, 8192)]
-    for B, T in shapes:
-        r = bench_attention(B, T)
+    for tf32 in (False, True):
+        kind = "TF32 tensor cores (mma.sync)" if tf32 else "fp32 FMA units"
+        print(f"\nFlashAttention fwd+bwd, ours on {kind}; causal, 12 q / 4 kv heads, head_dim 64")
         print(
-            f"{B:>4} x {T:<5} {r['ours_ms']:9.3f} {r['torch_ms']:9.3f} {r['ours_tflops']:10.1f} "
-            f"{r['torch_tflops']:11.1f} {r['torch_ms'] / r['ours_ms']:6.2f}x {r['rel_err']:9.1e}"
+            f"{'B x T':>10} {'ours ms':>9} {'torch ms':>9} {'ours TF/s':>10} {'torch TF/s':>11}"
+            f" {'speed':>7} {'rel err':>9}"
         )
+        for B, T in shapes:
+            r = bench_attention(B, T, tf32)
+            print(
+                f"{B:>4} x {T:<5} {r['ours_ms']:9.3f} {r['torch_ms']:9.3f} {r['ours_tflops']:10.1f} "
+                f"{r['torch_tflops']:11.1f} {r['torch_ms'] / r['ours_ms']:6.2f}x {r['rel_err']:9.1e}"
+            )
     print("\nFused kernels (minimal bytes moved; GB/s as a share of the copy bandwidth)")
     print(f"{'op':>24} {'ours ms':>9} {'torch ms':>9} {'ours GB/s':>10} {'% copy':>7} {'speed':>7}")
     for name, nbytes, ours, ref in bench_fused(bandwidth):

@@ -19,12 +19,12 @@ cp = pytest.importorskip("cupy")
 from euler_kernels import cuda as kc  # noqa: E402
 
 
-def rel(a, b) -> float:
-    """Norm-wise relative error. Inputs are O(1) normals, so float32 rounding is judged against the size of
-    the terms summed: a result that is zero in exact arithmetic (attention with T = S = 1, rmsnorm with
-    C = 1) is measured against an RMS floor of 1e-2 instead of against its own rounding noise."""
+def rel(a, b, floor: float = 1e-2) -> float:
+    """Norm-wise relative error. Inputs are O(1) normals, so rounding is judged against the size of the
+    terms summed: a result that cancels to (nearly) zero in exact arithmetic (attention with T = S = 1,
+    rmsnorm with C = 1) is measured against an RMS floor instead of against its own rounding noise."""
     a, b = np.asarray(ek.to_numpy(a), np.float64), np.asarray(ek.to_numpy(b), np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-2 * np.sqrt(b.size)))
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor * np.sqrt(b.size)))
 
 
 def randn(rng, *shape, scale=1.0):
@@ -44,7 +44,8 @@ def test_rmsnorm_matches_numpy(n, c, seed):
     dx_ref, dw_ref = ek.rmsnorm_backward(g.astype(np.float64), cache)
     out, rstd = kc.rmsnorm_forward(cp.asarray(x), cp.asarray(w), 1e-5)
     dx, dw = kc.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
-    assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref) < 1e-5 and rel(dw, dw_ref) < 1e-5
+    # dx = rstd * (g w - x rstd^2 mean(g w x)) cancels when C = 1: judge it against its O(1) terms
+    assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref, floor=1.0) < 1e-5 and rel(dw, dw_ref) < 1e-5
 
 
 @settings(max_examples=20, deadline=None)
@@ -150,21 +151,25 @@ ATTENTION_CASES = [
 ]
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
 @pytest.mark.parametrize("b,t,s,hq,hkv,d,causal", ATTENTION_CASES)
-def test_flash_attention_matches_cpu_reference(b, t, s, hq, hkv, d, causal):
+def test_flash_attention_matches_cpu_reference(b, t, s, hq, hkv, d, causal, tf32):
+    """fp32 kernel within 2e-5 of float64; the TF32 tensor-core kernel within 2e-3 (10-bit mantissa)."""
     rng = np.random.default_rng(t * 1000 + hq)
     q, k, v = randn(rng, b, t, hq, d), randn(rng, b, s, hkv, d), randn(rng, b, s, hkv, d)
     g = randn(rng, b, t, hq, d)
     to64 = [a.astype(np.float64) for a in (q, k, v, g)]
     out_ref, cache = ek.attention_forward(*to64[:3], causal=causal)
     dq_ref, dk_ref, dv_ref = ek.attention_backward(to64[3], cache)
-    out, lse = kc.flash_attention_forward(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal)
+    out, lse = kc.flash_attention_forward(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal, tf32)
     dq, dk, dv = kc.flash_attention_backward(
         cp.asarray(g), cp.asarray(q), cp.asarray(k), cp.asarray(v), out, lse, causal
     )
-    errors = {"out": rel(out, out_ref), "dq": rel(dq, dq_ref), "dk": rel(dk, dk_ref), "dv": rel(dv, dv_ref)}
+    floor = 0.1 if tf32 else 1e-2  # TF32 rounds operands to 10 mantissa bits
+    refs = {"out": (out, out_ref), "dq": (dq, dq_ref), "dk": (dk, dk_ref), "dv": (dv, dv_ref)}
+    errors = {name: rel(got, ref, floor) for name, (got, ref) in refs.items()}
     print(
-        f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal}: "
+        f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal} tf32={tf32}: "
         + " ".join(f"{k}={e:.2e}" for k, e in errors.items())
     )
-    assert all(e < 2e-5 for e in errors.values()), errors
+    assert all(e < (2e-3 if tf32 else 2e-5) for e in errors.values()), errors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -219,31 +220,48 @@ def adamw_multi(
 _TILE = 64
 
 
-def _attention_smem(head_dim: int, backward: bool) -> int:
-    pad = head_dim + 1
+def _attention_smem(head_dim: int, backward: bool, tf32: bool) -> int:
+    tile, pad = _TILE, head_dim + 1
+    if tf32:  # see flash_attention_tf32.cu: KPAD = D + 4, VPAD = D + 8, PPAD = TILE + 4
+        kpad, vpad, ppad = head_dim + 4, head_dim + 8, tile + 4
+        if backward:
+            return 4 * (4 * tile * kpad + 2 * tile * ppad + 2 * tile)
+        return 4 * (2 * tile * kpad + tile * vpad + tile * ppad)
     if backward:
-        return 4 * (4 * _TILE * pad + 2 * _TILE * (_TILE + 1) + 2 * _TILE)
-    return 4 * (3 * _TILE * pad + _TILE * (_TILE + 1))
+        return 4 * (4 * tile * pad + 2 * tile * (tile + 1) + 2 * tile)
+    return 4 * (3 * tile * pad + tile * (tile + 1))
 
 
-def _attention_kernel(name: str, head_dim: int, backward: bool):
+def _attention_kernel(name: str, head_dim: int, backward: bool, tf32: bool):
     if head_dim not in (64, 128):
         raise ValueError(f"flash_attention: head_dim must be 64 or 128 on the GPU, got {head_dim}")
-    kernel = get_kernel("flash_attention.cu", name, HEAD_DIM=head_dim)
-    kernel.max_dynamic_shared_size_bytes = _attention_smem(head_dim, backward)
+    source = "flash_attention_tf32.cu" if tf32 else "flash_attention.cu"
+    kernel = get_kernel(source, name + ("_tf32" if tf32 else ""), HEAD_DIM=head_dim)
+    kernel.max_dynamic_shared_size_bytes = _attention_smem(head_dim, backward, tf32)
     return kernel
 
 
-def flash_attention_forward(q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Any]:
-    """q (B, T, Hq, D), k/v (B, S, Hkv, D) -> out (B, T, Hq, D), lse (B, Hq, T)."""
+def tf32_enabled() -> bool:
+    """TF32 tensor-core math for float32 matmuls and attention, as CuPy's own CUPY_TF32=1 switch."""
+    return os.environ.get("CUPY_TF32", "0") == "1"
+
+
+def flash_attention_forward(
+    q: Any, k: Any, v: Any, causal: bool, tf32: bool | None = None
+) -> tuple[Any, Any]:
+    """q (B, T, Hq, D), k/v (B, S, Hkv, D) -> out (B, T, Hq, D), lse (B, Hq, T).
+
+    tf32=None follows CUPY_TF32; True runs the tensor-core (TF32) kernel, False the exact-fp32 one.
+    """
     import cupy
 
+    tf32 = tf32_enabled() if tf32 is None else tf32
     q, k, v = _contiguous(q, k, v)
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     out = cupy.empty_like(q)
     lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
-    kernel = _attention_kernel("flash_attention_forward", D, backward=False)
+    kernel = _attention_kernel("flash_attention_forward", D, backward=False, tf32=tf32)
     args = (
         out,
         lse,
@@ -257,29 +275,28 @@ def flash_attention_forward(q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, 
         np.float32(D**-0.5),
         np.int32(causal),
     )
-    kernel((blocks(T, _TILE), Hq, B), (256,), args, shared_mem=_attention_smem(D, backward=False))
+    threads = 128 if tf32 else 256
+    kernel((blocks(T, _TILE), Hq, B), (threads,), args, shared_mem=_attention_smem(D, False, tf32))
     return out, lse
 
 
 def flash_attention_backward(
-    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, tf32: bool | None = None
 ) -> tuple[Any, Any, Any]:
     import cupy
 
+    tf32 = tf32_enabled() if tf32 is None else tf32
     dout, q, k, v, out = _contiguous(dout, q, k, v, out)
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     delta = cupy.empty((B, Hq, T), dtype=cupy.float32)
     n_rows = B * T * Hq
     delta_kernel = get_kernel("flash_attention.cu", "flash_attention_delta", HEAD_DIM=D)
-    delta_kernel(
-        (blocks(n_rows * 32, THREADS),),
-        (THREADS,),
-        (delta, dout, out, np.int32(T), np.int32(Hq), np.int64(n_rows)),
-    )
+    delta_args = (delta, dout, out, np.int32(T), np.int32(Hq), np.int64(n_rows))
+    delta_kernel((blocks(n_rows * 32, THREADS),), (THREADS,), delta_args)
     dq = cupy.zeros_like(q)
     dk, dv = cupy.empty_like(k), cupy.empty_like(v)
-    kernel = _attention_kernel("flash_attention_backward", D, backward=True)
+    kernel = _attention_kernel("flash_attention_backward", D, backward=True, tf32=tf32)
     args = (
         dq,
         dk,
@@ -297,5 +314,6 @@ def flash_attention_backward(
         np.float32(D**-0.5),
         np.int32(causal),
     )
-    kernel((blocks(S, _TILE), Hkv, B), (256,), args, shared_mem=_attention_smem(D, backward=True))
+    threads = 128 if tf32 else 256
+    kernel((blocks(S, _TILE), Hkv, B), (threads,), args, shared_mem=_attention_smem(D, True, tf32))
     return dq, dk, dv
