@@ -28,7 +28,6 @@ MODULES = [
     "re",
     "string",
     "textwrap",
-    "typing",
     "dataclasses",
     "logging",
     "subprocess",
@@ -119,7 +118,7 @@ def other_dataset(tmp_path_factory, corpus) -> Path:
     return prepare(tmp_path_factory.mktemp("data") / "docs300", corpus, 300)
 
 
-def cli(*argv: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+def _cli(*argv: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """Run `python -m euler_train.cli ARGV` in a subprocess; returns the completed process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(
@@ -130,6 +129,12 @@ def cli(*argv: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
         env=env,
         **kw,
     )
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """`cli(*argv)`: run `python -m euler_train.cli ARGV` in a subprocess (CompletedProcess, text)."""
+    return _cli
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,115 @@
+"""Data parallelism on the CPU: bucketing, the one-process world, rank sharding, and that two ranks'
+all-reduced gradient equals one process's gradient on the doubled batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from euler_train.distributed import Comm, buckets, env_world
+
+
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=30), st.integers(1, 300))
+def test_buckets_keep_order_and_fill_up_to_the_size(sizes, limit) -> None:
+    names = [f"p{i}" for i in range(len(sizes))]
+    size_of = dict(zip(names, sizes))
+    groups = buckets(names, size_of, limit)
+    assert [n for g in groups for n in g] == names
+    for g in groups[:-1]:
+        assert sum(size_of[n] for n in g) >= limit  # a bucket closes only once it is full
+        assert sum(size_of[n] for n in g[:-1]) < limit  # and not later than needed
+
+
+def test_env_world_defaults_and_launcher_variables(monkeypatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert env_world() == (0, 1, 0)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert env_world() == (3, 4, 1)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="RANK=4"):
+        env_world()
+
+
+def test_single_process_world_is_the_identity() -> None:
+    comm = Comm()
+    g = {"w": np.arange(3.0)}
+    comm.allreduce_grads(g)
+    np.testing.assert_array_equal(g["w"], [0.0, 1.0, 2.0])
+    assert comm.is_main and comm.allreduce_scalars([1.0, 2.0]) == [1.0, 2.0]
+
+
+class RecordingComm(Comm):
+    """Rank `rank` of a 2-process world simulated in one process: collectives add the peer's values,
+    which were recorded by running the peer first (both ranks make the same calls in the same order)."""
+
+    def __init__(self, rank: int, peer: RecordingComm | None = None) -> None:
+        self.rank, self.world_size = rank, 2
+        self.peer = peer
+        self.scalars: list[list[float]] = []
+        self.grads: list[dict] = []
+
+    def allreduce_scalars(self, values):
+        self.scalars.append(list(values))
+        if self.peer is None:  # first pass: the peer's values are not known yet; assume equal
+            return [2 * v for v in values]
+        return [a + b for a, b in zip(values, self.peer.scalars[len(self.scalars) - 1])]
+
+    def allreduce_grads(self, grads):
+        self.grads.append({k: v.copy() for k, v in grads.items()})
+        if self.peer is not None:
+            for k in grads:
+                grads[k] += self.peer.grads[len(self.grads) - 1][k]
+
+
+def make_trainer(tmp_path, dataset, comm, batch_size: int, mode: str = "pretrain", init=None):
+    from euler_train.config import resolve_config
+    from euler_train.device import setup_device
+    from euler_train.runspec import plan_run
+    from euler_train.trainer import Trainer
+
+    cfg = resolve_config("tiny", overrides=[f"train.batch_size={batch_size}", f'data.dir="{dataset}"'] + (
+        [f'data.init="{init}"'] if init else []))  # fmt: skip
+    spec = plan_run(cfg, tmp_path / f"run{comm.rank}", mode)
+    trainer = Trainer(spec, setup_device("cpu", "fp32"), comm)
+    trainer.setup()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def one_head_run(tmp_path_factory, dataset):
+    """SFT init with one output head: with K = 1 the token-weighted average over ranks is exact (with
+    K > 1 each head normalises by its own count and ranks are weighted by head 0's, see the README)."""
+    from euler_train.cli import main
+
+    run = tmp_path_factory.mktemp("k1") / "run"
+    argv = ["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "1", "--no-progress",
+            "--set", "model.context=64", "--set", "model.n_mtp_heads=1"]  # fmt: skip
+    assert main(argv) == 0
+    return run
+
+
+@pytest.mark.parametrize("mode", ["pretrain", "sft"])
+def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, dataset, one_head_run, mode) -> None:
+    init = one_head_run if mode == "sft" else None
+
+    def trainer(name, comm, batch_size):
+        return make_trainer(tmp_path / name, dataset, comm, batch_size, mode, init)
+
+    loss_1, grads_1, ntok_1, weight_1 = trainer("one", Comm(), 4).gradients(step=3)
+    # first passes learn each rank's scalars (token weights); second passes use the true totals
+    first0, first1 = trainer("a0", RecordingComm(0), 2), trainer("a1", RecordingComm(1), 2)
+    first0.gradients(step=3)
+    first1.gradients(step=3)
+    rank1 = trainer("b1", RecordingComm(1, peer=first0.comm), 2)
+    loss_r1, _, _, _ = rank1.gradients(step=3)
+    rank0 = trainer("b0", RecordingComm(0, peer=rank1.comm), 2)
+    loss_r0, grads_0, ntok_0, weight_0 = rank0.gradients(step=3)
+    assert (ntok_0, weight_0) == (ntok_1, weight_1)  # tokens read and loss tokens, over both ranks
+    assert loss_r0 + loss_r1 == pytest.approx(loss_1, rel=1e-6)  # what step_once's all-reduce adds up
+    for name in grads_1:
+        np.testing.assert_allclose(grads_0[name], grads_1[name], rtol=1e-4, atol=1e-7, err_msg=name)
