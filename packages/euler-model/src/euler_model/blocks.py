@@ -5,6 +5,8 @@
 
 Each forward returns (out, cache) where cache holds only the kernel caches its backward needs;
 each backward runs the ops in exactly the reverse order and returns (dx, grads of the block's weights).
+The residual stream is kept flat, x (N, C) with N = B * T, so that every linear is one 2-D matrix
+product; only RoPE and attention see the (B, T, H, D) view.
 """
 
 from __future__ import annotations
@@ -16,40 +18,46 @@ from euler_model.config import ModelConfig
 
 
 def attention_block_forward(
-    config: ModelConfig, p: dict[str, Any], prefix: str, x: Any, rope: tuple[Any, Any], kv: Any = None
+    config: ModelConfig,
+    p: dict[str, Any],
+    prefix: str,
+    x: Any,
+    bt: tuple[int, int],
+    rope: tuple[Any, Any],
+    kv: Any = None,
 ) -> tuple[Any, tuple]:
-    """x (B, T, C) -> x + wo(attention(rope(wq h), rope(wk h), wv h)) with h = rmsnorm(x).
+    """x (N, C), N = B * T, bt = (B, T) -> x + wo(attention(rope(wq h), rope(wk h), wv h)), h = rmsnorm(x).
 
     kv: None for training, else a (KVCache, layer) pair: the new keys/values are written at the
     cache's current position and the queries attend over everything cached so far (no backward).
     """
-    b, t, _ = x.shape
+    b, t = bt
     hq, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
     offset = 0 if kv is None else kv[0].length
-    h, c_norm = ek.rmsnorm_forward(x, p[prefix + "attn_norm"], config.norm_eps)  # (B, T, C)
-    q, c_q = ek.linear_forward(h, p[prefix + "wq"])  # (B, T, Hq * D)
-    k, c_k = ek.linear_forward(h, p[prefix + "wk"])  # (B, T, Hkv * D)
-    v, c_v = ek.linear_forward(h, p[prefix + "wv"])  # (B, T, Hkv * D)
+    h, c_norm = ek.rmsnorm_forward(x, p[prefix + "attn_norm"], config.norm_eps)  # (N, C)
+    q, c_q = ek.linear_forward(h, p[prefix + "wq"])  # (N, Hq * D)
+    k, c_k = ek.linear_forward(h, p[prefix + "wk"])  # (N, Hkv * D)
+    v, c_v = ek.linear_forward(h, p[prefix + "wv"])  # (N, Hkv * D)
     q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
     k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
     v = v.reshape(b, t, hkv, d)
     if kv is not None:  # append to the cache, attend over the whole cached prefix
         k, v = kv[0].append(kv[1], k, v)  # (B, S, Hkv, D) with S = offset + T
     a, c_att = ek.attention_forward(q, k, v, causal=True)  # (B, T, Hq, D)
-    o, c_o = ek.linear_forward(a.reshape(b, t, hq * d), p[prefix + "wo"])  # (B, T, C)
-    out, c_res = ek.residual_forward(x, o)  # (B, T, C)
+    o, c_o = ek.linear_forward(a.reshape(b * t, hq * d), p[prefix + "wo"])  # (N, C)
+    out, c_res = ek.residual_forward(x, o)  # (N, C)
     return out, (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, c_res, (b, t, hq, hkv, d))
 
 
 def attention_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any, dict[str, Any]]:
-    """Gradients of attention_block_forward: (dx (B, T, C), {name: dweight})."""
+    """Gradients of attention_block_forward: (dx (N, C), {name: dweight})."""
     c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, c_res, (b, t, hq, hkv, d) = cache
-    dx, do = ek.residual_backward(dout, c_res)  # (B, T, C) each
-    da, dwo = ek.linear_backward(do, c_o)  # (B, T, Hq * D)
+    dx, do = ek.residual_backward(dout, c_res)  # (N, C) each
+    da, dwo = ek.linear_backward(do, c_o)  # (N, Hq * D)
     dq, dk, dv = ek.attention_backward(da.reshape(b, t, hq, d), c_att)
-    dq = ek.rope_backward(dq, c_rq).reshape(b, t, hq * d)
-    dk = ek.rope_backward(dk, c_rk).reshape(b, t, hkv * d)
-    dh, dwv = ek.linear_backward(dv.reshape(b, t, hkv * d), c_v)
+    dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
+    dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
+    dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v)
     dh_k, dwk = ek.linear_backward(dk, c_k)
     dh_q, dwq = ek.linear_backward(dq, c_q)
     dh = dh + dh_k + dh_q  # h feeds three projections
@@ -59,21 +67,21 @@ def attention_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any,
 
 
 def ffn_block_forward(config: ModelConfig, p: dict[str, Any], prefix: str, x: Any) -> tuple[Any, tuple]:
-    """x (B, T, C) -> x + w_down(silu(w_gate h) * w_up h) with h = rmsnorm(x)."""
-    h, c_norm = ek.rmsnorm_forward(x, p[prefix + "ffn_norm"], config.norm_eps)  # (B, T, C)
-    g, c_gate = ek.linear_forward(h, p[prefix + "w_gate"])  # (B, T, F)
-    u, c_up = ek.linear_forward(h, p[prefix + "w_up"])  # (B, T, F)
-    s, c_swi = ek.swiglu_forward(g, u)  # (B, T, F)
-    o, c_down = ek.linear_forward(s, p[prefix + "w_down"])  # (B, T, C)
-    out, c_res = ek.residual_forward(x, o)  # (B, T, C)
+    """x (N, C) -> x + w_down(silu(w_gate h) * w_up h) with h = rmsnorm(x)."""
+    h, c_norm = ek.rmsnorm_forward(x, p[prefix + "ffn_norm"], config.norm_eps)  # (N, C)
+    g, c_gate = ek.linear_forward(h, p[prefix + "w_gate"])  # (N, F)
+    u, c_up = ek.linear_forward(h, p[prefix + "w_up"])  # (N, F)
+    s, c_swi = ek.swiglu_forward(g, u)  # (N, F)
+    o, c_down = ek.linear_forward(s, p[prefix + "w_down"])  # (N, C)
+    out, c_res = ek.residual_forward(x, o)  # (N, C)
     return out, (c_norm, c_gate, c_up, c_swi, c_down, c_res)
 
 
 def ffn_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any, dict[str, Any]]:
-    """Gradients of ffn_block_forward: (dx (B, T, C), {name: dweight})."""
+    """Gradients of ffn_block_forward: (dx (N, C), {name: dweight})."""
     c_norm, c_gate, c_up, c_swi, c_down, c_res = cache
     dx, do = ek.residual_backward(dout, c_res)
-    ds, dw_down = ek.linear_backward(do, c_down)  # (B, T, F)
+    ds, dw_down = ek.linear_backward(do, c_down)  # (N, F)
     dg, du = ek.swiglu_backward(ds, c_swi)
     dh, dw_up = ek.linear_backward(du, c_up)
     dh_g, dw_gate = ek.linear_backward(dg, c_gate)

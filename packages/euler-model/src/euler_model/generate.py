@@ -44,9 +44,9 @@ class GenerationStats:
         return self.generated / max(self.forwards - 1, 1)
 
 
-def _host_row(config: ModelConfig, params: dict[str, Any], h: Any, head: int) -> np.ndarray:
-    """Head `head`'s logits for one hidden row h (1, 1, C), as a NumPy vector (V,)."""
-    z = ek.linear_forward(h, params[f"heads.{head}"])[0].reshape(-1)
+def _host_logits(h: Any, weight: Any) -> np.ndarray:
+    """Logits of the hidden rows h (1, T, C) under one head weight (V', C), as NumPy (T, V')."""
+    z = ek.linear_forward(h[0], weight)[0]  # (T, V')
     return z.get() if hasattr(z, "get") else np.asarray(z)
 
 
@@ -61,7 +61,7 @@ def _plain(config, params, cache, history: list[int], pick: Callable, stats) -> 
     """One forward per token; stops when the sequence fills the context."""
     h = _forward(config, params, cache, history, stats)[:, -1:]
     while True:
-        token = pick(_host_row(config, params, h, 0), history)
+        token = pick(_host_logits(h, params["heads.0"])[0], history)
         history.append(token)
         yield token
         if len(history) >= config.context:
@@ -71,23 +71,27 @@ def _plain(config, params, cache, history: list[int], pick: Callable, stats) -> 
 
 def _speculative(config, params, cache, history, pick, stats, budget: int) -> Iterator[int]:
     """Heads 1..K-1 draft, head 0 verifies them all in one forward; see the module docstring."""
+    xp = ek.get_array_module(params["embed"])
+    drafters = xp.concatenate([params[f"heads.{k}"] for k in range(1, config.n_mtp_heads)])  # ((K-1)V, C)
     h = _forward(config, params, cache, history, stats)[:, -1:]  # hidden state of the last position
-    token = pick(_host_row(config, params, h, 0), history)
+    token = pick(_host_logits(h, params["heads.0"])[0], history)
     history.append(token)
     yield token
     produced = 1
     while len(history) < config.context:
-        m = min(config.n_mtp_heads - 1, config.context - len(history) - 1, budget - produced - 1)
-        drafts = [int(np.argmax(_host_row(config, params, h, k))) for k in range(1, m + 1)]
-        stats.drafted += len(drafts)
+        m = max(0, min(config.n_mtp_heads - 1, config.context - len(history) - 1, budget - produced - 1))
+        guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
+        drafts = [int(i) for i in np.argmax(guesses, axis=-1)]  # head k guesses the token k after `token`
+        stats.drafted += m
         start = cache.length  # position of `token`
         hs = _forward(config, params, cache, [token, *drafts], stats)  # (1, 1 + m, C)
-        for i in range(len(drafts) + 1):
-            g = pick(_host_row(config, params, hs[:, i : i + 1], 0), history)
+        checks = _host_logits(hs, params["heads.0"])  # (1 + m, V): head 0 after each input token
+        for i in range(m + 1):
+            g = pick(checks[i], history)
             history.append(g)
             produced += 1
             yield g
-            if i < len(drafts) and g == drafts[i]:
+            if i < m and g == drafts[i]:
                 stats.accepted += 1
                 continue
             cache.rollback(start + i + 1)  # keep `token` and the i accepted drafts

@@ -47,23 +47,27 @@ def trunk_forward(
             f"exceed the context {config.context}"
         )
     rope = rope_for(config, params["embed"])
+    b, t = tokens.shape
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
+    x = x.reshape(b * t, config.dim)  # (N, C): the flat residual stream
     caches: list = [c_emb]
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
-        x, c_attn = attention_block_forward(config, params, prefix, x, rope, None if kv is None else (kv, i))
+        layer_kv = None if kv is None else (kv, i)
+        x, c_attn = attention_block_forward(config, params, prefix, x, (b, t), rope, layer_kv)
         x, c_ffn = ffn_block_forward(config, params, prefix, x)
         caches.append((c_attn, c_ffn))
     if kv is not None:
-        kv.advance(tokens.shape[1])
-    h, c_norm = ek.rmsnorm_forward(x, params["norm"], config.norm_eps)  # (B, T, C)
-    caches.append(c_norm)
-    return h, caches
+        kv.advance(t)
+    h, c_norm = ek.rmsnorm_forward(x, params["norm"], config.norm_eps)  # (N, C)
+    caches.append((c_norm, (b, t)))
+    return h.reshape(b, t, config.dim), caches
 
 
 def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
-    """Gradients of trunk_forward for every trunk parameter, layers in reverse order."""
-    dx, dnorm = ek.rmsnorm_backward(dh, caches[-1])
+    """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order."""
+    c_norm, (b, t) = caches[-1]
+    dx, dnorm = ek.rmsnorm_backward(dh.reshape(b * t, config.dim), c_norm)  # (N, C)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
         c_attn, c_ffn = caches[1 + i]
@@ -71,7 +75,7 @@ def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]
         dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")
         grads.update(g_ffn)
         grads.update(g_attn)
-    grads["embed"] = ek.embedding_backward(dx, caches[0])
+    grads["embed"] = ek.embedding_backward(dx.reshape(b, t, config.dim), caches[0])
     return grads
 
 
@@ -113,12 +117,14 @@ def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: An
 
 def _heads_forward(config, params, h, targets, loss_mask) -> tuple[float, list]:
     """Mean over the K heads of each head's masked cross-entropy, and the caches for backward."""
-    t = h.shape[1]
+    b, t, c = h.shape
+    h = h.reshape(b * t, c)  # (N, C)
     total, caches = 0.0, []
     for k in range(config.n_mtp_heads):
-        z, c_head = ek.linear_forward(h, params[f"heads.{k}"])  # (B, T, V)
-        mask = None if loss_mask is None else loss_mask[:, k : k + t]
-        loss, c_ce = ek.cross_entropy_forward(z, targets[:, k : k + t], mask)  # head k reads t + 1 + k
+        z, c_head = ek.linear_forward(h, params[f"heads.{k}"])  # (N, V)
+        tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
+        mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
+        loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
         total = total + loss
         caches.append((c_head, c_ce))
     return total / config.n_mtp_heads, caches
@@ -131,10 +137,10 @@ def _heads_backward(config, h, caches) -> tuple[Any, dict[str, Any]]:
     dh, grads = None, {}
     for k in reversed(range(config.n_mtp_heads)):
         c_head, c_ce = caches[k]
-        dz = ek.cross_entropy_backward(dloss, c_ce)  # (B, T, V)
-        dh_k, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)
+        dz = ek.cross_entropy_backward(dloss, c_ce)  # (N, V)
+        dh_k, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)  # (N, C)
         dh = dh_k if dh is None else dh + dh_k
-    return dh, grads
+    return dh.reshape(h.shape), grads
 
 
 def loss_and_grads(
