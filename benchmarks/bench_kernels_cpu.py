@@ -5,7 +5,10 @@ ffn 384, vocab 512), float32.
 Ours and PyTorch's run interleaved in the same process, several repetitions; medians are reported.
 PyTorch appears only here, never in the package.
 
-    python benchmarks/bench_kernels_cpu.py [--reps 7] [--threads 2] [--markdown]
+    python benchmarks/bench_kernels_cpu.py [--reps 7] [--inner 5] [--threads 1]
+
+`--threads N` sets both OpenBLAS's (NumPy's BLAS, through OPENBLAS_NUM_THREADS before NumPy loads) and
+PyTorch's intra-op thread counts, so both sides use the same number of cores.
 """
 
 from __future__ import annotations
@@ -14,14 +17,31 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
-import numpy as np
-import torch
-import torch.nn.functional as F
 
-import euler_kernels as ek
+def _threads_from_argv(default: int = 1) -> int:
+    # read --threads before NumPy is imported: OpenBLAS fixes its thread count when it loads
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if arg.startswith("--threads="):
+            return int(arg.split("=", 1)[1])
+    return default
+
+
+THREADS = _threads_from_argv()
+os.environ["OPENBLAS_NUM_THREADS"] = str(THREADS)
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import euler_kernels as ek  # noqa: E402
 
 B, T, C, HQ, HKV, FFN, V = 16, 128, 128, 4, 2, 384, 512
 D = C // HQ
@@ -108,6 +128,9 @@ def ours_cases(a: dict) -> dict[str, Callable[[], object]]:
         "linear 128->384": pair(ek.linear_forward, ek.linear_backward, a["dout_f"], a["x"], a["wg"]),
         "rope (q)": pair(ek.rope_forward, ek.rope_backward, a["dout_q"], a["q"], cos, sin),
         "attention": pair(ek.attention_forward, ek.attention_backward, a["dout_q"], a["q"], a["k"], a["v"]),
+        "attention (torch naive)": pair(
+            ek.attention_forward, ek.attention_backward, a["dout_q"], a["q"], a["k"], a["v"]
+        ),
         "swiglu": pair(ek.swiglu_forward, ek.swiglu_backward, a["dout_f"], a["gate"], a["up"]),
         "residual": pair(ek.residual_forward, ek.residual_backward, a["dout_c"], a["x"], a["x"]),
         "cross_entropy": pair(
@@ -132,6 +155,15 @@ def _attn_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
     )
     return o.transpose(1, 2)
+
+
+def _attn_torch_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # plain softmax(q k^T / sqrt(D)) v with K/V heads repeated, as a from-ops reference
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    k, v = k.repeat_interleave(HQ // HKV, dim=1), v.repeat_interleave(HQ // HKV, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / D**0.5
+    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1)
+    return (scores.masked_fill(mask, float("-inf")).softmax(-1) @ v).transpose(1, 2)
 
 
 def block_torch(t: dict, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -164,6 +196,9 @@ def torch_cases(a: dict) -> dict[str, Callable[[], object]]:
         "linear 128->384": grad(lambda: F.linear(t["x"], t["wg"]), t["dout_f"], t["x"], t["wg"]),
         "rope (q)": grad(lambda: _rope_torch(t["q"], cos, sin), t["dout_q"], t["q"]),
         "attention": grad(lambda: _attn_torch(t["q"], t["k"], t["v"]), t["dout_q"], t["q"], t["k"], t["v"]),
+        "attention (torch naive)": grad(
+            lambda: _attn_torch_naive(t["q"], t["k"], t["v"]), t["dout_q"], t["q"], t["k"], t["v"]
+        ),
         "swiglu": grad(lambda: F.silu(t["gate"]) * t["up"], t["dout_f"], t["gate"], t["up"]),
         "residual": grad(lambda: t["x"] + t["dout_c"] * 1.0, t["dout_c"], t["x"]),
         "cross_entropy": grad(
@@ -203,13 +238,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (median reported)")
     ap.add_argument("--inner", type=int, default=5, help="calls per timed repetition")
-    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (NumPy: OpenBLAS default)")
+    ap.add_argument("--threads", type=int, default=1, help="threads for OpenBLAS (NumPy) and for PyTorch")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(THREADS)
     cpu = platform.processor() or platform.machine()
     print(
-        f"# numpy {np.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"{cpu}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}"
+        f"# numpy {np.__version__} (OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}), "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), {cpu}, {os.cpu_count()} cpus, "
+        f"load average before {os.getloadavg()[0]:.2f}"
     )
     print(
         f"# B={B} T={T} C={C} heads {HQ}/{HKV} D={D} ffn={FFN} vocab={V} float32, "
@@ -219,6 +255,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, t_o, t_r in run(args.reps, args.inner):
         print(f"| {name} | {t_o * 1e3:.3f} | {t_r * 1e3:.3f} | {t_o / t_r:.2f}x |")
+    print(f"# load average after {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

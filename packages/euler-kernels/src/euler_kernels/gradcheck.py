@@ -17,7 +17,7 @@ An input passes `ok(tol)` when max_i err_i <= tol; the table shows both max_i ra
 For an op, f = sum(out * R) with a fixed random R (so dout = R). The difference is taken as
 sum((out(x + h e_i) - out(x - h e_i)) * R), so that outputs a perturbation does not touch cancel exactly,
 and |f+| + |f-| in res_i is sum((|out+| + |out-|) * |R|) over the outputs that the perturbation changed
-(the only terms whose rounding can reach the difference).
+(the only terms whose rounding can reach the difference), or over all outputs if none changed.
 """
 
 from __future__ import annotations
@@ -139,6 +139,8 @@ def _difference(plus: Any, minus: Any) -> tuple[float, float]:
         xp = get_array_module(plus[0])
         (op, r), om = plus, minus[0]
         touched = op != om  # outputs the perturbation did not change cancel exactly
+        if not bool(touched.any()):  # the change vanished below rounding: every output could hide it
+            touched = xp.ones_like(touched)
         size = xp.sum(xp.where(touched, xp.abs(op) + xp.abs(om), 0.0) * xp.abs(r))
         return float(xp.sum((op - om) * r)), float(size)
     return plus - minus, abs(plus) + abs(minus)

@@ -52,6 +52,18 @@ def _causal_bias(xp: Any, dtype: Any, t0: int, t1: int, s0: int, s1: int, g: int
     return bias
 
 
+_CPU_TILE_BYTES = 1 << 20  # score tiles of about this size stay in the CPU's L2 cache
+
+
+def _batch_chunks(xp: Any, b: int, hkv: int, rows: int, cols: int, itemsize: int):
+    """Batch slices processed together: on NumPy, few enough that one score tile fits the cache budget;
+    on CuPy the whole batch at once."""
+    per_batch = max(1, hkv * rows * cols * itemsize)
+    step = b if xp.__name__ != "numpy" else max(1, min(b, _CPU_TILE_BYTES // per_batch))
+    for b0 in range(0, b, step):
+        yield slice(b0, min(b0 + step, b))
+
+
 def _key_blocks(t0: int, t1: int, s: int, shift: int, causal: bool, bs: int):
     """Key blocks (s0, s1, needs_mask) visible to queries t0..t1."""
     last = min(s, t1 - 1 + shift + 1) if causal else s  # keys beyond this are masked for every row
@@ -81,11 +93,15 @@ def attention_forward(
     vt = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
     out = xp.empty_like(qs)
     lse = xp.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, T*G)
-    for t0 in range(0, t, block_size):
-        t1 = min(t0 + block_size, t)
-        r0, r1 = t0 * g, t1 * g
-        o, lse[..., r0:r1] = _forward_rows(xp, qs[:, :, r0:r1], kt, vt, t0, t1, g, shift, causal, block_size)
-        out[:, :, r0:r1] = o
+    tile_rows, tile_cols = min(block_size, t) * g, min(block_size, k.shape[1])
+    for bs in _batch_chunks(xp, q.shape[0], hkv, tile_rows, tile_cols, q.dtype.itemsize):
+        for t0 in range(0, t, block_size):
+            t1 = min(t0 + block_size, t)
+            r = slice(t0 * g, t1 * g)
+            o, lse[bs, :, r] = _forward_rows(
+                xp, qs[bs, :, r], kt[bs], vt[bs], t0, t1, g, shift, causal, block_size
+            )
+            out[bs, :, r] = o
     return _ungroup(xp, out, t, hq), (qs, kt, vt, out, lse, causal, block_size, t)
 
 
@@ -124,20 +140,41 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
     dq = xp.zeros_like(qs)
     dk = xp.zeros_like(kt)
     dv = xp.zeros_like(vt)
-    for t0 in range(0, t, bs):
-        t1 = min(t0 + bs, t)
-        r = slice(t0 * g, t1 * g)
-        for s0, s1, masked in _key_blocks(t0, t1, s, s - t, causal, bs):
-            sc = qs[:, :, r] @ kt[:, :, s0:s1].swapaxes(-1, -2)  # (B, Hkv, R, Sb)
-            if masked:
-                sc += _causal_bias(xp, sc.dtype, t0, t1, s0, s1, g, s - t)
-            sc -= lse[:, :, r, None]
-            p = xp.exp(sc, out=sc)  # probabilities of this tile
-            dv[:, :, s0:s1] += p.swapaxes(-1, -2) @ do[:, :, r]  # (B, Hkv, Sb, D)
-            ds = do[:, :, r] @ vt[:, :, s0:s1].swapaxes(-1, -2)  # dP (B, Hkv, R, Sb)
-            ds -= delta[:, :, r, None]
-            ds *= p  # dS = P * (dP - delta)
-            dq[:, :, r] += ds @ kt[:, :, s0:s1]
-            dk[:, :, s0:s1] += ds.swapaxes(-1, -2) @ qs[:, :, r]  # q is pre-scaled
+    for bi in _batch_chunks(xp, b, hkv, min(bs, t) * g, min(bs, s), qs.dtype.itemsize):
+        for t0 in range(0, t, bs):
+            t1 = min(t0 + bs, t)
+            r = slice(t0 * g, t1 * g)
+            for s0, s1, masked in _key_blocks(t0, t1, s, s - t, causal, bs):
+                _backward_tile(
+                    xp,
+                    (bi, slice(None), r),
+                    (bi, slice(None), slice(s0, s1)),
+                    qs,
+                    kt,
+                    vt,
+                    do,
+                    lse,
+                    delta,
+                    dq,
+                    dk,
+                    dv,
+                    (t0, t1, s0, s1, g, s - t) if masked else None,
+                )
     dq *= dq.dtype.type(1.0 / math.sqrt(d))
     return _ungroup(xp, dq, t, hq), dk.transpose(0, 2, 1, 3).copy(), dv.transpose(0, 2, 1, 3).copy()
+
+
+def _backward_tile(xp, qi, ki, qs, kt, vt, do, lse, delta, dq, dk, dv, mask) -> None:
+    """Accumulate one (query block qi, key block ki) tile's share of dq, dk, dv (FlashAttention-2)."""
+    kb, vb, qb, dob = kt[ki], vt[ki], qs[qi], do[qi]
+    sc = qb @ kb.swapaxes(-1, -2)  # (b, Hkv, R, Sb) scores, q pre-scaled
+    if mask is not None:
+        sc += _causal_bias(xp, sc.dtype, *mask)
+    sc -= lse[qi][..., None]
+    p = xp.exp(sc, out=sc)  # probabilities of this tile
+    dv[ki] += p.swapaxes(-1, -2) @ dob  # (b, Hkv, Sb, D)
+    ds = dob @ vb.swapaxes(-1, -2)  # dP (b, Hkv, R, Sb)
+    ds -= delta[qi][..., None]
+    ds *= p  # dS = P * (dP - delta)
+    dq[qi] += ds @ kb
+    dk[ki] += ds.swapaxes(-1, -2) @ qb
