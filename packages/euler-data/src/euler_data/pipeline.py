@@ -41,8 +41,16 @@ def _tokenizer(con, recipe: Recipe):
 
 
 def _text_bytes(con, table: str) -> int:
-    """UTF-8 bytes of the text a stage read: its throughput denominator."""
     return int(con.execute(f"SELECT coalesce(sum(strlen(text)), 0) FROM {table}").fetchone()[0])
+
+
+def _stage_bytes(con, name: str, recipe: Recipe) -> int:
+    """UTF-8 bytes of the text a stage read: its throughput denominator."""
+    table = {"ingest": "raw", "clean": "raw", "filter": "clean", "dedup": "filtered"}.get(name, "pieces")
+    nbytes = _text_bytes(con, table)
+    if name == "tokenizer":  # trained on a sample, or only loaded
+        return 0 if recipe.tokenizer else min(nbytes, recipe.tokenizer_sample_bytes)
+    return nbytes
 
 
 def run_stages(con, recipe: Recipe, inputs, out: Path, quiet: bool) -> tuple[Any, dict, dict]:
@@ -60,17 +68,13 @@ def run_stages(con, recipe: Recipe, inputs, out: Path, quiet: bool) -> tuple[Any
         "tokenizer": lambda: state.setdefault("tok", _tokenizer(con, recipe)),
         "tokenize": lambda: state.setdefault("tokens", _tokenize(con, state["tok"], out, recipe, quiet)),
     }
-    source_table = {"ingest": "raw", "clean": "raw", "filter": "clean", "dedup": "filtered"}
     for name in STAGES:
         bar.set_postfix_str(name)
         start = time.perf_counter()
         steps[name]()
         seconds = time.perf_counter() - start
-        nbytes = _text_bytes(con, source_table.get(name, "pieces"))
-        timings[name] = {
-            "seconds": round(seconds, 3),
-            "mb_per_s": round(nbytes / 1e6 / max(seconds, 1e-9), 2),
-        }
+        mb = _stage_bytes(con, name, recipe) / 1e6
+        timings[name] = {"seconds": round(seconds, 3), "mb": round(mb, 3), "mb_per_s": round(mb / seconds, 2)}
         bar.update(1)
     bar.close()
     return state["tok"], state["tokens"], timings
@@ -101,6 +105,7 @@ def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, q
         meta = build_meta(con, tok, {**extra, "stages": timings, "recipe": recipe.to_dict()})
     finally:
         con.close()
-    assert meta["tokens"] == tokens, f"prepare: meta tokens {meta['tokens']} != bins {tokens}"
+    if meta["tokens"] != tokens:  # the per-source counts must add up to the bins
+        raise RuntimeError(f"prepare: meta.json tokens {meta['tokens']} != tokens written {tokens}")
     write_meta(out, meta)
     return meta
