@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from euler_bpe._encode import word_bytes
-from euler_bpe._pretokenize import GPT2_PATTERN, compile_pattern, special_splitter
+from euler_bpe._pretokenize import GPT2_PATTERN, finder, special_splitter
 
 Source = str | bytes | os.PathLike
 PIECE = 1 << 20  # about 1 MiB of text per piece
@@ -115,7 +115,7 @@ def _batches(pieces: Iterable[str], size: int = PIECE) -> Iterator[list[str]]:
 def _count_batch(args: tuple[list[str], str, list[str]]) -> Counter:
     """Word counts (str keys) of one batch of pieces; special tokens are cut out and not counted."""
     pieces, pattern, specials = args
-    findall, counts = compile_pattern(pattern).findall, Counter()
+    findall, counts = finder(pattern), Counter()
     splitter = special_splitter(specials) if specials else None
     for piece in pieces:
         for i, part in enumerate(splitter.split(piece) if splitter else [piece]):

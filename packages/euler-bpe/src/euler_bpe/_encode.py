@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from itertools import pairwise, repeat
 
-from euler_bpe._pretokenize import compile_pattern
+from euler_bpe._pretokenize import GPT2_PATTERN, finder
 
 Merges = dict[tuple[int, int], tuple[int, int]]
 
@@ -22,33 +23,44 @@ Merges = dict[tuple[int, int], tuple[int, int]]
 LONG_WORD = 48
 
 
-def _replace_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Every non-overlapping occurrence of `pair` in `ids`, left to right, becomes `new_id`."""
+def _replace_pair(ids: list[int], pair: tuple[int, int], new_id: int, start: int = 0) -> list[int]:
+    """Every non-overlapping occurrence of `pair` in `ids` from `start`, left to right, becomes `new_id`."""
     first, second = pair
-    out: list[int] = []
-    i, n = 0, len(ids)
-    while i < n:
-        if ids[i] == first and i + 1 < n and ids[i + 1] == second:
+    out, n = ids[:start], len(ids)
+    while True:
+        try:
+            i = ids.index(first, start)
+        except ValueError:
+            break
+        if i + 1 < n and ids[i + 1] == second:
+            out += ids[start:i]
             out.append(new_id)
-            i += 2
+            start = i + 2
         else:
-            out.append(ids[i])
-            i += 1
+            out += ids[start : i + 1]
+            start = i + 1
+    out += ids[start:]
     return out
+
+
+_NONE = (1 << 62, -1)  # the (rank, id) of a pair that has no merge: above every rank
 
 
 def merge_word(ids: list[int], merges: Merges) -> list[int]:
     """Apply `merges` to the token ids of one word (short words: repeated min over adjacent pairs)."""
     if len(ids) > LONG_WORD:
         return merge_long_word(ids, merges)
-    get = merges.get
+    get, ids = merges.get, list(ids)
     while len(ids) >= 2:
-        found = [m for m in map(get, itertools.pairwise(ids)) if m is not None]
-        if not found:
+        found = list(map(get, pairwise(ids), repeat(_NONE)))  # (rank, merged id) per adjacent pair
+        best = min(found)
+        if best is _NONE:
             break
-        rank, new_id = min(found)
-        pair = next(p for p in itertools.pairwise(ids) if get(p, (None,))[0] == rank)
-        ids = _replace_pair(ids, pair, new_id)
+        i = found.index(best)  # the leftmost occurrence
+        if found.count(best) == 1:
+            ids[i : i + 2] = [best[1]]  # the common case: one occurrence, merge in place
+        else:
+            ids = _replace_pair(ids, (ids[i], ids[i + 1]), best[1], i)
     return ids
 
 
@@ -104,7 +116,7 @@ class WordEncoder:
     ):
         self.byte_ids = byte_ids  # byte value -> token id
         self.merges = merges
-        self.regex = compile_pattern(pattern) if pattern else compile_pattern()
+        self.findall = finder(pattern or GPT2_PATTERN)
         self.cache: dict[str, tuple[int, ...]] = {}
         self.cache_limit = cache_limit
 
@@ -124,7 +136,7 @@ class WordEncoder:
     def encode(self, text: str, raw: bool = False) -> list[int]:
         """Token ids of `text`; `raw` means lone surrogates stand for raw bytes (see `word_bytes`)."""
         get, miss, out = self.cache.get, self._miss, []
-        for word in self.regex.findall(text):
+        for word in self.findall(text):
             ids = get(word)
             out += ids if ids is not None else miss(word, raw)
         return out

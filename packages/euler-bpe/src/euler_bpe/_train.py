@@ -16,8 +16,6 @@ import itertools
 from collections import defaultdict
 from collections.abc import Callable
 
-from euler_bpe._encode import _replace_pair
-
 Pair = tuple[int, int]
 
 
@@ -60,22 +58,54 @@ class _PairTable:
                 del self.count[pair]
 
 
+def _replace(word: list[int], pair: Pair, new_id: int) -> tuple[list[int], list[int]]:
+    """`word` with every occurrence of `pair` (left to right) replaced, and where the new ids sit."""
+    a, b = pair
+    new: list[int] = []
+    at: list[int] = []
+    start, n = 0, len(word)
+    while True:
+        try:
+            i = word.index(a, start)
+        except ValueError:
+            break
+        if i + 1 < n and word[i + 1] == b:
+            new += word[start:i]
+            at.append(len(new))
+            new.append(new_id)
+            start = i + 2
+        else:
+            new += word[start : i + 1]
+            start = i + 1
+    new += word[start:]
+    return new, at
+
+
 def _merge_everywhere(table: _PairTable, words: list[list[int]], counts: list[int], pair: Pair, new_id: int):
-    """Rewrite every word that contains `pair` and update the pair counts by the difference."""
+    """Rewrite every word that contains `pair`; only the pairs around each merge change count."""
     delta: dict[Pair, int] = defaultdict(int)
-    where = table.where
+    where, (a, b) = table.where, pair
     for wi in where.pop(pair, ()):
-        word = words[wi]
-        new = _replace_pair(word, pair, new_id)
-        if len(new) == len(word):
+        new, at = _replace(words[wi], pair, new_id)
+        if not at:
             continue  # the pair left this word in an earlier merge
-        c = counts[wi]
-        for p in itertools.pairwise(word):
-            delta[p] -= c
-        for p in itertools.pairwise(new):
-            delta[p] += c
-            if new_id in p:
-                where[p].add(wi)
+        c, m = counts[wi], len(new)
+        delta[pair] -= c * len(at)
+        for j, k in enumerate(at):
+            if k > 0:
+                # Left neighbour; after an adjacent merge (a b a b) the old pair was (b, a).
+                left = new[k - 1]
+                old, fresh = (
+                    ((b, a), (new_id, new_id)) if j and at[j - 1] == k - 1 else ((left, a), (left, new_id))
+                )
+                delta[old] -= c
+                delta[fresh] += c
+                where[fresh].add(wi)
+            if k + 1 < m and not (j + 1 < len(at) and at[j + 1] == k + 1):
+                right = new[k + 1]  # an adjacent merge on the right counts this pair as its left
+                delta[b, right] -= c
+                delta[new_id, right] += c
+                where[new_id, right].add(wi)
         words[wi] = new
     table.apply(delta)
 

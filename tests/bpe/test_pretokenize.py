@@ -1,0 +1,46 @@
+"""Pretokenization: the GPT-2 pattern's splits, and the fast path that must give the same words."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from euler_bpe._pretokenize import gpt2_findall, split_words
+
+# Letters, digits, spaces and punctuation, ASCII and not, plus the newlines where the fast path cuts.
+PIECES = st.sampled_from(
+    [
+        *"aZ9 \n\t\r.!'~-",
+        "'s",
+        "'ll",
+        "\n\n",
+        "x\n",
+        " \n",
+        "é",
+        "ß",
+        "٣",
+        "\u00a0",
+        "\u3000",
+        "“",
+        "—",
+        "\u0301",
+        "日本",
+    ]
+)
+
+
+def test_gpt2_splits_by_hand() -> None:
+    assert split_words("Hello world's  end") == ["Hello", " world", "'s", " ", " end"]
+    assert split_words("I'll pay 1000 $!!\n\n  x") == ["I", "'ll", " pay", " 1000", " $!!", "\n\n ", " x"]
+    assert split_words("café naïve") == ["café", " naïve"]
+
+
+@given(st.lists(PIECES, max_size=60).map("".join))
+def test_fast_path_equals_the_regex_pattern(text: str) -> None:
+    assert gpt2_findall(text) == split_words(text)
+
+
+@given(st.text(max_size=120))
+def test_fast_path_on_any_text(text: str) -> None:
+    assert gpt2_findall(text) == split_words(text)
+    assert "".join(split_words(text)) == text
