@@ -9,6 +9,7 @@ output; only q, k, v, out and the per-row log-sum-exp are saved, and backward re
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -45,6 +46,15 @@ def _ungroup(xp: Any, x: Any, t: int, hq: int) -> Any:
 
 def _causal_bias(xp: Any, dtype: Any, t0: int, t1: int, s0: int, s1: int, g: int, shift: int) -> Any:
     """(rows, keys) additive mask for queries t0..t1 and keys s0..s1: 0 where allowed, -inf above."""
+    device = 0 if xp.__name__ == "numpy" else xp.cuda.runtime.getDevice()  # one cache entry per GPU
+    return _cached_bias(xp, device, xp.dtype(dtype).str, t0, t1, s0, s1, g, shift)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_bias(
+    xp: Any, device: int, dtype: str, t0: int, t1: int, s0: int, s1: int, g: int, shift: int
+) -> Any:
+    # the same few tiles recur in every layer and step, so they are built once (and only read)
     limit = xp.arange(t0, t1).repeat(g) + shift  # (rows,) last key each query may see
     keys = xp.arange(s0, s1)  # (Sb,)
     bias = xp.zeros((limit.shape[0], s1 - s0), dtype=dtype)

@@ -38,8 +38,15 @@ def _rotate(x: Any, cos: Any, sin: Any, sign: float) -> Any:
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]  # (B, T, H, D/2) each
     out = xp.empty_like(x)
-    out[..., :half] = x1 * cos - sign * (x2 * sin)
-    out[..., half:] = x2 * cos + sign * (x1 * sin)
+    lo, hi = out[..., :half], out[..., half:]
+    xp.multiply(x1, cos, out=lo)
+    xp.multiply(x2, cos, out=hi)
+    if sign > 0:  # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+        lo -= x2 * sin
+        hi += x1 * sin
+    else:  # (x1, x2) -> (x1 cos + x2 sin, x2 cos - x1 sin)
+        lo += x2 * sin
+        hi -= x1 * sin
     return out
 
 
