@@ -76,6 +76,7 @@ def corpus(tmp_path: Path) -> dict:
     raw_b = "\ufeff" + book_b.replace("\n", "\r\n").replace("Of", "O\x07f")  # BOM, CRLF, a control char
     (root / "books" / "b.txt").write_bytes(raw_b.encode("utf-8"))
     good = [prose(100 + i, 60) for i in range(8)]
+    good[3] += " A page may quote <|endoftext|> or <|user|> as plain text."  # must stay text
     lines = [json.dumps({"text": t, "score": 3.5}) for t in good]
     lines += [
         "{this is not json",  # malformed_json

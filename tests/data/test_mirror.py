@@ -120,3 +120,16 @@ def test_sft_on_the_mirror_alpaca_masks_exactly_the_responses(mirror, tok, tmp_p
     records = json.loads(path.read_text(encoding="utf-8"))
     assert set(seen) <= {render_chat(alpaca_messages(r)) for r in records}
     assert len(seen) == meta["examples_kept"] and meta["val"]["examples"] > 50
+
+
+def test_tinystories_cut_at_endoftext_markers(mirror, tok_path, tmp_path, decode_docs):
+    path = mirror / "tinystories" / "TinyStories-train_first2MiB.txt"
+    recipe = Recipe(sources=(SourceSpec(f"{path}", docs="eot"),), tokenizer=str(tok_path), val_fraction=0.05)
+    meta = prepare(recipe, tmp_path / "out", mirror=mirror, quiet=True)
+    raw = path.read_text(encoding="utf-8")
+    stories = [s.strip() for s in raw.split("<|endoftext|>") if s.strip()]
+    assert meta["documents_in"] == len(stories) == 2317
+    docs = decode_docs(tmp_path / "out", "train") + decode_docs(tmp_path / "out", "val")
+    assert len(docs) == meta["documents_kept"] and all("<|endoftext|>" not in d for d in docs)
+    assert set(docs) <= set(stories)
+    assert meta["documents_in"] == meta["documents_kept"] + sum(meta["dropped"].values())
