@@ -248,7 +248,12 @@ class Trainer:
         bar = Progress(self, total, enabled=self.comm.is_main and cfg["log"]["progress"])
         try:
             for step in range(self.state.step, total):
+                start, before = time.perf_counter(), self.state.tokens
                 row, stopping = self.step_once(step, stop)
+                row["tok_per_s"] = (self.state.tokens - before) / max(time.perf_counter() - start, 1e-9)
+                mfu = self.mfu(row["tok_per_s"])
+                if mfu is not None:
+                    row["mfu"] = mfu
                 done = step + 1
                 self._maybe_eval_and_save(done, total, row)
                 bar.update(row)

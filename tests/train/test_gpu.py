@@ -1,0 +1,79 @@
+"""GPU paths (skipped without CUDA): training on CuPy matches NumPy, NCCL bucketed all-reduce, MFU,
+and -- with two or more GPUs -- `--gpus 2` equals one GPU with twice the batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from euler_train.cli import main
+from euler_train.metrics import read_metrics
+
+pytestmark = pytest.mark.gpu
+
+
+def final(run, step):
+    return load_file(str(run / "checkpoints" / f"step_{step}" / "model.safetensors"))
+
+
+def train(dataset, run, *extra):
+    argv = ["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "6", "--ckpt-every", "6",
+            "--eval-every", "3", "--no-progress", "--set", "model.context=64", *extra]  # fmt: skip
+    assert main(argv) == 0
+
+
+def test_gpu_training_matches_cpu(tmp_path, dataset) -> None:
+    train(dataset, tmp_path / "cpu", "--device", "cpu")
+    train(dataset, tmp_path / "gpu", "--device", "gpu", "--precision", "fp32")
+    cpu, gpu = (
+        read_metrics(tmp_path / "cpu" / "metrics.jsonl"),
+        read_metrics(tmp_path / "gpu" / "metrics.jsonl"),
+    )
+    np.testing.assert_allclose([r["loss"] for r in gpu], [r["loss"] for r in cpu], rtol=1e-4)
+    a, b = final(tmp_path / "cpu", 6), final(tmp_path / "gpu", 6)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-3, atol=1e-5, err_msg=name)
+    assert all("mfu" in r and 0 < r["mfu"] < 1 for r in gpu)
+
+
+def test_tf32_runs(tmp_path, dataset) -> None:
+    train(dataset, tmp_path / "tf32", "--device", "gpu", "--precision", "tf32")
+    assert (tmp_path / "tf32" / "checkpoints" / "step_6").is_dir()
+
+
+def test_nccl_bucketed_allreduce_on_one_rank_is_the_identity(monkeypatch) -> None:
+    import cupy
+    from cupy.cuda import nccl
+
+    from euler_train import distributed
+
+    monkeypatch.setattr(distributed, "BUCKET_BYTES", 256)  # many small buckets
+    comm = distributed.NcclComm(0, 1, 0, nccl.get_unique_id())
+    rng = np.random.default_rng(0)
+    shapes = [(3, 5), (7,), (16, 16), (2, 3, 4), (1,), (40,)]
+    host = {f"p{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    grads = {k: cupy.asarray(v) for k, v in host.items()}
+    comm.allreduce_grads(grads)
+    comm.allreduce_grads(grads)  # the persistent buffers are reused
+    for k, v in host.items():
+        np.testing.assert_array_equal(grads[k].get(), v)
+    assert comm.allreduce_scalars([1.5, -2.0]) == [1.5, -2.0]
+    comm.close()
+
+
+def test_two_gpus_equal_one_gpu_with_twice_the_batch(tmp_path, dataset) -> None:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    train(dataset, tmp_path / "one", "--device", "gpu", "--gpus", "1", "--batch-size", "4")
+    train(dataset, tmp_path / "two", "--device", "gpu", "--gpus", "2", "--batch-size", "2")
+    one, two = (
+        read_metrics(tmp_path / "one" / "metrics.jsonl"),
+        read_metrics(tmp_path / "two" / "metrics.jsonl"),
+    )
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-5)
+    a, b = final(tmp_path / "one", 6), final(tmp_path / "two", 6)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
