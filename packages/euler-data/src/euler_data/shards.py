@@ -13,7 +13,7 @@ import numpy as np
 
 from euler_bpe import ENDOFTEXT, Tokenizer
 
-BATCH_CHARS = 8_000_000  # text handed to encode_batch at once: big enough to keep both workers busy
+BATCH_CHARS = 64_000_000  # text per encode_batch call: each call starts worker processes with cold caches
 
 
 def _batches(rows: list[tuple[int, int, str]]):
