@@ -23,10 +23,33 @@ def test_every_subcommand_has_help(command, capsys) -> None:
 def test_pretrain_flags_of_the_contract_exist() -> None:
     parser = build_parser()
     args = parser.parse_args(
-        ["pretrain", "--data", "D", "--out", "R", "--preset", "small", "--device", "auto", "--steps", "3",
-         "--batch-size", "2", "--ckpt-every", "1", "--eval-every", "1", "--seed", "4", "--resume",
-         "--set", "train.lr=3e-4", "--set", "eval.batches=2"]
-    )  # fmt: skip
+        [
+            "pretrain",
+            "--data",
+            "D",
+            "--out",
+            "R",
+            "--preset",
+            "small",
+            "--device",
+            "auto",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--ckpt-every",
+            "1",
+            "--eval-every",
+            "1",
+            "--seed",
+            "4",
+            "--resume",
+            "--set",
+            "train.lr=3e-4",
+            "--set",
+            "eval.batches=2",
+        ]
+    )
     assert (args.data, args.out, args.preset, args.device, args.steps, args.batch_size) == (
         "D",
         "R",

@@ -72,8 +72,11 @@ def make_trainer(tmp_path, dataset, comm, batch_size: int, mode: str = "pretrain
     from euler_train.runspec import plan_run
     from euler_train.trainer import Trainer
 
-    cfg = resolve_config("tiny", overrides=[f"train.batch_size={batch_size}", f'data.dir="{dataset}"'] + (
-        [f'data.init="{init}"'] if init else []))  # fmt: skip
+    cfg = resolve_config(
+        "tiny",
+        overrides=[f"train.batch_size={batch_size}", f'data.dir="{dataset}"']
+        + ([f'data.init="{init}"'] if init else []),
+    )
     spec = plan_run(cfg, tmp_path / f"run{comm.rank}", mode)
     trainer = Trainer(spec, setup_device("cpu", "fp32"), comm)
     trainer.setup()
@@ -87,8 +90,20 @@ def one_head_run(tmp_path_factory, dataset):
     from euler_train.cli import main
 
     run = tmp_path_factory.mktemp("k1") / "run"
-    argv = ["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "1", "--no-progress",
-            "--set", "model.context=64", "--set", "model.n_mtp_heads=1"]  # fmt: skip
+    argv = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--out",
+        str(run),
+        "--steps",
+        "1",
+        "--no-progress",
+        "--set",
+        "model.context=64",
+        "--set",
+        "model.n_mtp_heads=1",
+    ]
     assert main(argv) == 0
     return run
 

@@ -18,8 +18,23 @@ def final(run, step):
 
 
 def train(dataset, run, *extra):
-    argv = ["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "6", "--ckpt-every", "6",
-            "--eval-every", "3", "--no-progress", "--set", "model.context=64", *extra]  # fmt: skip
+    argv = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--out",
+        str(run),
+        "--steps",
+        "6",
+        "--ckpt-every",
+        "6",
+        "--eval-every",
+        "3",
+        "--no-progress",
+        "--set",
+        "model.context=64",
+        *extra,
+    ]
     assert main(argv) == 0
 
 

@@ -57,3 +57,26 @@ def test_plot_writes_a_png_with_train_and_val_curves(tmp_path) -> None:
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert series(rows, "val_loss") == ([10, 20], [4.2, 3.4])
+
+
+def test_tensorboard_gets_every_numeric_value_when_its_writer_is_installed(tmp_path, monkeypatch) -> None:
+    import sys
+    import types
+
+    written = []
+
+    class Writer:
+        def __init__(self, logdir):
+            self.logdir = logdir
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, value, step))
+
+        def close(self):
+            written.append("closed")
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", types.SimpleNamespace(SummaryWriter=Writer))
+    with MetricsLogger(tmp_path, tensorboard=True) as log:
+        assert log.tb.logdir == str(tmp_path / "tensorboard")
+        log.write({"step": 3, "loss": 1.5, "skipped": True, "note": "x"})
+    assert written == [("loss", 1.5, 3), "closed"]

@@ -21,8 +21,13 @@ def tok(tiny_run) -> Tokenizer:
 
 def test_decode_stream_joins_split_characters_and_stops_at_a_stop_token(tok) -> None:
     ids = tok.encode("naïve café ok")
-    pieces = list(decode_stream(tok, iter([*ids, tok.special_tokens["<|end|>"], *tok.encode("never")]),
-                                (tok.special_tokens["<|end|>"],)))  # fmt: skip
+    pieces = list(
+        decode_stream(
+            tok,
+            iter([*ids, tok.special_tokens["<|end|>"], *tok.encode("never")]),
+            (tok.special_tokens["<|end|>"],),
+        )
+    )
     assert "".join(pieces) == "naïve café ok"
     assert all("\ufffd" not in p for p in pieces)
 
@@ -30,8 +35,10 @@ def test_decode_stream_joins_split_characters_and_stops_at_a_stop_token(tok) -> 
 def test_fit_history_drops_the_oldest_turns_first(tok) -> None:
     history = []
     for i in range(6):
-        history += [{"role": "user", "content": f"question number {i} about modules"},
-                    {"role": "assistant", "content": f"answer number {i} about functions"}]  # fmt: skip
+        history += [
+            {"role": "user", "content": f"question number {i} about modules"},
+            {"role": "assistant", "content": f"answer number {i} about functions"},
+        ]
     history.append({"role": "user", "content": "last question"})
     full = encode_prompt(tok, history)
     budget = len(full) // 2
@@ -62,15 +69,32 @@ def test_chat_repl_answers_resets_and_sets_temperature(tiny_run) -> None:
 
 
 def test_chat_command_reads_a_stdin_script(tiny_run, cli) -> None:
-    proc = cli("chat", "--checkpoint", str(tiny_run), "--max-new-tokens", "8", "--seed", "0",
-               input="Hello there\n/reset\nBye\n")  # fmt: skip
+    proc = cli(
+        "chat",
+        "--checkpoint",
+        str(tiny_run),
+        "--max-new-tokens",
+        "8",
+        "--seed",
+        "0",
+        input="Hello there\n/reset\nBye\n",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("assistant> ") == 2
 
 
 def test_generate_greedy_speculative_equals_plain(tiny_run, capsys) -> None:
-    common = ["generate", "--checkpoint", str(tiny_run), "--prompt", "The module", "--max-new-tokens", "20",
-              "--temperature", "0"]  # fmt: skip
+    common = [
+        "generate",
+        "--checkpoint",
+        str(tiny_run),
+        "--prompt",
+        "The module",
+        "--max-new-tokens",
+        "20",
+        "--temperature",
+        "0",
+    ]
     assert main(common) == 0
     plain = capsys.readouterr().out
     assert main([*common, "--speculative"]) == 0
@@ -78,8 +102,23 @@ def test_generate_greedy_speculative_equals_plain(tiny_run, capsys) -> None:
 
 
 def test_generate_sampling_is_reproducible_with_a_seed(tiny_run, capsys) -> None:
-    argv = ["generate", "--checkpoint", str(tiny_run), "--prompt", "Return", "--max-new-tokens", "15",
-            "--seed", "7", "--top-k", "30", "--top-p", "0.9", "--repetition-penalty", "1.2"]  # fmt: skip
+    argv = [
+        "generate",
+        "--checkpoint",
+        str(tiny_run),
+        "--prompt",
+        "Return",
+        "--max-new-tokens",
+        "15",
+        "--seed",
+        "7",
+        "--top-k",
+        "30",
+        "--top-p",
+        "0.9",
+        "--repetition-penalty",
+        "1.2",
+    ]
     main(argv)
     first = capsys.readouterr().out
     main(argv)

@@ -61,8 +61,13 @@ def test_pretrain_writes_the_run_folder_and_loss_falls(tiny_run) -> None:
     assert (tiny_run / "config.toml").read_text().count("[train]") == 1
     assert (tiny_run / "loss.png").read_bytes()[:4] == b"\x89PNG"
     ckpt = tiny_run / "checkpoints" / "step_30"
-    assert {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "checksums.sha256",
-            "tokenizer.json"} <= {p.name for p in ckpt.iterdir()}  # fmt: skip
+    assert {
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "checksums.sha256",
+        "tokenizer.json",
+    } <= {p.name for p in ckpt.iterdir()}
     state = read_state(ckpt)
     assert state["step"] == 30 and state["opt_t"] == 30 and state["tokens"] == 30 * 4 * 64
 
@@ -189,8 +194,20 @@ def test_non_finite_loss_stops_without_touching_good_checkpoints(
 ) -> None:
     nan_at(15, monkeypatch)
     run = tmp_path / "run"
-    code = main(["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "30", "--ckpt-every", "5",
-                 "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "pretrain",
+            "--data",
+            str(dataset),
+            "--out",
+            str(run),
+            "--steps",
+            "30",
+            "--ckpt-every",
+            "5",
+            "--no-progress",
+        ]
+    )
     assert code == 3
     err = capsys.readouterr().err
     assert "non-finite loss at step 15" in err and "train.on_nonfinite" in err
@@ -200,8 +217,20 @@ def test_non_finite_loss_stops_without_touching_good_checkpoints(
 def test_non_finite_loss_can_skip_the_step(tmp_path, dataset, monkeypatch) -> None:
     nan_at(4, monkeypatch)
     run = tmp_path / "run"
-    code = main(["pretrain", "--data", str(dataset), "--out", str(run), "--steps", "8", "--no-progress",
-                 "--set", 'train.on_nonfinite="skip"'])  # fmt: skip
+    code = main(
+        [
+            "pretrain",
+            "--data",
+            str(dataset),
+            "--out",
+            str(run),
+            "--steps",
+            "8",
+            "--no-progress",
+            "--set",
+            'train.on_nonfinite="skip"',
+        ]
+    )
     assert code == 0
     rows = read_metrics(run / "metrics.jsonl")
     assert [r.get("skipped", False) for r in rows] == [False] * 3 + [True] + [False] * 4
@@ -212,8 +241,24 @@ def test_non_finite_loss_can_skip_the_step(tmp_path, dataset, monkeypatch) -> No
 @pytest.mark.slow
 def test_sft_trains_on_responses_from_a_pretrained_checkpoint(tmp_path, dataset, tiny_run) -> None:
     run = tmp_path / "sft"
-    code = main(["sft", "--data", str(dataset), "--init", str(tiny_run), "--out", str(run), "--steps", "25",
-                 "--eval-every", "25", "--no-progress", "--set", "train.lr=3e-3"])  # fmt: skip
+    code = main(
+        [
+            "sft",
+            "--data",
+            str(dataset),
+            "--init",
+            str(tiny_run),
+            "--out",
+            str(run),
+            "--steps",
+            "25",
+            "--eval-every",
+            "25",
+            "--no-progress",
+            "--set",
+            "train.lr=3e-3",
+        ]
+    )
     assert code == 0
     rows = read_metrics(run / "metrics.jsonl")
     assert np.mean([r["loss"] for r in rows[-5:]]) < np.mean([r["loss"] for r in rows[:5]])
@@ -261,7 +306,16 @@ def test_progress_and_plot_commands(tmp_path, tiny_run, capsys) -> None:
 def test_check_command_passes(capsys) -> None:
     assert main(["check", "--quick"]) == 0
     out = capsys.readouterr().out
-    for op in ("embedding", "rmsnorm", "linear", "rope", "attention", "swiglu", "residual", "cross_entropy",
-               "model (tiny)"):  # fmt: skip
+    for op in (
+        "embedding",
+        "rmsnorm",
+        "linear",
+        "rope",
+        "attention",
+        "swiglu",
+        "residual",
+        "cross_entropy",
+        "model (tiny)",
+    ):
         assert op in out
     assert "all gradients OK" in out and "FAIL" not in out

@@ -14,8 +14,13 @@ class Progress:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=trainer.state.step, unit="step", dynamic_ncols=True,
-                            desc=trainer.spec.mode)  # fmt: skip
+            self.bar = tqdm(
+                total=total,
+                initial=trainer.state.step,
+                unit="step",
+                dynamic_ncols=True,
+                desc=trainer.spec.mode,
+            )
 
     def update(self, row: dict[str, Any]) -> None:
         """Refresh the bar with the row's loss, tokens/s, MFU and validation loss."""
