@@ -23,7 +23,6 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 from euler_bpe import Tokenizer
-
 from euler_data import Recipe, SourceSpec, prepare
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
