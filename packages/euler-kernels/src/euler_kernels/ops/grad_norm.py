@@ -20,12 +20,13 @@ def global_grad_norm(grads: Iterable[Any] | Mapping[str, Any]) -> float:
     >>> global_grad_norm([np.array([3.0]), np.array([4.0])])
     5.0
     """
-    total = 0.0
+    total = None
     for g in _as_list(grads):
         xp = get_array_module(g)
         flat = g.reshape(-1)
-        total += float(xp.dot(flat, flat))
-    return math.sqrt(total)
+        sq = xp.dot(flat, flat).astype(xp.float64)  # stays on the device: one transfer at the end
+        total = sq if total is None else total + sq
+    return 0.0 if total is None else math.sqrt(float(total))
 
 
 def clip_grad_norm(grads: Iterable[Any] | Mapping[str, Any], max_norm: float) -> float:
