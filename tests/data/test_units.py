@@ -79,3 +79,30 @@ def test_recipe_files_and_cli_specs(tmp_path):
         load_recipe(tmp_path / "bad.toml")
     assert source_from_cli("wiki.txt::line") == SourceSpec("wiki.txt", docs="line")
     assert SourceSpec("tinyshakespeare").split_mode == "position" and SourceSpec("a.txt").split_mode == "hash"
+
+
+def test_named_sources_resolve_from_a_mirror_layout(tmp_path, tok_path, decode_docs):
+    from euler_data import Recipe, prepare
+
+    mirror = tmp_path / "mirror"
+    (mirror / "fineweb-edu").mkdir(parents=True)
+    (mirror / "gutenberg").mkdir()
+    (mirror / "gutenberg" / "manifest.json").write_text(json.dumps([{"ebook_id": 7, "file": "pg7.txt"}]))
+    (mirror / "gutenberg" / "pg7.txt").write_text(
+        "*** START OF THE PROJECT GUTENBERG EBOOK 7 ***\n" + "Once. " * 60
+    )
+    rows = [(f"Document {i} " + "word " * 50, float(i % 5), i % 5) for i in range(10)]
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (text VARCHAR, score DOUBLE, int_score INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    con.execute(f"COPY t TO '{mirror / 'fineweb-edu' / 'part0.parquet'}' (FORMAT parquet)")
+    sources = (SourceSpec("fineweb-edu:8", min_score=3.0), SourceSpec("gutenberg:7"))
+    meta = prepare(
+        Recipe(sources=sources, tokenizer=str(tok_path)), tmp_path / "out", mirror=mirror, quiet=True
+    )
+    assert meta["sources"]["fineweb-edu"]["documents_in"] == 8  # ROWS caps the rows read
+    assert meta["sources"]["fineweb-edu"]["dropped"] == {"low_score": 5}  # scores 0, 1, 2 among the first 8
+    docs = decode_docs(tmp_path / "out", "train") + decode_docs(tmp_path / "out", "val")
+    assert ("Once. " * 60).strip() in docs
+    with pytest.raises(DataError, match=r"gutenberg:8: no mirror has it .* www\.gutenberg\.org"):
+        prepare(Recipe(sources=(SourceSpec("gutenberg:8"),)), tmp_path / "o2", mirror=mirror, quiet=True)
