@@ -101,7 +101,7 @@ def test_named_sources_resolve_from_a_mirror_layout(tmp_path, tok_path, decode_d
         Recipe(sources=sources, tokenizer=str(tok_path)), tmp_path / "out", mirror=mirror, quiet=True
     )
     assert meta["sources"]["fineweb-edu"]["documents_in"] == 8  # ROWS caps the rows read
-    assert meta["sources"]["fineweb-edu"]["dropped"] == {"low_score": 5}  # scores 0, 1, 2 among the first 8
+    assert meta["sources"]["fineweb-edu"]["dropped"] == {"low_score": 6}  # scores 0,1,2,3,4,0,1,2
     docs = decode_docs(tmp_path / "out", "train") + decode_docs(tmp_path / "out", "val")
     assert ("Once. " * 60).strip() in docs
     with pytest.raises(DataError, match=r"gutenberg:8: no mirror has it .* www\.gutenberg\.org"):
