@@ -84,6 +84,8 @@ def test_sft_command_builds_a_set_next_to_the_shards(capsys, tmp_path, tok_path)
     meta = json.loads((tmp_path / "s" / "sft_meta.json").read_text())
     assert meta["examples_in"] == 30 == meta["examples_kept"]
     assert (tmp_path / "s" / "tokenizer.json").is_file()
+    code, report, _ = run(capsys, "inspect", str(tmp_path / "s"))
+    assert code == 0 and "sft train: {'examples': " in report and "#" in report
     code, _, err = run(capsys, "sft", "--source", str(src), "--out", str(tmp_path / "none"))
     _one_line_error(code, err, "tokenizer.json", "no tokenizer")
 

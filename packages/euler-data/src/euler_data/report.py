@@ -65,9 +65,25 @@ def sample_lines(folder: Path, eot: int, samples: int, chars: int = 160) -> list
     return lines
 
 
+def sft_lines(folder: Path) -> list[str]:
+    """Counts and example lengths of an SFT set."""
+    from euler_data.sft import read_sft
+
+    lines = []
+    for split in ("train", "val"):
+        _, _, offsets, meta = read_sft(folder, split)
+        lines.append(f"sft {split}: {meta[split]} ")
+        lines += histogram(np.diff(offsets))
+    lines.append(f"sft dropped: {meta['dropped']}  template: {meta['template']}")
+    return lines
+
+
 def inspect_folder(folder: str | Path, samples: int = 3) -> str:
-    """The whole report for a dataset folder."""
+    """The whole report for a dataset folder (pretraining shards and/or an SFT set)."""
     folder = Path(folder)
+    has_sft = (folder / "sft_meta.json").is_file()
+    if has_sft and not (folder / "meta.json").is_file():
+        return "\n".join(sft_lines(folder))
     meta = read_meta(folder)
     lines = counts_lines(meta)
     for split in ("train", "val"):
@@ -76,7 +92,4 @@ def inspect_folder(folder: str | Path, samples: int = 3) -> str:
         lines += histogram(lengths)
     lines.append(f"samples (first {samples} train documents):")
     lines += sample_lines(folder, meta["eot_id"], samples)
-    sft = folder / "sft_meta.json"
-    if sft.is_file():
-        lines.append("sft: " + json.dumps(json.loads(sft.read_text(encoding="utf-8")), ensure_ascii=False))
-    return "\n".join(lines)
+    return "\n".join(lines + (sft_lines(folder) if has_sft else []))
