@@ -39,8 +39,10 @@ from euler_model import (  # noqa: E402
     forward_loss,
     generate,
     init_params,
+    load_checkpoint,
     loss_and_grads,
     preset,
+    save_checkpoint,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,6 +227,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--threads", type=int, default=1, help="BLAS / torch threads for both sides")
     parser.add_argument("--skip-generation", action="store_true", help="only the training-step comparison")
+    parser.add_argument("--trained", type=Path, default=None, help="reuse (or save) the trained model here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     reps = 3 if args.quick else 15
@@ -238,7 +241,12 @@ def main() -> None:
     cfg_rand, p_rand = preset("small"), init_params(preset("small"), seed=0)
     results["generation_random_small"] = bench_generation(cfg_rand, p_rand, data, 2 if args.quick else 5, 100)
     print(json.dumps(results["generation_random_small"], indent=1), flush=True)
-    cfg, params, train_log = train_small(data, 20.0 if args.quick else args.train_seconds)
+    if args.trained and args.trained.is_file():
+        cfg, params, train_log = load_checkpoint(args.trained)
+    else:
+        cfg, params, train_log = train_small(data, 20.0 if args.quick else args.train_seconds)
+        if args.trained:
+            save_checkpoint(args.trained, cfg, params, train_log)
     results["trained_small"] = train_log
     print(json.dumps(train_log), flush=True)
     results["generation_trained_small"] = bench_generation(cfg, params, data, 3 if args.quick else 10, 100)

@@ -105,6 +105,25 @@ def test_speculative_greedy_equals_plain_greedy_trained_model(trained) -> None:
     assert stats.acceptance_rate > 0.9 and stats.tokens_per_forward > 2.0  # drafts mostly right
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.9, 1.0])
+def test_draft_threshold_proposes_fewer_drafts_and_keeps_the_output(trained, threshold) -> None:
+    cfg, params, _ = trained
+    noisy = {
+        k: v + 0.05 * np.random.default_rng(0).standard_normal(v.shape).astype(v.dtype)
+        for k, v in params.items()
+    }
+    plain = list(generate(cfg, noisy, [3, 9], 14, temperature=0.0))
+    every, gated = GenerationStats(), GenerationStats()
+    assert list(generate(cfg, noisy, [3, 9], 14, temperature=0.0, speculative=True, stats=every)) == plain
+    spec = generate(
+        cfg, noisy, [3, 9], 14, temperature=0.0, speculative=True, stats=gated, draft_threshold=threshold
+    )
+    assert list(spec) == plain
+    assert gated.drafted <= every.drafted
+    if threshold == 1.0:  # no draft is ever certain: plain decoding, one forward per token
+        assert gated.drafted == 0 and gated.forwards == len(plain)
+
+
 def test_speculative_sampling_is_reproducible_and_top_k_1_is_greedy(trained) -> None:
     cfg, params, _ = trained
     greedy = list(generate(cfg, params, [1, 2], 10, temperature=0.0))

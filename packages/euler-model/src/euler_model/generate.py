@@ -69,7 +69,18 @@ def _plain(config, params, cache, history: list[int], pick: Callable, stats) -> 
         h = _forward(config, params, cache, [token], stats)
 
 
-def _speculative(config, params, cache, history, pick, stats, budget: int) -> Iterator[int]:
+def _confident_drafts(guesses: np.ndarray, threshold: float) -> list[int]:
+    """Argmax of each drafting head's logits (m, V), cut at the first one less likely than threshold."""
+    drafts = []
+    for z in guesses:
+        best = int(np.argmax(z))
+        if threshold > 0 and 1.0 / np.exp(z - z[best]).sum() < threshold:  # softmax prob of the argmax
+            break
+        drafts.append(best)
+    return drafts
+
+
+def _speculative(config, params, cache, history, pick, stats, budget: int, threshold: float) -> Iterator[int]:
     """Heads 1..K-1 draft, head 0 verifies them all in one forward; see the module docstring."""
     xp = ek.get_array_module(params["embed"])
     drafters = xp.concatenate([params[f"heads.{k}"] for k in range(1, config.n_mtp_heads)])  # ((K-1)V, C)
@@ -81,7 +92,8 @@ def _speculative(config, params, cache, history, pick, stats, budget: int) -> It
     while len(history) < config.context:
         m = max(0, min(config.n_mtp_heads - 1, config.context - len(history) - 1, budget - produced - 1))
         guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
-        drafts = [int(i) for i in np.argmax(guesses, axis=-1)]  # head k guesses the token k after `token`
+        drafts = _confident_drafts(guesses, threshold)  # head k guesses the token k after `token`
+        m = len(drafts)
         stats.drafted += m
         start = cache.length  # position of `token`
         hs = _forward(config, params, cache, [token, *drafts], stats)  # (1, 1 + m, C)
@@ -112,12 +124,15 @@ def generate(
     seed: int | None = None,
     speculative: bool = False,
     stats: GenerationStats | None = None,
+    draft_threshold: float = 0.0,
 ) -> Iterator[int]:
     """An iterator over up to max_new_tokens new token ids after prompt_ids (streaming).
 
     temperature 0 is greedy decoding. A stop token ends generation and is not yielded. Generation
     also ends when prompt + output fill the context. speculative=True drafts with the MTP heads
     (needs K >= 2; greedy output is identical to plain greedy). Pass a GenerationStats to read counters.
+    draft_threshold: drafts whose drafting head gives them less probability than this are not proposed
+    (the draft chain stops there), which saves verifying unlikely drafts; the output does not change.
     Arguments are checked at once, before the first token is asked for.
 
     >>> from euler_model import preset, init_params
@@ -145,7 +160,7 @@ def generate(
     xp = ek.get_array_module(params["embed"])
     cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
     if speculative and config.n_mtp_heads > 1:
-        steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens)
+        steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
     else:
         steps = _plain(config, params, cache, prompt, pick, stats)
     return _until_stop(steps, max_new_tokens, {int(t) for t in stop_tokens}, stats)
