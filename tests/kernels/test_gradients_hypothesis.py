@@ -1,7 +1,8 @@
 """Hypothesis-driven float64 gradient checks: every op, every differentiable input.
 
 The criterion, from euler_kernels.gradcheck: with h = (x_i + 1e-6) - x_i, n_i the central difference
-(f(x + h e_i) - f(x - h e_i)) / 2h, res_i its float64 rounding resolution 8 * 2**-52 * max(|f+| + |f-|, 1) / 2h,
+(f(x + h e_i) - f(x - h e_i)) / 2h and res_i its float64 rounding resolution
+8 * 2**-52 * max(|f+| + |f-|, 1) / 2h,
 
     err_i = max(0, |a_i - n_i| - res_i) / max(|a_i|, |n_i|, 1e-3 * max_j |n_j|, 1e-6)
 
