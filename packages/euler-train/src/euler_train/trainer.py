@@ -322,7 +322,8 @@ class Trainer:
         if peak is None:
             return None
         m = self.spec.mcfg
-        per_tok = flops_per_token(euler_model.count_params(m), m.n_layers, m.dim, m.context)
+        matmul_params = euler_model.count_params(m) - m.vocab_size * m.dim  # the embedding is a lookup
+        per_tok = flops_per_token(matmul_params, m.n_layers, m.dim, m.context)
         return per_tok * tokens_per_s / (peak * self.comm.world_size)
 
 
