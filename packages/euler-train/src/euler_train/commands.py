@@ -55,6 +55,8 @@ def _train(spec: Any, local_rank: int) -> int:
         device = setup_device(spec.cfg["run"]["device"], spec.cfg["run"]["precision"], local_rank)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(str(err)) from None
+    if spec.cfg["run"]["gpus"] > 1 and device.kind != "gpu":
+        raise ConfigError("run.gpus > 1 needs GPUs (NCCL); this process resolved to the CPU")
     comm = init_comm(spec.cfg["run"]["gpus"], spec.run_dir)
     trainer = Trainer(spec, device, comm)
     trainer.setup()

@@ -186,8 +186,10 @@ def spawn(n: int, argv: list[str]) -> int:
     env = dict(os.environ, WORLD_SIZE=str(n), EULER_NCCL_ID=json.dumps(list(nccl.get_unique_id())))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "euler_train.cli", *argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        subprocess.Popen(  # own session: a Ctrl-C reaches the workers once, forwarded by this process
+            [sys.executable, "-m", "euler_train.cli", *argv],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            start_new_session=True,
         )
         for r in range(n)
     ]

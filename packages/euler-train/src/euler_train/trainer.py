@@ -261,7 +261,7 @@ class Trainer:
                     done % cfg["log"]["every"] == 0 or "val_loss" in row or done == total
                 ):
                     log.write(row)
-                if stopping:
+                if stopping and done < total:
                     if not self._saved_at(done):
                         self.save()
                     return self._interrupted(stop)
