@@ -173,7 +173,8 @@ def train_small(data: np.ndarray, seconds: float, seed: int = 0) -> tuple:
         seq = np.stack([data[i : i + t + k_extra + 1] for i in idx])
         loss, grads = loss_and_grads(cfg, params, seq[:, :t], seq[:, 1:])
         ek.clip_grad_norm(grads, 1.0)
-        lr = 3e-3 * min(1.0, step / 50)
+        progress = (time.perf_counter() - start) / seconds  # the schedule runs on the time budget
+        lr = 3e-3 * min(1.0, step / 50) * (0.1 + 0.9 * max(0.0, 1.0 - progress))  # warm-up, linear decay
         for name in params:
             ek.adamw_update(params[name], m[name], v[name], grads[name], step, lr=lr, weight_decay=0.01)
         if step % 50 == 0:
@@ -220,6 +221,34 @@ def bench_generation(cfg, params, data: np.ndarray, reps: int, n_new: int) -> di
     }
 
 
+def cupy_or_none():
+    """CuPy when a CUDA device is usable, else None (the GPU figures are then skipped)."""
+    try:
+        import cupy
+
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:
+        return None
+
+
+def bench_gpu_generation(cp, n_new: int = 200, reps: int = 3) -> dict:
+    """Plain greedy tokens/s with the KV cache for the `gpu` preset (random weights) on one GPU."""
+    cfg = preset("gpu")
+    params = init_params(cfg, seed=0, xp=cp)
+    prompt = list(range(1, 17))
+    list(generate(cfg, params, prompt, 8, temperature=0.0))  # warm-up: kernel compilation
+    rates = []
+    for _ in range(reps):
+        out, seconds, _ = timed_generation(cfg, params, prompt, n_new, speculative=False)
+        rates.append(len(out) / seconds)
+    return {
+        "preset": "gpu",
+        "params": count_params(cfg),
+        "new_tokens": n_new,
+        "tokens_per_s": statistics.median(rates),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions, short training (smoke test)")
@@ -251,6 +280,14 @@ def main() -> None:
     print(json.dumps(train_log), flush=True)
     results["generation_trained_small"] = bench_generation(cfg, params, data, 3 if args.quick else 10, 100)
     print(json.dumps(results["generation_trained_small"], indent=1), flush=True)
+    cp = cupy_or_none()
+    if cp is not None:
+        results["generation_gpu_preset"] = bench_gpu_generation(cp)
+        gpu_params = {k: cp.asarray(x) for k, x in params.items()}
+        results["generation_trained_small_on_gpu"] = bench_generation(cfg, gpu_params, data, 5, 100)
+        print(json.dumps({k: results[k] for k in results if "gpu" in k}, indent=1), flush=True)
+    else:
+        print("no CUDA device: the GPU generation figures are skipped", flush=True)
     results["machine"]["load_avg_end"] = os.getloadavg()
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
