@@ -8,6 +8,7 @@ separately so that this package does not need hypothesis at run time.
 
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, require_cuda, synchronize, to_device, to_numpy
+from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
 from euler_kernels.ops.adamw import adamw_update
 from euler_kernels.ops.attention import attention_backward, attention_forward
 from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -20,6 +21,7 @@ from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
 from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
 
 __all__ = [
+    "GradcheckReport",
     "__version__",
     "adamw_update",
     "attention_backward",
@@ -31,6 +33,8 @@ __all__ = [
     "embedding_forward",
     "get_array_module",
     "global_grad_norm",
+    "gradcheck",
+    "gradcheck_scalar",
     "linear_backward",
     "linear_forward",
     "require_cuda",
