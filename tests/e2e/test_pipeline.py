@@ -143,3 +143,33 @@ def test_data_to_chat_on_the_cpu(tmp_path, mirror) -> None:
     transformers = pytest.importorskip("transformers")
     model = transformers.LlamaForCausalLM.from_pretrained(str(hf))
     assert model.config.vocab_size == 512 and model.config.max_position_embeddings == 128
+
+
+def test_quickstart_prepares_trains_and_prints_samples(tmp_path, mirror) -> None:
+    proc = run(
+        "euler-train",
+        "quickstart",
+        "--out",
+        str(tmp_path / "qs"),
+        "--mirror",
+        str(mirror),
+        "--preset",
+        "tiny",
+        "--steps",
+        "12",
+    )
+    assert proc.stdout.count("--- sample") == 3 and "ROMEO:" in proc.stdout
+    assert (tmp_path / "qs" / "run" / "checkpoints" / "step_12").is_dir()
+    again = run(
+        "euler-train",
+        "quickstart",
+        "--out",
+        str(tmp_path / "qs"),
+        "--mirror",
+        str(mirror),
+        "--preset",
+        "tiny",
+        "--steps",
+        "12",
+    )
+    assert "reusing the dataset" in again.stdout and again.stdout.count("--- sample") == 3

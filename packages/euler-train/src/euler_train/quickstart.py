@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 PROMPTS = ("ROMEO:", "First Citizen:\nWhat", "KING HENRY:\nMy lord,")
-QUICK_STEPS = {"tiny": 60, "small": 150}  # a few minutes on two CPU cores
+QUICK_STEPS = {"tiny": 60, "small": 400}  # 1-5 minutes on two CPU cores, depending on load
 
 
 def prepare_data(folder: Path, mirror: str | None) -> None:
