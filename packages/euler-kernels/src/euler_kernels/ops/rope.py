@@ -32,36 +32,37 @@ def rope_tables(
     return xp.asarray(np.cos(angles), dtype=dtype), xp.asarray(np.sin(angles), dtype=dtype)
 
 
-def _rotate(x: Any, cos: Any, sin: Any, sign: float) -> Any:
-    # rotate each pair by +angle (sign=1, forward) or -angle (sign=-1, backward = transpose)
+def _rotate(x: Any, cos_full: Any, sin_signed: Any, sign: float) -> Any:
+    """x * cos + swap_halves(x) * (+-sin), i.e. (x1 cos - x2 sin, x2 cos + x1 sin) for sign=1 and the
+    inverse rotation for sign=-1 (the backward pass: the rotation is orthogonal)."""
     xp = get_array_module(x)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]  # (B, T, H, D/2) each
-    out = xp.empty_like(x)
-    lo, hi = out[..., :half], out[..., half:]
-    xp.multiply(x1, cos, out=lo)
-    xp.multiply(x2, cos, out=hi)
-    if sign > 0:  # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-        lo -= x2 * sin
-        hi += x1 * sin
-    else:  # (x1, x2) -> (x1 cos + x2 sin, x2 cos - x1 sin)
-        lo += x2 * sin
-        hi -= x1 * sin
+    b, t, h, d = x.shape
+    swapped = xp.ascontiguousarray(x.reshape(b, t, h, 2, d // 2)[..., ::-1, :]).reshape(x.shape)  # (x2, x1)
+    out = x * cos_full  # (B, T, H, D): tables are (T, H, D), so each pass runs over long contiguous rows
+    swapped *= sin_signed
+    if sign > 0:
+        out += swapped
+    else:
+        out -= swapped
     return out
 
 
 def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, Any]:
+    """(T, H, D) tables for x's positions: cat(cos, cos) and cat(-sin, sin), one row per head."""
     if x.ndim != 4 or x.shape[-1] % 2:
         raise shape_error(fn, "x must be (B, T, H, D) with D even", x=x)
-    t, d = x.shape[1], x.shape[-1]
+    _, t, h, d = x.shape
     if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[1] != d // 2:
         raise shape_error(fn, "cos and sin must be (P, D // 2)", x=x, cos=cos, sin=sin)
     if offset < 0 or offset + t > cos.shape[0]:
         raise shape_error(
             fn, f"positions offset..offset+T = {offset}..{offset + t} exceed the table", x=x, cos=cos
         )
-    # (T, 1, D/2): broadcast over batch and heads
-    return cos[offset : offset + t, None, :], sin[offset : offset + t, None, :]
+    xp = get_array_module(x)
+    c, s = cos[offset : offset + t, None, :], sin[offset : offset + t, None, :]  # (T, 1, D/2)
+    cos_full = xp.broadcast_to(xp.concatenate([c, c], axis=-1), (t, h, d))
+    sin_signed = xp.broadcast_to(xp.concatenate([-s, s], axis=-1), (t, h, d))
+    return xp.ascontiguousarray(cos_full), xp.ascontiguousarray(sin_signed)
 
 
 def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tuple]:
@@ -74,6 +75,6 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tupl
 def rope_backward(dout: Any, cache: tuple) -> Any:
     """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle."""
     c, s = cache
-    if dout.ndim != 4 or dout.shape[1] != c.shape[0] or dout.shape[-1] != 2 * c.shape[-1]:
+    if dout.ndim != 4 or dout.shape[1:] != c.shape:
         raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)
     return _rotate(dout, c, s, -1.0)
