@@ -37,8 +37,9 @@ def test_no_warmup_starts_at_peak() -> None:
 def test_bounded_and_non_increasing_after_warmup(lr, frac, warmup, total) -> None:
     min_lr = lr * frac
     lrs = [lr_at(s, lr, min_lr, warmup, total) for s in range(total)]
-    assert all(0 < x <= lr * (1 + 1e-12) for x in lrs)
+    assert all(0 < x <= lr * (1 + 1e-12) for x in lrs[:warmup])
     after = lrs[warmup:]
+    assert all(min_lr * (1 - 1e-12) <= x <= lr * (1 + 1e-12) for x in after)
     assert all(b <= a * (1 + 1e-12) for a, b in itertools.pairwise(after))
     if total > warmup + 1:
         assert math.isclose(lrs[-1], min_lr, rel_tol=1e-9, abs_tol=1e-15)
