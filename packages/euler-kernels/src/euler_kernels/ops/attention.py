@@ -104,14 +104,14 @@ def attention_forward(
     out = xp.empty_like(qs)
     lse = xp.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, T*G)
     tile_rows, tile_cols = min(block_size, t) * g, min(block_size, k.shape[1])
-    for bs in _batch_chunks(xp, q.shape[0], hkv, tile_rows, tile_cols, q.dtype.itemsize):
+    for bi in _batch_chunks(xp, q.shape[0], hkv, tile_rows, tile_cols, q.dtype.itemsize):
         for t0 in range(0, t, block_size):
             t1 = min(t0 + block_size, t)
-            r = slice(t0 * g, t1 * g)
-            o, lse[bs, :, r] = _forward_rows(
-                xp, qs[bs, :, r], kt[bs], vt[bs], t0, t1, g, shift, causal, block_size
+            r = slice(t0 * g, t1 * g)  # this query block's rows
+            o, lse[bi, :, r] = _forward_rows(
+                xp, qs[bi, :, r], kt[bi], vt[bi], t0, t1, g, shift, causal, block_size
             )
-            out[bs, :, r] = o
+            out[bi, :, r] = o
     return _ungroup(xp, out, t, hq), (qs, kt, vt, out, lse, causal, block_size, t)
 
 
@@ -150,32 +150,22 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
     dq = xp.zeros_like(qs)
     dk = xp.zeros_like(kt)
     dv = xp.zeros_like(vt)
+    saved, grads = (qs, kt, vt, do, lse, delta), (dq, dk, dv)
     for bi in _batch_chunks(xp, b, hkv, min(bs, t) * g, min(bs, s), qs.dtype.itemsize):
         for t0 in range(0, t, bs):
             t1 = min(t0 + bs, t)
-            r = slice(t0 * g, t1 * g)
+            qi = (bi, slice(None), slice(t0 * g, t1 * g))  # this query block's rows
             for s0, s1, masked in _key_blocks(t0, t1, s, s - t, causal, bs):
-                _backward_tile(
-                    xp,
-                    (bi, slice(None), r),
-                    (bi, slice(None), slice(s0, s1)),
-                    qs,
-                    kt,
-                    vt,
-                    do,
-                    lse,
-                    delta,
-                    dq,
-                    dk,
-                    dv,
-                    (t0, t1, s0, s1, g, s - t) if masked else None,
-                )
+                ki = (bi, slice(None), slice(s0, s1))  # this key block's rows
+                _backward_tile(xp, qi, ki, saved, grads, (t0, t1, s0, s1, g, s - t) if masked else None)
     dq *= dq.dtype.type(1.0 / math.sqrt(d))
     return _ungroup(xp, dq, t, hq), dk.transpose(0, 2, 1, 3).copy(), dv.transpose(0, 2, 1, 3).copy()
 
 
-def _backward_tile(xp, qi, ki, qs, kt, vt, do, lse, delta, dq, dk, dv, mask) -> None:
+def _backward_tile(xp: Any, qi: tuple, ki: tuple, saved: tuple, grads: tuple, mask: tuple | None) -> None:
     """Accumulate one (query block qi, key block ki) tile's share of dq, dk, dv (FlashAttention-2)."""
+    qs, kt, vt, do, lse, delta = saved
+    dq, dk, dv = grads
     kb, vb, qb, dob = kt[ki], vt[ki], qs[qi], do[qi]
     sc = qb @ kb.swapaxes(-1, -2)  # (b, Hkv, R, Sb) scores, q pre-scaled
     if mask is not None:
