@@ -47,10 +47,11 @@ def embedding_backward(dout: Any, cache: tuple) -> Any:
     if xp is not np:  # CuPy: atomic scatter-add
         xp.add.at(dweight, flat, rows)
         return dweight
+    if flat.size == 0:
+        return dweight
     # NumPy: sort by token, sum each run of equal tokens with one reduceat (much faster than add.at)
     order = np.argsort(flat, kind="stable")
     sorted_tokens = flat[order]
-    starts = np.flatnonzero(np.r_[True, sorted_tokens[1:] != sorted_tokens[:-1]]) if flat.size else order
-    if flat.size:
-        dweight[sorted_tokens[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    starts = np.flatnonzero(np.r_[True, sorted_tokens[1:] != sorted_tokens[:-1]])  # first of each run
+    dweight[sorted_tokens[starts]] = np.add.reduceat(rows[order], starts, axis=0)
     return dweight
