@@ -144,3 +144,42 @@ def test_gpu_without_cuda_is_a_clear_error(tmp_path, dataset, capsys) -> None:
         pytest.skip("a GPU is present")
     code = main(["pretrain", "--data", str(dataset), "--out", str(tmp_path), "--device", "gpu"])
     assert code == 2 and "--device gpu needs CuPy and a CUDA device" in capsys.readouterr().err
+
+
+def test_resume_with_another_model_shape_names_the_keys(tmp_path, dataset, tiny_run, capsys) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    code = main(
+        ["pretrain", "--data", str(dataset), "--out", str(run), "--resume", "--set", "model.n_layers=3"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "model.n_layers: checkpoint 2, config 3" in err
+
+
+def test_config_file_errors_name_the_file_and_key(tmp_path, dataset, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nlr = 1e-3\nwarmup = 10\n")
+    assert main(["pretrain", "--data", str(dataset), "--out", str(tmp_path / "r"), "--config", str(bad)]) == 2
+    assert "config file: unknown key train.warmup" in capsys.readouterr().err
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[train\nlr = 1")
+    assert (
+        main(["pretrain", "--data", str(dataset), "--out", str(tmp_path / "r"), "--config", str(broken)]) == 2
+    )
+    assert str(broken) in capsys.readouterr().err
+
+
+def test_a_config_file_sets_values_and_flags_override_it(tmp_path, dataset) -> None:
+    good = tmp_path / "run.toml"
+    good.write_text("[train]\nsteps = 3\nlr = 1e-3\n[eval]\nevery = 0\n[log]\nprogress = false\n")
+    run = tmp_path / "r"
+    assert (
+        main(["pretrain", "--data", str(dataset), "--out", str(run), "--config", str(good), "--lr", "2e-3"])
+        == 0
+    )
+    from euler_train.config import load_toml
+
+    saved = load_toml(run / "config.toml")
+    assert saved["train"]["steps"] == 3 and saved["train"]["lr"] == 2e-3 and saved["eval"]["every"] == 0

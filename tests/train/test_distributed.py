@@ -128,3 +128,27 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path, dataset, one
     assert loss_r0 + loss_r1 == pytest.approx(loss_1, rel=1e-6)  # what step_once's all-reduce adds up
     for name in grads_1:
         np.testing.assert_allclose(grads_0[name], grads_1[name], rtol=1e-4, atol=1e-7, err_msg=name)
+
+
+def test_launcher_waits_for_all_and_stops_the_rest_when_one_fails() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from euler_train.distributed import _wait_all
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    start = time.monotonic()
+    code = _wait_all([sleeper, failing])
+    assert time.monotonic() - start < 30  # the sleeper was terminated, not waited for
+    assert sleeper.returncode != 0 and code in (3, sleeper.returncode)
+    ok = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    assert _wait_all(ok) == 0
+
+
+def test_shared_nccl_id_comes_from_the_launcher_environment(monkeypatch, tmp_path) -> None:
+    from euler_train.distributed import shared_nccl_id
+
+    monkeypatch.setenv("EULER_NCCL_ID", "[1, 2, 3]")
+    assert shared_nccl_id(1, tmp_path) == (1, 2, 3)

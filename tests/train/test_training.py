@@ -319,3 +319,21 @@ def test_check_command_passes(capsys) -> None:
     ):
         assert op in out
     assert "all gradients OK" in out and "FAIL" not in out
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path, dataset, capsys) -> None:
+    from euler_train.config import resolve_config
+    from euler_train.device import setup_device
+    from euler_train.distributed import Comm
+    from euler_train.runspec import plan_run
+    from euler_train.trainer import Trainer
+
+    cfg = resolve_config("tiny", overrides=[f'data.dir="{dataset}"'])
+    trainer = Trainer(plan_run(cfg, tmp_path / "run", "pretrain"), setup_device("cpu", "fp32"), Comm())
+    trainer.setup()
+    trainer.save()
+    good = (tmp_path / "run" / "checkpoints" / "step_0" / "model.safetensors").read_bytes()
+    trainer.params["norm"][0] = np.inf
+    trainer.save()
+    assert "not finite; not saving" in capsys.readouterr().err
+    assert (tmp_path / "run" / "checkpoints" / "step_0" / "model.safetensors").read_bytes() == good

@@ -100,6 +100,17 @@ def check_fingerprint(where: str, state_fp: str | None, data_fp: str | None) -> 
         )
 
 
+def check_same_model(where: Path, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """ConfigError naming the model keys that differ between a checkpoint and the config."""
+    diff = [
+        f"model.{k}: checkpoint {saved.get(k)!r}, config {v!r}"
+        for k, v in wanted.items()
+        if saved.get(k) != v
+    ]
+    if diff:
+        raise ConfigError(f"--resume: checkpoint {where} has another model shape ({'; '.join(diff)})")
+
+
 def find_resume(run_dir: Path) -> Path | None:
     try:
         return CheckpointManager(run_dir / "checkpoints").latest_valid()
@@ -127,9 +138,9 @@ def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) ->
         mcfg = build_model_config(cfg, vocab)
     resume_from = find_resume(run_dir) if resume else None
     if resume_from is not None:
-        check_fingerprint(
-            f"checkpoint {resume_from}", read_state(resume_from).get("tokenizer_fingerprint"), data_fp
-        )
+        saved = read_state(resume_from)
+        check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
+        check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
     return RunSpec(cfg, run_dir, mode, mcfg, folder / "tokenizer.json", data_fp, init, resume_from)
 
 
