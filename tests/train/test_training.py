@@ -117,7 +117,8 @@ def test_kill_9_then_resume_is_bitwise_identical(tmp_path, dataset, reference_ru
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, dataset, reference_run) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, dataset, reference_run, signum) -> None:
     run = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -133,10 +134,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, dataset, referen
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not (run / "checkpoints" / "step_20").is_dir() and proc.poll() is None:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "SIGTERM received" in err and "--resume" in err and "Traceback" not in err
+    assert proc.returncode == 128 + signum, err
+    assert f"{signal.Signals(signum).name} received" in err and "--resume" in err and "Traceback" not in err
     stopped = read_state(CheckpointManager(run / "checkpoints").latest_valid())["step"]
     assert 20 <= stopped < 120 and (run / "checkpoints" / f"step_{stopped}").is_dir()
     assert main(["pretrain", "--data", str(dataset), "--out", str(run), "--resume", *LONG]) == 0
