@@ -39,10 +39,13 @@ def encode_pieces(con, tok: Tokenizer, workers: int, progress=None) -> dict[tupl
             encoded[(doc_id, part)] = np.asarray(seq, dtype=np.uint16)
             if progress is not None:
                 progress.update(len(text.encode("utf-8")))
-    con.execute("CREATE OR REPLACE TABLE tokenized (doc_id BIGINT, part INTEGER, tokens BIGINT)")
-    counts = [(d, p, len(a)) for (d, p), a in encoded.items()]
-    if counts:
-        con.executemany("INSERT INTO tokenized VALUES (?, ?, ?)", counts)
+    keys = list(encoded)
+    columns = [[d for d, _ in keys], [p for _, p in keys], [len(encoded[k]) for k in keys]]
+    con.execute(  # three lists in one statement: executemany costs ~0.5 ms per row
+        "CREATE OR REPLACE TABLE tokenized AS SELECT unnest(?::BIGINT[]) AS doc_id, "
+        "unnest(?::INTEGER[]) AS part, unnest(?::BIGINT[]) AS tokens",
+        columns,
+    )
     return encoded
 
 
