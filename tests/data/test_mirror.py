@@ -28,6 +28,7 @@ def prepared(mirror, tmp_path_factory):
     con = duckdb.connect()
     jsonl, parquet = tmp / "c4_tail.jsonl", tmp / "c4_tail.parquet"
     con.execute(f"COPY (SELECT text FROM read_json('{jsonl}')) TO '{parquet}' (FORMAT parquet)")
+    con.close()  # no DuckDB threads alive when prepare forks its encoding workers
     (tmp / "olmo").mkdir()
     for gz in sorted((mirror / "web_text").glob("*.json.gz")):
         shutil.copy(gz, tmp / "olmo" / gz.name)
@@ -74,6 +75,7 @@ def test_shards_decode_to_the_cleaned_kept_documents(prepared, decode_docs):
     kept = con.execute(
         "SELECT c.text FROM clean c JOIN deduped d USING (doc_id) WHERE d.reason IS NULL"
     ).fetchall()
+    con.close()
     assert sorted(train + val) == sorted(t for (t,) in kept)
     assert val and not set(val) & set(train)
 
@@ -98,6 +100,7 @@ def test_clean_strips_every_mirror_book(mirror, tmp_path):
 
     assert clean(con) == len(manifest)
     rows = con.execute("SELECT text FROM clean").fetchall()
+    con.close()
     for (text,) in rows:
         assert "PROJECT GUTENBERG EBOOK" not in text.upper()[:2000] + text.upper()[-2000:]
         assert len(text) > 100_000

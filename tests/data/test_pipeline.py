@@ -73,6 +73,7 @@ def test_parquet_source_read_by_duckdb(corpus, tok_path, tmp_path, decode_docs):
     con.execute("CREATE TABLE t (text VARCHAR, score DOUBLE)")
     con.executemany("INSERT INTO t VALUES (?, ?)", [[g["text"], g["score"]] for g in good] + [[None, 1.0]])
     con.execute(f"COPY t TO '{pq}' (FORMAT parquet)")
+    con.close()
     recipe = _recipe(corpus, tok_path, sources=(SourceSpec(str(pq), min_score=2.0),))
     meta = prepare(recipe, tmp_path / "out", quiet=True)
     assert meta["documents_in"] == 9 and meta["dropped"] == {"no_text": 1}

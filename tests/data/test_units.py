@@ -19,7 +19,9 @@ from euler_data.readers import read_json_file, read_jsonl_lines, read_txt, split
 
 @pytest.fixture(scope="module")
 def con():
-    return duckdb.connect()
+    con = duckdb.connect()
+    yield con
+    con.close()
 
 
 def test_jsonl_reader_counts_each_bad_line():
@@ -96,6 +98,7 @@ def test_named_sources_resolve_from_a_mirror_layout(tmp_path, tok_path, decode_d
     con.execute("CREATE TABLE t (text VARCHAR, score DOUBLE, int_score INTEGER)")
     con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
     con.execute(f"COPY t TO '{mirror / 'fineweb-edu' / 'part0.parquet'}' (FORMAT parquet)")
+    con.close()
     sources = (SourceSpec("fineweb-edu:8", min_score=3.0), SourceSpec("gutenberg:7"))
     meta = prepare(
         Recipe(sources=sources, tokenizer=str(tok_path)), tmp_path / "out", mirror=mirror, quiet=True

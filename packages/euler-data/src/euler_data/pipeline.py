@@ -53,37 +53,42 @@ def _stage_bytes(con, name: str, recipe: Recipe) -> int:
     return nbytes
 
 
-def run_stages(con, recipe: Recipe, inputs, out: Path, quiet: bool) -> tuple[Any, dict, dict]:
-    """Run the stages in order; returns the tokenizer, tokens per split and per-stage timings."""
+def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool) -> dict:
+    """Run the stages in order over ``state["con"]``; fills ``state`` and returns per-stage timings."""
     timings: dict[str, dict[str, float]] = {}
     bar = tqdm(total=len(STAGES), desc="prepare", unit="stage", disable=quiet)
-    state: dict[str, Any] = {}
+    con = lambda: state["con"]  # noqa: E731  (tokenize reopens the connection)
     steps = {
-        "ingest": lambda: ingest.ingest(con, recipe, inputs, out),
-        "clean": lambda: clean.clean(con),
-        "filter": lambda: filters.filter_docs(con, recipe.filter),
-        "dedup": lambda: dedup.dedup(con, recipe.filter.near_dedup),
-        "split": lambda: split.split(con, recipe.val_fraction, recipe.seed),
-        "mix": lambda: mix.mix(con, recipe.seed),
-        "tokenizer": lambda: state.setdefault("tok", _tokenizer(con, recipe)),
-        "tokenize": lambda: state.setdefault("tokens", _tokenize(con, state["tok"], out, recipe, quiet)),
+        "ingest": lambda: ingest.ingest(con(), recipe, inputs, out),
+        "clean": lambda: clean.clean(con()),
+        "filter": lambda: filters.filter_docs(con(), recipe.filter),
+        "dedup": lambda: dedup.dedup(con(), recipe.filter.near_dedup),
+        "split": lambda: split.split(con(), recipe.val_fraction, recipe.seed),
+        "mix": lambda: mix.mix(con(), recipe.seed),
+        "tokenizer": lambda: state.setdefault("tok", _tokenizer(con(), recipe)),
+        "tokenize": lambda: state.setdefault("tokens", _tokenize(state, out, recipe, quiet)),
     }
     for name in STAGES:
         bar.set_postfix_str(name)
         start = time.perf_counter()
         steps[name]()
         seconds = time.perf_counter() - start
-        mb = _stage_bytes(con, name, recipe) / 1e6
+        mb = _stage_bytes(con(), name, recipe) / 1e6
         timings[name] = {"seconds": round(seconds, 3), "mb": round(mb, 3), "mb_per_s": round(mb / seconds, 2)}
         bar.update(1)
     bar.close()
-    return state["tok"], state["tokens"], timings
+    return timings
 
 
-def _tokenize(con, tok, out: Path, recipe: Recipe, quiet: bool) -> dict[str, int]:
-    total = _text_bytes(con, "pieces")
+def _tokenize(state: dict[str, Any], out: Path, recipe: Recipe, quiet: bool) -> dict[str, int]:
+    """Encode with DuckDB closed (its threads must not be running when the workers fork), then write."""
+    rows = shards.fetch_pieces(state["con"])
+    state["con"].close()
+    total = sum(len(text.encode("utf-8")) for _, _, text in rows)
     with tqdm(total=total, desc="tokenize", unit="B", unit_scale=True, disable=quiet) as bar:
-        return shards.tokenize(con, tok, out, recipe.workers, bar)
+        encoded = shards.encode_pieces(rows, state["tok"], recipe.workers, bar)
+    state["con"] = connect(out)
+    return shards.tokenize(state["con"], encoded, state["tok"], out)
 
 
 def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, quiet: bool = False) -> dict:
@@ -93,9 +98,10 @@ def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, q
     out.mkdir(parents=True, exist_ok=True)
     mirror_path = resolve_mirror(mirror)
     inputs = {s.label: resolve(s, mirror_path, out / "downloads") for s in recipe.sources}
-    con = connect(out)
+    state: dict[str, Any] = {"con": connect(out)}
     try:
-        tok, tokens, timings = run_stages(con, recipe, inputs, out, quiet)
+        timings = run_stages(state, recipe, inputs, out, quiet)
+        tok, tokens, con = state["tok"], state["tokens"], state["con"]
         tok.save(out / "tokenizer.json")
         extra = {
             "context_hint": recipe.context_hint,
@@ -104,7 +110,7 @@ def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, q
         }
         meta = build_meta(con, tok, {**extra, "stages": timings, "recipe": recipe.to_dict()})
     finally:
-        con.close()
+        state["con"].close()
     if meta["tokens"] != tokens:  # the per-source counts must add up to the bins
         raise RuntimeError(f"prepare: meta.json tokens {meta['tokens']} != tokens written {tokens}")
     write_meta(out, meta)

@@ -29,9 +29,17 @@ def _batches(rows: list[tuple[int, int, str]]):
         yield batch
 
 
-def encode_pieces(con, tok: Tokenizer, workers: int, progress=None) -> dict[tuple[int, int], np.ndarray]:
-    """Encode each piece once: (doc_id, part) -> uint16 ids, plus the ``tokenized`` table of counts."""
-    rows = con.execute("SELECT doc_id, part, text FROM pieces ORDER BY doc_id, part").fetchall()
+def fetch_pieces(con: duckdb.DuckDBPyConnection) -> list[tuple[int, int, str]]:
+    """(doc_id, part, text) of every piece."""
+    return con.execute("SELECT doc_id, part, text FROM pieces ORDER BY doc_id, part").fetchall()
+
+
+def encode_pieces(rows, tok: Tokenizer, workers: int, progress=None) -> dict[tuple[int, int], np.ndarray]:
+    """Encode each piece once: (doc_id, part) -> uint16 ids.
+
+    Run it with no DuckDB connection open: the workers are forked, and forking a process while
+    DuckDB's threads run can crash or hang the children.
+    """
     encoded: dict[tuple[int, int], np.ndarray] = {}
     for batch in _batches(rows):
         ids = tok.encode_batch([text for _, _, text in batch], workers=workers)
@@ -39,6 +47,11 @@ def encode_pieces(con, tok: Tokenizer, workers: int, progress=None) -> dict[tupl
             encoded[(doc_id, part)] = np.asarray(seq, dtype=np.uint16)
             if progress is not None:
                 progress.update(len(text.encode("utf-8")))
+    return encoded
+
+
+def write_tokenized(con: duckdb.DuckDBPyConnection, encoded: dict[tuple[int, int], np.ndarray]) -> None:
+    """The ``tokenized(doc_id, part, tokens)`` table of token counts."""
     keys = list(encoded)
     columns = [[d for d, _ in keys], [p for _, p in keys], [len(encoded[k]) for k in keys]]
     con.execute(  # three lists in one statement: executemany costs ~0.5 ms per row
@@ -46,7 +59,6 @@ def encode_pieces(con, tok: Tokenizer, workers: int, progress=None) -> dict[tupl
         "unnest(?::INTEGER[]) AS part, unnest(?::BIGINT[]) AS tokens",
         columns,
     )
-    return encoded
 
 
 def write_bins(con, encoded: dict[tuple[int, int], np.ndarray], eot: int, folder: Path) -> dict[str, int]:
@@ -65,7 +77,7 @@ def write_bins(con, encoded: dict[tuple[int, int], np.ndarray], eot: int, folder
     return totals
 
 
-def tokenize(con: duckdb.DuckDBPyConnection, tok: Tokenizer, folder: Path, workers: int, progress=None):
-    """Stage 8: encode and write the bins; returns tokens per split (``<|endoftext|>`` included)."""
-    encoded = encode_pieces(con, tok, workers, progress)
+def tokenize(con: duckdb.DuckDBPyConnection, encoded, tok: Tokenizer, folder: Path) -> dict[str, int]:
+    """Stage 8 (after ``encode_pieces``): the counts table and the bins; returns tokens per split."""
+    write_tokenized(con, encoded)
     return write_bins(con, encoded, tok.special_tokens[ENDOFTEXT], folder)
