@@ -3,6 +3,10 @@ all-reduced gradient equals one process's gradient on the doubled batch."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -152,3 +156,113 @@ def test_shared_nccl_id_comes_from_the_launcher_environment(monkeypatch, tmp_pat
 
     monkeypatch.setenv("EULER_NCCL_ID", "[1, 2, 3]")
     assert shared_nccl_id(1, tmp_path) == (1, 2, 3)
+
+
+def launch(rank: int, world: int, argv: list[str], port: str) -> subprocess.Popen:
+    """One rank of a CPU world, as a torchrun-style launcher would start it."""
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        EULER_COMM="socket",
+        MASTER_PORT=port,
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "euler_train.cli", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_two_process_world_equals_one_process_with_twice_the_batch(tmp_path, dataset) -> None:
+    from safetensors.numpy import load_file
+
+    from euler_train.cli import main
+    from euler_train.metrics import read_metrics
+
+    common = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--steps",
+        "8",
+        "--ckpt-every",
+        "4",
+        "--eval-every",
+        "4",
+        "--no-progress",
+        "--set",
+        "model.context=32",
+    ]
+    assert main([*common, "--out", str(tmp_path / "one"), "--batch-size", "4"]) == 0
+    argv = [*common, "--out", str(tmp_path / "two"), "--batch-size", "2"]
+    procs = [launch(r, 2, argv, "4711") for r in (1, 0)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "done: 8 steps" in outs[1][0] and "done" not in outs[0][0]  # only rank 0 reports
+    one, two = (
+        read_metrics(tmp_path / "one" / "metrics.jsonl"),
+        read_metrics(tmp_path / "two" / "metrics.jsonl"),
+    )
+    assert [r["step"] for r in two] == list(range(1, 9))  # rank 0 alone wrote the metrics
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-5)
+    np.testing.assert_allclose(
+        [r["val_loss"] for r in two if "val_loss" in r],
+        [r["val_loss"] for r in one if "val_loss" in r],
+        rtol=1e-5,
+    )
+    a = load_file(str(tmp_path / "one" / "checkpoints" / "step_8" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "checkpoints" / "step_8" / "model.safetensors"))
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["step_4", "step_8"]
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_and_resume_matches(tmp_path, dataset) -> None:
+    import signal
+    import time
+
+    from safetensors.numpy import load_file
+
+    from euler_train.checkpoint import CheckpointManager, read_state
+
+    common = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--steps",
+        "150",
+        "--ckpt-every",
+        "10",
+        "--eval-every",
+        "0",
+        "--no-progress",
+        "--batch-size",
+        "2",
+        "--set",
+        "model.context=32",
+    ]
+    ref = [  # the same two-rank run, uninterrupted
+        launch(r, 2, [*common, "--out", str(tmp_path / "ref2")], "4712") for r in (0, 1)
+    ]
+    assert [p.communicate(timeout=120) and p.returncode for p in ref] == [0, 0]
+    run = tmp_path / "run"
+    procs = [launch(r, 2, [*common, "--out", str(run)], "4713") for r in (0, 1)]
+    while not (run / "checkpoints" / "step_20").is_dir() and procs[0].poll() is None:
+        time.sleep(0.01)
+    procs[1].send_signal(signal.SIGTERM)  # only rank 1 is told; rank 0 learns it through the all-reduce
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], outs
+    stopped = read_state(CheckpointManager(run / "checkpoints").latest_valid())["step"]
+    assert 20 <= stopped < 150
+    procs = [launch(r, 2, [*common, "--out", str(run), "--resume"], "4714") for r in (0, 1)]
+    assert [p.communicate(timeout=120) and p.returncode for p in procs] == [0, 0]
+    a = load_file(str(tmp_path / "ref2" / "checkpoints" / "step_150" / "model.safetensors"))
+    b = load_file(str(run / "checkpoints" / "step_150" / "model.safetensors"))
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)  # two ranks resume bitwise too

@@ -166,12 +166,16 @@ def shared_nccl_id(rank: int, run_dir: Path, timeout: float = 120.0) -> tuple:
 
 
 def init_comm(gpus: int, run_dir: Path) -> Comm:
-    """The communicator for this process: `Comm()` for one process, else NCCL (launcher env required)."""
+    """The communicator: `Comm()` for one process, else NCCL (or local sockets with EULER_COMM=socket)."""
     rank, world, local = env_world()
     if world == 1:
         return Comm()
     if gpus not in (1, world):
         raise ValueError(f"init_comm: --gpus {gpus} disagrees with WORLD_SIZE={world} set by the launcher")
+    if os.environ.get("EULER_COMM") == "socket":  # CPU world for tests (socket_comm.py)
+        from euler_train.socket_comm import SocketComm
+
+        return SocketComm(rank, world, run_dir)
     comm = NcclComm(rank, world, local, shared_nccl_id(rank, run_dir))
     comm.barrier()
     if rank == 0:

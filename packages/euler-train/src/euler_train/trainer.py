@@ -9,6 +9,7 @@ computes exactly what an uninterrupted one would have.
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -288,7 +289,7 @@ class Trainer:
             self.save(val)
 
     def _interrupted(self, stop: StopFlag) -> int:
-        signum = stop.signum or 2
+        signum = stop.signum or signal.SIGTERM  # told by another rank: report it like a launcher's stop
         if self.comm.is_main:
             print(
                 f"euler-train: stopped at step {self.state.step}; checkpoint saved in "
