@@ -1,11 +1,21 @@
-"""encode_batch over several processes: each worker rebuilds the tokenizer once from its plain state."""
+"""encode_batch over several processes.
+
+Each worker rebuilds the tokenizer once from its plain state (the merges travel once per worker,
+never per text). The pool stays alive between calls, so the workers' word caches stay warm; it is
+closed by `Tokenizer.close()`, when the tokenizer is garbage-collected, or at exit.
+"""
 
 from __future__ import annotations
 
 import multiprocessing
+import weakref
 from array import array
 from collections.abc import Sequence
 from typing import Any
+
+from euler_bpe._corpus import split_safely
+
+PIECE = 1 << 18  # characters: texts longer than this are cut into pieces of about this size
 
 _WORKER: Any = None  # the tokenizer of this worker process
 
@@ -14,7 +24,7 @@ def _init(state: dict) -> None:
     global _WORKER
     from euler_bpe._io import from_dict
 
-    _WORKER = from_dict(state)
+    _WORKER = from_dict(state, check_fingerprint=False)
 
 
 def _encode_chunk(args: tuple[Sequence[str], Any, bool]) -> list[array]:
@@ -37,12 +47,31 @@ def _chunks(texts: Sequence[str], parts: int) -> list[Sequence[str]]:
     return out
 
 
-def encode_parallel(
-    state: dict, texts: Sequence[str], allowed: Any, workers: int, raw: bool
-) -> list[list[int]]:
-    """Encode `texts` in `workers` processes; the order of the results is the order of `texts`."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    jobs = [(chunk, allowed, raw) for chunk in _chunks(texts, workers * 4)]
-    with multiprocessing.get_context(method).Pool(workers, initializer=_init, initargs=(state,)) as pool:
-        results = pool.map(_encode_chunk, jobs, chunksize=1)
-    return [a.tolist() for chunk in results for a in chunk]
+class WorkerPool:
+    """A process pool whose workers each hold a copy of one tokenizer."""
+
+    def __init__(self, owner: object, state: dict, workers: int):
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self.workers = workers
+        self.pool = multiprocessing.get_context(method).Pool(workers, initializer=_init, initargs=(state,))
+        # terminate() runs when the owner is collected or at interpreter exit, whichever comes first
+        self._finalizer = weakref.finalize(owner, self.pool.terminate)
+
+    def encode(self, texts: Sequence[str], allowed: Any, raw: bool) -> list[list[int]]:
+        """The ids of each text, in order. Long texts are cut where pretokenization splits anyway
+        (so the ids are unchanged), to balance the work between the workers."""
+        owner, pieces = [], []
+        for i, text in enumerate(texts):
+            for piece in split_safely(text, PIECE) if len(text) > PIECE else [text]:
+                owner.append(i)
+                pieces.append(piece)
+        jobs = [(chunk, allowed, raw) for chunk in _chunks(pieces, self.workers * 4)]
+        out: list[list[int]] = [[] for _ in texts]
+        for i, ids in zip(
+            owner, (a for chunk in self.pool.map(_encode_chunk, jobs, chunksize=1) for a in chunk)
+        ):
+            out[i] += ids.tolist()
+        return out
+
+    def close(self) -> None:
+        self._finalizer()

@@ -48,6 +48,7 @@ class Tokenizer:
         tables = build_tables(self.tokens, self.merges, self.special_tokens)
         self._encoder = WordEncoder(tables.byte_ids, tables.merges, pattern)
         self._splitters: dict[frozenset[str], object] = {}
+        self._pool = None  # worker processes of encode_batch, kept between calls (warm caches)
 
     # ---- training -------------------------------------------------------------------------------
     @classmethod
@@ -131,7 +132,11 @@ class Tokenizer:
     def encode_batch(
         self, texts: Sequence[str], allowed_special: AllowedSpecial = frozenset(), workers: int = 1
     ) -> list[list[int]]:
-        """`[encode(t) for t in texts]`, in `workers` processes when > 1 (the merges go once per worker)."""
+        """`[encode(t) for t in texts]`, in `workers` processes when > 1.
+
+        The worker processes start on the first such call and stay (with their word caches) until
+        `close()`, garbage collection of the tokenizer, or exit. Small batches run in this process.
+        """
         texts = list(texts)
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("encode_batch: every text must be a str")
@@ -144,9 +149,18 @@ class Tokenizer:
             self._allowed(allowed_special)  # fail here, not in a worker
         if workers <= 1 or len(texts) < 2 or sum(map(len, texts)) < 1 << 16:
             return [self._encode(t, allowed_special, raw) for t in texts]
-        from euler_bpe._parallel import encode_parallel
+        if self._pool is None or self._pool.workers != workers:
+            from euler_bpe._parallel import WorkerPool
 
-        return encode_parallel(_io.to_dict(self), texts, allowed_special, workers, raw)
+            self.close()
+            self._pool = WorkerPool(self, _io.to_dict(self), workers)
+        return self._pool.encode(texts, allowed_special, raw)
+
+    def close(self) -> None:
+        """Stop the worker processes of `encode_batch(..., workers>1)`, if any (also done at exit)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     # ---- decoding -------------------------------------------------------------------------------
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
