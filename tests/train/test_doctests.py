@@ -1,0 +1,19 @@
+"""The docstring examples of euler-train run as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import euler_train
+
+MODULES = sorted(m.name for m in pkgutil.iter_modules(euler_train.__path__, "euler_train."))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
