@@ -152,3 +152,58 @@ def test_loaded_weights_equal_the_saved_ones(tiny_run) -> None:
     saved = load_file(str(tiny_run / "checkpoints" / "step_30" / "model.safetensors"))
     for name, value in saved.items():
         np.testing.assert_array_equal(model.params[name], value)
+
+
+def test_chat_through_a_pseudo_terminal(tiny_run) -> None:
+    """Interactive use: a `you> ` prompt on a terminal, streamed answers, /quit ends the session."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "euler_train.cli",
+            "chat",
+            "--checkpoint",
+            str(tiny_run),
+            "--max-new-tokens",
+            "6",
+            "--seed",
+            "0",
+        ],
+        stdin=slave,
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+    )
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes, count: int, timeout: float = 60) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while seen.count(marker) < count and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        assert seen.count(marker) >= count, seen
+
+    try:
+        read_until(b"you> ", 1)
+        os.write(master, b"Hello\n")
+        read_until(b"you> ", 2)
+        os.write(master, b"/quit\n")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert seen.count(b"assistant> ") == 1
