@@ -133,3 +133,26 @@ def test_encode_rejects_non_str(small_tok: Tokenizer) -> None:
         small_tok.encode(b"bytes")
     with pytest.raises(TypeError):
         small_tok.encode_batch(["ok", b"bytes"])
+
+
+def test_encode_batch_cuts_long_texts_exactly_and_reuses_its_workers() -> None:
+    from tests.bpe.conftest import CORPUS
+
+    tok = Tokenizer.train([CORPUS], vocab_size=330)
+    # Over 2**18 characters: cut into pieces at newlines after visible ASCII, ids unchanged.
+    long_text = (CORPUS + "  \n\n\u00a0\n" + "x" * 300) * 200
+    texts = [long_text, "short", long_text[:70_000]]
+    expected = [tok.encode(t) for t in texts]
+    assert tok.encode_batch(texts, workers=2) == expected
+    pool = tok._pool
+    assert tok.encode_batch(texts, workers=2) == expected and tok._pool is pool
+    tok.close()
+    assert tok._pool is None
+
+
+def test_encode_batch_never_cuts_texts_of_another_pattern() -> None:
+    # With this pattern "!\n" is one word, so a cut before the newline would change the ids.
+    tok = Tokenizer.train(["a!\nb!\n" * 50], vocab_size=262, pattern=r"\p{L}+|\p{N}|[^\p{L}\p{N}]+")
+    text = "a!\nb!\n" * 100_000
+    assert tok.encode_batch([text, text], workers=2) == [tok.encode(text)] * 2
+    tok.close()

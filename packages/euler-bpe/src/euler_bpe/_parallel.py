@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from euler_bpe._corpus import split_safely
+from euler_bpe._pretokenize import GPT2_PATTERN
 
 PIECE = 1 << 18  # characters: texts longer than this are cut into pieces of about this size
 
@@ -51,6 +52,8 @@ class WorkerPool:
     """A process pool whose workers each hold a copy of one tokenizer."""
 
     def __init__(self, owner: object, state: dict, workers: int):
+        # Cutting texts is exact only for the GPT-2 pattern (see `_corpus.safe_cut`).
+        self.cut = state["pattern"] == GPT2_PATTERN
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         self.workers = workers
         self.pool = multiprocessing.get_context(method).Pool(workers, initializer=_init, initargs=(state,))
@@ -62,7 +65,7 @@ class WorkerPool:
         (so the ids are unchanged), to balance the work between the workers."""
         owner, pieces = [], []
         for i, text in enumerate(texts):
-            for piece in split_safely(text, PIECE) if len(text) > PIECE else [text]:
+            for piece in split_safely(text, PIECE) if self.cut and len(text) > PIECE else [text]:
                 owner.append(i)
                 pieces.append(piece)
         jobs = [(chunk, allowed, raw) for chunk in _chunks(pieces, self.workers * 4)]

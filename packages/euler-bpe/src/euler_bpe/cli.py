@@ -14,6 +14,7 @@ from array import array
 from pathlib import Path
 
 from euler_bpe._corpus import split_safely
+from euler_bpe._pretokenize import GPT2_PATTERN
 from euler_bpe.errors import TokenizerFileError
 from euler_bpe.specials import CHAT_SPECIAL_TOKENS
 from euler_bpe.tokenizer import Tokenizer
@@ -37,7 +38,8 @@ def _encode(args: argparse.Namespace) -> None:
     data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
     allowed = "all" if args.allow_special else frozenset()
     # Pieces cut where pretokenization splits anyway, so the ids equal those of the whole input.
-    pieces = [p.decode("utf-8", "surrogateescape") for p in split_safely(data)]
+    cuts = split_safely(data) if tok.pattern == GPT2_PATTERN else [data]
+    pieces = [p.decode("utf-8", "surrogateescape") for p in cuts]
     ids = [i for chunk in tok._encode_batch(pieces, allowed, args.workers, raw=True) for i in chunk]
     if args.format == "u16":
         if tok.vocab_size > 1 << 16:
