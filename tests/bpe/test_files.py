@@ -111,6 +111,14 @@ def test_hf_export_loads_in_tokenizers_and_encodes_identically(small_tok, hf_exp
 
 @FIXTURE
 @given(TEXT)
+def test_hf_export_encodes_like_tokenizers_on_any_text(small_tok, hf_export, text) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(hf_export))
+    assert hf.encode(text).ids == small_tok.encode(text, allowed_special="all")
+
+
+@FIXTURE
+@given(TEXT)
 def test_hf_export_import_round_trip(small_tok, hf_export, text) -> None:
     back = Tokenizer.from_hf(hf_export)
     assert back.fingerprint == small_tok.fingerprint

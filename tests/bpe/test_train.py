@@ -122,3 +122,11 @@ def test_a_corpus_of_single_characters_has_no_merges() -> None:
     tok = Tokenizer.train(["a b c"], vocab_size=300)
     assert tok.merges == [] or merged_strings(tok) == [" b", " c"]
     assert tok.decode(tok.encode("a b c")) == "a b c"
+
+
+def test_lone_surrogates_in_str_train_as_replacement_characters() -> None:
+    # encode() turns a lone surrogate into U+FFFD, so training sees U+FFFD too.
+    tok = Tokenizer.train(["\udcff\udcff " * 10], vocab_size=260)
+    learned = {tok.token_bytes(i) for i in range(256, tok.vocab_size)}
+    assert "\ufffd".encode() in learned
+    assert b"\xff" not in learned

@@ -69,6 +69,15 @@ def _read_file(path: Path) -> Iterator[str]:
         yield tail.decode("utf-8", "surrogateescape")
 
 
+def _without_surrogates(text: str) -> str:
+    """Lone surrogates in a str become U+FFFD, as `encode` treats them."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def iter_pieces(sources: Iterable[Source]) -> Iterator[str]:
     """str: text; bytes: UTF-8 (invalid bytes allowed); os.PathLike: a file to read."""
     for source in sources:
@@ -77,7 +86,7 @@ def iter_pieces(sources: Iterable[Source]) -> Iterator[str]:
         elif isinstance(source, bytes):
             yield from split_safely(source.decode("utf-8", "surrogateescape"))
         elif isinstance(source, str):
-            yield from split_safely(source)
+            yield from split_safely(_without_surrogates(source))
         else:
             raise TypeError(f"train: a source must be str, bytes or a path, got {type(source).__name__}")
 
