@@ -44,7 +44,6 @@ class State:
     tokens: int = 0  # training tokens seen, all ranks together
     skipped: int = 0  # steps skipped for a non-finite loss/gradient
     val_loss: float | None = None  # at the most recent evaluation
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
