@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from euler_bpe import CHAT_SPECIAL_TOKENS, Tokenizer
+from euler_bpe._train import learn_merges
 
 # Word counts: hug 10, pug 5, pun 12, bun 4, hugs 5 (each text is one word: no leading space).
 HUGS = ["hug"] * 10 + ["pug"] * 5 + ["pun"] * 12 + ["bun"] * 4 + ["hugs"] * 5
@@ -130,3 +135,39 @@ def test_lone_surrogates_in_str_train_as_replacement_characters() -> None:
     learned = {tok.token_bytes(i) for i in range(256, tok.vocab_size)}
     assert "\ufffd".encode() in learned
     assert b"\xff" not in learned
+
+
+def naive_merges(words: dict[bytes, int], num_tokens: int) -> list[tuple[bytes, bytes]]:
+    """Reference: recount every pair before each merge (slow, obviously right)."""
+    seqs = {w: [bytes([b]) for b in w] for w in words}
+    vocab, merges = {bytes([b]) for b in range(256)}, []
+    while len(vocab) < num_tokens:
+        counts: dict[tuple[bytes, bytes], int] = {}
+        for w, seq in seqs.items():
+            for pair in itertools.pairwise(seq):
+                counts[pair] = counts.get(pair, 0) + words[w]
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))
+        merges.append(best)
+        vocab.add(best[0] + best[1])
+        for w, seq in seqs.items():
+            out, i = [], 0
+            while i < len(seq):
+                if i + 1 < len(seq) and (seq[i], seq[i + 1]) == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(seq[i])
+                    i += 1
+            seqs[w] = out
+    return merges
+
+
+@given(
+    st.dictionaries(st.text("abc", min_size=1, max_size=12).map(str.encode), st.integers(1, 9), max_size=12),
+    st.integers(256, 290),
+)
+def test_incremental_training_equals_a_full_recount(words: dict[bytes, int], num_tokens: int) -> None:
+    merges, tokens = learn_merges(words, num_tokens)
+    assert [(tokens[a], tokens[b]) for a, b, _ in merges] == naive_merges(words, num_tokens)

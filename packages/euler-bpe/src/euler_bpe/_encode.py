@@ -12,7 +12,6 @@ rule of GPT-2's original encoder (and therefore of tiktoken's `gpt2` encoding).
 from __future__ import annotations
 
 import heapq
-import itertools
 from itertools import pairwise, repeat
 
 from euler_bpe._pretokenize import GPT2_PATTERN, finder
@@ -68,7 +67,7 @@ def merge_long_word(ids: list[int], merges: Merges) -> list[int]:
     """The same result as `merge_word`, with a heap of (rank, position) over a linked list of parts."""
     tok, n = list(ids), len(ids)
     nxt, prv, alive = list(range(1, n + 1)), list(range(-1, n - 1)), [True] * n
-    heap = [(merges[p][0], i) for i, p in enumerate(itertools.pairwise(tok)) if p in merges]
+    heap = [(merges[p][0], i) for i, p in enumerate(pairwise(tok)) if p in merges]
     heapq.heapify(heap)
     while heap:
         rank, touched = heap[0][0], []

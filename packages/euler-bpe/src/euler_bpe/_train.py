@@ -12,9 +12,9 @@ Ties: the highest count wins, then the smallest pair compared by (left bytes, ri
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import pairwise
 
 Pair = tuple[int, int]
 
@@ -27,7 +27,7 @@ class _PairTable:
         self.count: dict[Pair, int] = defaultdict(int)
         self.where: dict[Pair, set[int]] = defaultdict(set)
         for wi, (word, c) in enumerate(zip(words, counts)):
-            for pair in itertools.pairwise(word):
+            for pair in pairwise(word):
                 self.count[pair] += c
                 self.where[pair].add(wi)
         self.heap = [self._entry(p, c) for p, c in self.count.items()]
