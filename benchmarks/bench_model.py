@@ -186,39 +186,56 @@ def train_small(data: np.ndarray, seconds: float, seed: int = 0) -> tuple:
     return cfg, params, {"steps": step, "train_loss_log": log, "val_mtp_loss": val_loss}
 
 
-def timed_generation(cfg, params, prompt, n, speculative: bool) -> tuple[list[int], float, GenerationStats]:
+def timed_generation(cfg, params, prompt, n, speculative: bool, threshold: float = 0.1) -> tuple:
     stats = GenerationStats()
     start = time.perf_counter()
-    out = list(generate(cfg, params, prompt, n, temperature=0.0, speculative=speculative, stats=stats))
+    out = list(
+        generate(
+            cfg,
+            params,
+            prompt,
+            n,
+            temperature=0.0,
+            speculative=speculative,
+            stats=stats,
+            draft_threshold=threshold,
+        )
+    )
     return out, time.perf_counter() - start, stats
 
 
+VARIANTS = {"plain": (False, 0.0), "speculative": (True, 0.1), "speculative_all_drafts": (True, 0.0)}
+
+
 def bench_generation(cfg, params, data: np.ndarray, reps: int, n_new: int) -> dict:
-    """Plain vs speculative greedy decoding from several prompts; outputs must be identical."""
+    """Plain vs speculative greedy decoding (default draft threshold 0.1, and every draft proposed),
+    interleaved prompt by prompt; the outputs must be identical."""
     rng = np.random.default_rng(1)
-    times = {"plain": [], "speculative": []}
-    drafted = accepted = generated = forwards = 0
+    rates = {name: [] for name in VARIANTS}
+    counts = {
+        name: np.zeros(4) for name in VARIANTS
+    }  # drafted, accepted, generated, forwards after the prompt
     for r in range(reps):
         start = int(rng.integers(0, len(data) - 64))
         prompt = [int(x) for x in data[start : start + 16]]
-        plain, t_plain, _ = timed_generation(cfg, params, prompt, n_new, speculative=False)
-        spec, t_spec, st = timed_generation(cfg, params, prompt, n_new, speculative=True)
-        assert spec == plain, f"speculative output differs from plain greedy on prompt {r}"
-        times["plain"].append(len(plain) / t_plain)
-        times["speculative"].append(len(spec) / t_spec)
-        drafted, accepted = drafted + st.drafted, accepted + st.accepted
-        generated, forwards = generated + st.generated, forwards + st.forwards - 1
-    plain_tps, spec_tps = statistics.median(times["plain"]), statistics.median(times["speculative"])
-    return {
-        "new_tokens_per_prompt": n_new,
-        "prompts": reps,
-        "plain_tokens_per_s": plain_tps,
-        "speculative_tokens_per_s": spec_tps,
-        "speedup": spec_tps / plain_tps,
-        "accepted_draft_rate": accepted / max(drafted, 1),
-        "tokens_per_forward": generated / max(forwards, 1),
-        "sample": bytes(plain[:80]).decode("utf-8", "replace") if max(plain) < 256 else None,
-    }
+        outs = {}
+        for name, (spec, threshold) in VARIANTS.items():
+            outs[name], seconds, st = timed_generation(cfg, params, prompt, n_new, spec, threshold)
+            rates[name].append(len(outs[name]) / seconds)
+            counts[name] += [st.drafted, st.accepted, st.generated, st.forwards - 1]
+        assert all(o == outs["plain"] for o in outs.values()), f"speculative output differs on prompt {r}"
+    result = {"new_tokens_per_prompt": n_new, "prompts": reps}
+    for name in VARIANTS:
+        drafted, accepted, generated, forwards = counts[name]
+        result[name] = {
+            "tokens_per_s": statistics.median(rates[name]),
+            "speedup": statistics.median(rates[name]) / statistics.median(rates["plain"]),
+            "accepted_draft_rate": accepted / max(drafted, 1),
+            "tokens_per_forward": generated / max(forwards, 1),
+        }
+    plain = outs["plain"]
+    result["sample"] = bytes(plain[:80]).decode("utf-8", "replace") if max(plain) < 256 else None
+    return result
 
 
 def cupy_or_none():

@@ -66,7 +66,9 @@ def test_speculative_greedy_equals_plain_greedy_random_model(seed, dtype) -> Non
     n = cfg.context - len(prompt)  # run to the end of the context
     plain = list(generate(cfg, params, prompt, n, temperature=0.0))
     stats = GenerationStats()
-    spec = list(generate(cfg, params, prompt, n, temperature=0.0, speculative=True, stats=stats))
+    spec = list(
+        generate(cfg, params, prompt, n, temperature=0.0, speculative=True, stats=stats, draft_threshold=0)
+    )
     assert spec == plain and len(plain) == n
     assert stats.drafted > 0 and 0 <= stats.accepted <= stats.drafted
 
@@ -114,7 +116,10 @@ def test_draft_threshold_proposes_fewer_drafts_and_keeps_the_output(trained, thr
     }
     plain = list(generate(cfg, noisy, [3, 9], 14, temperature=0.0))
     every, gated = GenerationStats(), GenerationStats()
-    assert list(generate(cfg, noisy, [3, 9], 14, temperature=0.0, speculative=True, stats=every)) == plain
+    every_spec = generate(
+        cfg, noisy, [3, 9], 14, temperature=0.0, speculative=True, stats=every, draft_threshold=0
+    )
+    assert list(every_spec) == plain
     spec = generate(
         cfg, noisy, [3, 9], 14, temperature=0.0, speculative=True, stats=gated, draft_threshold=threshold
     )

@@ -124,15 +124,16 @@ def generate(
     seed: int | None = None,
     speculative: bool = False,
     stats: GenerationStats | None = None,
-    draft_threshold: float = 0.0,
+    draft_threshold: float = 0.1,
 ) -> Iterator[int]:
     """An iterator over up to max_new_tokens new token ids after prompt_ids (streaming).
 
     temperature 0 is greedy decoding. A stop token ends generation and is not yielded. Generation
     also ends when prompt + output fill the context. speculative=True drafts with the MTP heads
     (needs K >= 2; greedy output is identical to plain greedy). Pass a GenerationStats to read counters.
-    draft_threshold: drafts whose drafting head gives them less probability than this are not proposed
-    (the draft chain stops there), which saves verifying unlikely drafts; the output does not change.
+    draft_threshold: a draft whose drafting head gives it less probability than this is not proposed
+    (the chain of drafts stops there), so hopeless drafts cost no verification; 0 proposes every draft.
+    It never changes the output, only the speed.
     Arguments are checked at once, before the first token is asked for.
 
     >>> from euler_model import preset, init_params
