@@ -107,5 +107,9 @@ def test_named_sources_resolve_from_a_mirror_layout(tmp_path, tok_path, decode_d
     assert meta["sources"]["fineweb-edu"]["dropped"] == {"low_score": 6}  # scores 0,1,2,3,4,0,1,2
     docs = decode_docs(tmp_path / "out", "train") + decode_docs(tmp_path / "out", "val")
     assert ("Once. " * 60).strip() in docs
+    by_int = (SourceSpec("fineweb-edu", min_score=4, score_field="int_score"),)
+    recipe = Recipe(sources=by_int, tokenizer=str(tok_path))
+    meta = prepare(recipe, tmp_path / "o1", mirror=mirror, quiet=True)
+    assert meta["documents_in"] == 10 and meta["dropped"] == {"low_score": 8}  # int_score 4 twice
     with pytest.raises(DataError, match=r"gutenberg:8: no mirror has it .* www\.gutenberg\.org"):
         prepare(Recipe(sources=(SourceSpec("gutenberg:8"),)), tmp_path / "o2", mirror=mirror, quiet=True)

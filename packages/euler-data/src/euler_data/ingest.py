@@ -44,7 +44,7 @@ def python_records(item: Input, source: SourceSpec, max_bytes: int) -> list[Reco
     path = Path(item.location)
     if item.fmt == "txt":
         return list(read_txt(path, source.docs, max_bytes))
-    return list(read_json_file(path, source.text_field))
+    return list(read_json_file(path, source.text_field, source.score_field))
 
 
 def write_staging(staging, records: list[Record], source: str, file: str, first_id: int) -> int:
@@ -80,7 +80,8 @@ def ingest_parquet(con: duckdb.DuckDBPyConnection, item: Input, source: SourceSp
     columns = parquet_columns(con, item.location)
     if source.text_field not in columns:
         raise DataError(item.location, f"no {source.text_field!r} column (columns: {', '.join(columns)})")
-    score = "TRY_CAST(score AS DOUBLE)" if "score" in columns else "NULL::DOUBLE"
+    field = source.score_field
+    score = f'TRY_CAST("{field}" AS DOUBLE)' if field in columns else "NULL::DOUBLE"
     limit = f"LIMIT {int(item.limit)}" if item.limit else ""
     text = f'TRY_CAST("{source.text_field}" AS VARCHAR)'
     query = (

@@ -52,11 +52,11 @@ def read_txt(path: Path, docs: str, max_bytes: int) -> Iterator[Record]:
         yield _decode(part)
 
 
-def record_text(obj: object, text_field: str) -> Record:
+def record_text(obj: object, text_field: str, score_field: str = "score") -> Record:
     """The text and score of one parsed JSON record; Alpaca records become instruction/input/output text."""
     if not isinstance(obj, dict):
         return None, None, "malformed_json"
-    score = obj.get("score")
+    score = obj.get(score_field)
     score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
     text = obj.get(text_field)
     if text is None and isinstance(obj.get("instruction"), str) and isinstance(obj.get("output"), str):
@@ -66,7 +66,7 @@ def record_text(obj: object, text_field: str) -> Record:
     return text, score, None
 
 
-def read_jsonl_lines(lines: Iterable[bytes], text_field: str) -> Iterator[Record]:
+def read_jsonl_lines(lines: Iterable[bytes], text_field: str, score_field: str = "score") -> Iterator[Record]:
     """One record per non-blank line; undecodable or unparsable lines are counted, not raised."""
     for line in lines:
         if not line.strip():
@@ -79,20 +79,20 @@ def read_jsonl_lines(lines: Iterable[bytes], text_field: str) -> Iterator[Record
         except ValueError:
             yield None, None, "malformed_json"
             continue
-        yield record_text(obj, text_field)
+        yield record_text(obj, text_field, score_field)
 
 
-def read_json_file(path: Path, text_field: str) -> Iterator[Record]:
+def read_json_file(path: Path, text_field: str, score_field: str = "score") -> Iterator[Record]:
     """A .json / .json.gz file: a JSON array of records, or JSON lines."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
         data = handle.read()
     if path.suffix == ".jsonl" or not data.lstrip()[:1] == b"[":
-        yield from read_jsonl_lines(data.split(b"\n"), text_field)
+        yield from read_jsonl_lines(data.split(b"\n"), text_field, score_field)
         return
     try:
         records = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise DataError(str(path), f"not a valid JSON array: {err}") from err
     for obj in records:
-        yield record_text(obj, text_field)
+        yield record_text(obj, text_field, score_field)

@@ -39,8 +39,9 @@ class SourceSpec:
     weight: float = 1.0  # mixing weight of the train documents (2.0 = each twice)
     docs: str = "document"
     split: str = "auto"  # "hash", "position", or "auto": position for tinyshakespeare, else hash
-    min_score: float | None = None  # drop rows whose `score` is below this (FineWeb-Edu)
+    min_score: float | None = None  # drop rows whose score is below this (FineWeb-Edu)
     text_field: str = "text"  # JSON / parquet field holding the text
+    score_field: str = "score"  # ... and the score (FineWeb-Edu also has "int_score")
 
     def __post_init__(self) -> None:
         if self.docs not in SPLIT_MODES:
