@@ -10,7 +10,9 @@ import pytest
 
 import euler_train
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(euler_train.__path__, "euler_train."))
+MODULES = sorted(
+    m.name for m in pkgutil.iter_modules(euler_train.__path__, "euler_train.") if m.name != "euler_train.__main__"
+)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -7,7 +7,6 @@
 
 from euler_train.__about__ import __version__
 from euler_train.checkpoint import CheckpointError, CheckpointManager
-from euler_train.cli import main
 from euler_train.config import PRESETS, ConfigError, resolve_config
 from euler_train.optimizer import AdamW
 from euler_train.runspec import RunSpec, plan_run
@@ -25,7 +24,6 @@ __all__ = [
     "Trainer",
     "__version__",
     "lr_at",
-    "main",
     "plan_run",
     "resolve_config",
 ]
