@@ -7,6 +7,7 @@ does not import CuPy: kernels are compiled on first use and cached per process.
 
 from euler_kernels.cuda.launch import (
     adamw_multi,
+    clip_factor,
     cross_entropy_backward,
     cross_entropy_forward,
     embedding_backward,
@@ -22,6 +23,7 @@ from euler_kernels.cuda.launch import (
 
 __all__ = [
     "adamw_multi",
+    "clip_factor",
     "cross_entropy_backward",
     "cross_entropy_forward",
     "embedding_backward",

@@ -176,6 +176,16 @@ def sum_squares_multi(tensors: list[Any]) -> Any:
     return out
 
 
+def clip_factor(sum_squares: Any, max_norm: float) -> tuple[Any, Any]:
+    """Device scalars (factor, norm): factor = min(1, max_norm / norm), computed without a host sync."""
+    import cupy
+
+    factor = cupy.empty((1,), dtype=cupy.float32)
+    norm = cupy.empty((1,), dtype=cupy.float32)
+    get_kernel("adamw.cu", "clip_factor")((1,), (1,), (factor, norm, sum_squares, np.float32(max_norm)))
+    return factor, norm
+
+
 def adamw_multi(
     params: list[Any],
     ms: list[Any],

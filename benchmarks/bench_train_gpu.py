@@ -1,0 +1,149 @@
+"""One full training step of the `gpu` preset on one GPU: euler (CuPy + our kernels) vs PyTorch.
+
+    CUPY_TF32=1 python benchmarks/bench_train_gpu.py [--batch 32] [--steps 10] [--compile]
+
+Both sides run forward, backward, global-norm clipping and AdamW on the same weights and batch, in the
+same process on the same GPU, TF32 matmuls on both sides. Before timing, the two losses on the same
+weights are compared. Prints tokens/s, step ms, achieved TFLOP/s, MFU (against the H200's dense TF32
+rate, 494.7 TFLOP/s) and peak GPU memory for each, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+import torch
+
+from euler_kernels import cuda as kc
+from euler_model import count_params, init_params, loss_and_grads, preset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_model import torch_loss, torch_tables
+
+TF32_PEAK = 494.7e12  # dense TF32 FLOP/s of an H100/H200 SXM (datasheet)
+
+
+def step_flops(cfg, batch: int) -> float:
+    """6 N per token for the matmuls plus the causal attention's score and value products (x3 for bwd)."""
+    tokens = batch * cfg.context
+    attention = 3 * 2 * 2 * batch * cfg.n_layers * cfg.n_heads * cfg.context**2 * cfg.head_dim / 2
+    return 6 * (count_params(cfg) - cfg.vocab_size * cfg.dim) * tokens + attention
+
+
+def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0):
+    names = list(params)
+    plist = [params[n] for n in names]
+    ms = [cp.zeros_like(p) for p in plist]
+    vs = [cp.zeros_like(p) for p in plist]
+    decay = [0.1 if p.ndim >= 2 else 0.0 for p in plist]
+    state = {"step": 0}
+
+    def step():
+        loss, grads = loss_and_grads(cfg, params, tokens, targets)
+        glist = [grads[n] for n in names]
+        factor, _ = kc.clip_factor(kc.sum_squares_multi(glist), max_norm)
+        state["step"] += 1
+        kc.adamw_multi(plist, ms, vs, glist, decay, state["step"], lr, 0.9, 0.95, 1e-8, grad_scale=factor)
+        return loss
+
+    return step
+
+
+def torch_step_fn(cfg, params, tokens, targets, compile_: bool, lr=3e-4, max_norm=1.0):
+    tp = {k: torch.nn.Parameter(torch.as_tensor(v, device="cuda").clone()) for k, v in params.items()}
+    decay = [p for p in tp.values() if p.ndim >= 2]
+    no_decay = [p for p in tp.values() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    tt, tg = torch.as_tensor(tokens, device="cuda"), torch.as_tensor(targets, device="cuda")
+    mask = torch.ones(tg.shape, device="cuda")
+    cos, sin = (a.cuda() for a in torch_tables(cfg))
+    loss_fn = torch.compile(torch_loss) if compile_ else torch_loss
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(cfg, tp, tt, tg, mask, cos, sin)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tp.values(), max_norm)
+        opt.step()
+        return loss
+
+    return step
+
+
+def timed(step, steps: int) -> float:
+    for _ in range(3):  # warm-up: compilation, allocator pools, cuBLAS handles
+        step()
+    cp.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    cp.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    cfg = preset("gpu")
+    params = init_params(cfg, seed=0, xp=cp)
+    rng = np.random.default_rng(0)
+    tokens = cp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, cfg.context)))
+    targets = cp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, cfg.context + cfg.n_mtp_heads - 1)))
+    print(
+        f"{torch.cuda.get_device_name()}: preset gpu ({count_params(cfg) / 1e6:.1f}M params), "
+        f"B={args.batch}, T={cfg.context}, TF32 on both sides"
+    )
+
+    torch_step = torch_step_fn(cfg, params, tokens, targets, compile_=False)
+    ours_step = euler_step_fn(cfg, params, tokens, targets)
+    # same weights, same batch: the first losses must agree (TF32 on both sides: ~1e-3)
+    loss_ours = float(loss_and_grads(cfg, params, tokens, targets)[0])
+    with torch.no_grad():
+        weights = {k: torch.as_tensor(v, device="cuda") for k, v in params.items()}
+        batch = (torch.as_tensor(tokens, device="cuda"), torch.as_tensor(targets, device="cuda"))
+        mask = torch.ones(targets.shape, device="cuda")
+        cos, sin = (a.cuda() for a in torch_tables(cfg))
+        loss_torch = float(torch_loss(cfg, weights, *batch, mask, cos, sin))
+    print(f"loss on the same weights: euler {loss_ours:.5f}, torch {loss_torch:.5f}")
+    assert abs(loss_ours - loss_torch) < 2e-3 * loss_torch, (loss_ours, loss_torch)
+
+    flops = step_flops(cfg, args.batch)
+    rows = []
+    pool = cp.get_default_memory_pool()
+    sec = timed(ours_step, args.steps)
+    rows.append(("euler (CuPy + kernels)", sec, pool.total_bytes()))
+    torch.cuda.reset_peak_memory_stats()
+    sec = timed(torch_step, args.steps)
+    rows.append(("PyTorch eager", sec, torch.cuda.max_memory_allocated()))
+    if args.compile:
+        torch.cuda.reset_peak_memory_stats()
+        sec = timed(torch_step_fn(cfg, params, tokens, targets, compile_=True), args.steps)
+        rows.append(("PyTorch compile", sec, torch.cuda.max_memory_allocated()))
+    tokens_per_step = args.batch * cfg.context
+    print(f"{'':>24} {'tokens/s':>10} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}")
+    for name, sec, peak in rows:
+        tflops = flops / sec / 1e12
+        print(
+            f"{name:>24} {tokens_per_step / sec:10.0f} {sec * 1e3:8.1f} {tflops:8.1f} "
+            f"{100 * flops / sec / TF32_PEAK:5.1f}% {peak / 2**30:9.2f}"
+        )
+    ours = rows[0][1]
+    for name, sec, _ in rows[1:]:
+        print(f"euler / {name}: {sec / ours:.2f}x the throughput")
+
+
+if __name__ == "__main__":
+    main()
