@@ -240,6 +240,8 @@ class Trainer:
 
         cfg = self.spec.cfg
         total = cfg["train"]["steps"]
+        if self.comm.is_main:
+            print(self.describe(), file=sys.stderr)
         log = (
             MetricsLogger(self.spec.run_dir, cfg["log"]["tensorboard"], self.state.step or None)
             if self.comm.is_main
@@ -271,6 +273,21 @@ class Trainer:
                 log.close()
         self.finish()
         return 0
+
+    def describe(self) -> str:
+        """One line: what is trained, on what, from where."""
+        import euler_model
+
+        m, t = self.spec.mcfg, self.spec.cfg["train"]
+        per_step = t["batch_size"] * t["grad_accum"] * self.comm.world_size * m.context
+        start = f"resuming at step {self.state.step}" if self.state.step else "from step 0"
+        return (
+            f"euler-train {self.spec.mode}: {self.spec.cfg['model']['preset']} model, "
+            f"{euler_model.count_params(m):,} parameters, vocab {m.vocab_size}, context {m.context}, "
+            f"{per_step:,} tokens/step (batch {t['batch_size']} x accum {t['grad_accum']} x "
+            f"{self.comm.world_size} processes), "
+            f"{t['steps']} steps on {self.device.kind} ({self.spec.cfg['run']['precision']}), {start}"
+        )
 
     def _saved_at(self, step: int) -> bool:
         return (self.ckpts.root / f"step_{step}").is_dir()
