@@ -197,3 +197,21 @@ def test_float32_agrees_with_float64(name: str) -> None:
     for a, b in zip(g64 if isinstance(g64, tuple) else (g64,), g32 if isinstance(g32, tuple) else (g32,)):
         assert b.dtype == np.float32
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+
+
+@given(data=st.data(), shape=attention_shapes(max_len=12), causal=st.booleans(),
+       block=st.sampled_from([2, 5, 128]))  # fmt: skip
+def test_attention_float32_tracks_float64(data, shape, causal, block) -> None:
+    # the float32 path (the GPU kernels' reference numerics) stays within float32 rounding of float64;
+    # absolute slack scales with |dout| |v| |k|, the size of the terms that cancel in dP - delta
+    q, k, v = (data.draw(normal_arrays(s)) for s in (shape.q, shape.kv, shape.kv))
+    dout = data.draw(normal_arrays(shape.q))
+    out64, c64 = ek.attention_forward(q, k, v, causal=causal, block_size=block)
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    out32, c32 = ek.attention_forward(q32, k32, v32, causal=causal, block_size=block)
+    np.testing.assert_allclose(out32, out64, rtol=1e-4, atol=1e-5 * np.abs(v).max())
+    size = np.abs(dout).max() * np.abs(v).max() * max(np.abs(q).max(), np.abs(k).max(), 1.0)
+    grads64 = ek.attention_backward(dout, c64)
+    for g32, g64 in zip(ek.attention_backward(dout.astype(np.float32), c32), grads64):
+        assert g32.dtype == np.float32
+        np.testing.assert_allclose(g32, g64, rtol=1e-3, atol=1e-5 * size)

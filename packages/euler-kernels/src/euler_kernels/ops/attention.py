@@ -13,6 +13,7 @@ import functools
 import math
 from typing import Any
 
+from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
@@ -95,6 +96,9 @@ def attention_forward(
     [[1.0, 1.0], [1.0, 1.0]]
     """
     _validate(q, k, v, block_size)
+    if cuda.fused(q, k, v) and q.shape[-1] in (64, 128):  # hand-written FlashAttention kernel
+        out, lse = cuda.flash_attention_forward(q, k, v, causal)  # (B, T, Hq, D), (B, Hq, T)
+        return out, ("cuda", q, k, v, out, lse, causal)
     xp = get_array_module(q)
     (_, t, hq, d), hkv = q.shape, k.shape[2]
     g, shift, scale = hq // hkv, k.shape[1] - t, 1.0 / math.sqrt(d)
@@ -139,6 +143,11 @@ def _forward_rows(xp, qb, kt, vt, t0, t1, g, shift, causal, bs):
 
 def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) shaped like q, k, v; probabilities are recomputed tile by tile from the saved lse."""
+    if cuda.fused_cache(cache):
+        _, q, k, v, out, lse, causal = cache
+        if dout.shape != q.shape:
+            raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)
+        return cuda.flash_attention_backward(dout, q, k, v, out, lse, causal)
     qs, kt, vt, out, lse, causal, bs, t = cache
     xp = get_array_module(dout)
     b, hkv, rows, d = qs.shape

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
@@ -51,6 +52,11 @@ def cross_entropy_forward(
     t = targets.reshape(-1)  # (N,)
     w = _weights(xp, z, t, loss_mask, ignore_index)  # (N,)
     t_safe = xp.where(t == ignore_index, 0, t)  # ignored rows read column 0, weighted by 0
+    if cuda.fused(z):  # one kernel per pass; only the log-sum-exp per row is kept, no host sync
+        t_safe = t_safe.astype(xp.int64, copy=False)
+        nll, lse = cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
+        denom = xp.maximum(w.sum(), 1.0)  # device scalar
+        return (nll.sum() / denom).astype(z.dtype), ("cuda", z, lse, t_safe, w, denom, logits.shape)
     rows = xp.arange(z.shape[0])
     exps = z - z.max(axis=-1, keepdims=True)  # (N, V) shifted logits, max 0: exp cannot overflow
     picked = exps[rows, t_safe]  # (N,) shifted logit of the target
@@ -64,6 +70,10 @@ def cross_entropy_forward(
 
 def cross_entropy_backward(dloss: Any, cache: tuple) -> Any:
     """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits."""
+    if cuda.fused_cache(cache):
+        _, z, lse, t_safe, w, denom, shape = cache
+        scale = (get_array_module(z).asarray(dloss, dtype=z.dtype) / denom).reshape(1).astype(z.dtype)
+        return cuda.cross_entropy_backward(z, lse, t_safe, w, scale).reshape(shape)
     exps, total, t_safe, w, denom, shape = cache
     xp = get_array_module(exps)
     coef = w * (float(dloss) / denom)  # (N,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
@@ -19,6 +20,9 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5) -> tuple[Any, tuple]
     check_float("rmsnorm_forward", x=x, weight=weight)
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
+    if cuda.fused(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x and weight
+        out, rstd = cuda.rmsnorm_forward(x, weight, eps)
+        return out, ("cuda", x, weight, rstd)
     ms = xp.einsum("...c,...c->...", x, x) / x.shape[-1]  # (...,) mean of squares
     rstd = 1.0 / xp.sqrt(ms + eps)  # (...,)
     xhat = x * rstd[..., None]  # (..., C)
@@ -28,6 +32,11 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5) -> tuple[Any, tuple]
 
 def rmsnorm_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
     """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight."""
+    if cuda.fused_cache(cache):
+        _, x, weight, rstd = cache
+        if dout.shape != x.shape:
+            raise shape_error("rmsnorm_backward", "dout must match x", dout=dout, x=x)
+        return cuda.rmsnorm_backward(dout, x, weight, rstd)
     xhat, rstd, weight = cache
     xp = get_array_module(dout)
     if dout.shape != xhat.shape:

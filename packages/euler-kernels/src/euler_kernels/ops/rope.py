@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
@@ -47,17 +48,22 @@ def _rotate(x: Any, cos_full: Any, sin_signed: Any, sign: float) -> Any:
     return out
 
 
-def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, Any]:
-    """(T, H, D) tables for x's positions: cat(cos, cos) and cat(-sin, sin), one row per head."""
+def _check_tables(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> None:
     if x.ndim != 4 or x.shape[-1] % 2:
         raise shape_error(fn, "x must be (B, T, H, D) with D even", x=x)
-    _, t, h, d = x.shape
+    t, d = x.shape[1], x.shape[-1]
     if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[1] != d // 2:
         raise shape_error(fn, "cos and sin must be (P, D // 2)", x=x, cos=cos, sin=sin)
     if offset < 0 or offset + t > cos.shape[0]:
         raise shape_error(
             fn, f"positions offset..offset+T = {offset}..{offset + t} exceed the table", x=x, cos=cos
         )
+
+
+def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, Any]:
+    """(T, H, D) tables for x's positions: cat(cos, cos) and cat(-sin, sin), one row per head."""
+    _check_tables(fn, x, cos, sin, offset)
+    _, t, h, d = x.shape
     xp = get_array_module(x)
     c, s = cos[offset : offset + t, None, :], sin[offset : offset + t, None, :]  # (T, 1, D/2)
     cos_full = xp.broadcast_to(xp.concatenate([c, c], axis=-1), (t, h, d))
@@ -68,12 +74,20 @@ def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, 
 def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tuple]:
     """Rotate x (B, T, H, D) at positions offset .. offset + T - 1; out has x's shape and dtype."""
     check_float("rope_forward", x=x, cos=cos, sin=sin)
+    if cuda.fused(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
+        _check_tables("rope_forward", x, cos, sin, offset)
+        return cuda.rope_rotate(x, cos, sin, offset, 1.0), ("cuda", cos, sin, offset, x.shape)
     c, s = _tables_for("rope_forward", x, cos, sin, offset)
     return _rotate(x, c, s, 1.0), (c, s)
 
 
 def rope_backward(dout: Any, cache: tuple) -> Any:
     """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle."""
+    if cuda.fused_cache(cache):
+        _, cos, sin, offset, shape = cache
+        if dout.shape != shape:
+            raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)
+        return cuda.rope_rotate(dout, cos, sin, offset, -1.0)
     c, s = cache
     if dout.ndim != 4 or dout.shape[1:] != c.shape:
         raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)

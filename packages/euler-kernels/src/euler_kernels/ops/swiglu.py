@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
@@ -30,6 +31,8 @@ def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
     check_float("swiglu_forward", gate=gate, up=up)
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
+    if cuda.fused(gate, up):
+        return cuda.swiglu_forward(gate, up), ("cuda", gate, up)
     sig = _sigmoid(xp, gate)
     silu = gate * sig
     return silu * up, (up, sig, silu)
@@ -37,6 +40,11 @@ def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
 
 def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
     """(dgate, dup): dup = dout * silu(g); dgate = dout * up * sig * (1 + g * (1 - sig))."""
+    if cuda.fused_cache(cache):
+        _, gate, up = cache
+        if dout.shape != up.shape:
+            raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
+        return cuda.swiglu_backward(dout, gate, up)
     up, sig, silu = cache
     if dout.shape != up.shape:
         raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
