@@ -128,3 +128,19 @@ def test_stages_are_tables_that_can_be_inspected_and_rerun(corpus, tok_path, tmp
     filters.filter_docs(con, FilterConfig())
     assert dedup.dedup(con) == meta["documents_kept"]
     assert con.execute("SELECT doc_id, reason FROM deduped ORDER BY doc_id").fetchall() == before
+
+
+def test_minhash_drops_similar_documents_that_hashing_misses(corpus, tok_path, tmp_path, decode_docs):
+    base = corpus["kept"]["web"]
+    edited = base[0].replace(".", ";", 1)  # the same text but one punctuation mark: the normal form matches
+    reworded = base[1][:-40] + " and then something else entirely happened here."  # only the tail differs
+    lines = [json.dumps({"text": t}) for t in [base[0], base[1], base[2], edited, reworded]]
+    (tmp_path / "w.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    sources = (SourceSpec(str(tmp_path / "w.jsonl")),)
+    plain = prepare(Recipe(sources=sources, tokenizer=str(tok_path)), tmp_path / "a", quiet=True)
+    assert plain["dropped"] == {"near_duplicate": 1}  # the reworded one slips through plain hashing
+    recipe = Recipe(sources=sources, tokenizer=str(tok_path), filter=FilterConfig(minhash_threshold=0.5))
+    meta = prepare(recipe, tmp_path / "b", quiet=True)
+    assert meta["dropped"] == {"near_duplicate": 1, "similar": 1}
+    docs = decode_docs(tmp_path / "b", "train") + decode_docs(tmp_path / "b", "val")
+    assert sorted(docs) == sorted(base[:3])

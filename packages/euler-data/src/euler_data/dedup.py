@@ -1,7 +1,10 @@
 """Stage 4, dedup: ``filtered`` -> ``deduped``; the first (lowest doc_id) copy of a text is kept.
 
 "duplicate": the same cleaned text (md5); "near_duplicate": the same text after lower-casing and
-collapsing every run of non-letters/digits to one space (md5 of that normal form).
+collapsing every run of non-letters/digits to one space (md5 of that normal form). Optionally
+(``minhash_threshold``), also "similar": a bottom-k MinHash sketch (the 64 smallest hashes of each
+document's 5-word shingles) estimates the Jaccard similarity of every pair sharing a sketch hash as
+``shared / (2 * 64 - shared)``; the later document of a pair at or above the threshold is dropped.
 """
 
 from __future__ import annotations
@@ -27,5 +30,34 @@ def dedup(con: duckdb.DuckDBPyConnection, near: bool = True) -> int:
         SELECT * FROM ranked
         UNION ALL SELECT doc_id, source, NULL, NULL, reason FROM filtered WHERE reason IS NOT NULL
         ORDER BY doc_id"""
+    )
+    return con.execute("SELECT count(*) FROM deduped WHERE reason IS NULL").fetchone()[0]
+
+
+SKETCH = 64  # hashes kept per document
+SIMILAR_PAIRS = f"""
+WITH kept AS (
+    SELECT doc_id, string_split({NORMAL_FORM}, ' ') AS w FROM deduped WHERE reason IS NULL
+), words AS (
+    SELECT doc_id, unnest(w) AS word, generate_subscripts(w, 1) AS pos FROM kept
+), shingles AS (
+    SELECT doc_id, hash(word, lead(word, 1) OVER d, lead(word, 2) OVER d, lead(word, 3) OVER d,
+        lead(word, 4) OVER d) AS h, lead(word, 4) OVER d IS NOT NULL AS complete
+    FROM words WINDOW d AS (PARTITION BY doc_id ORDER BY pos)
+), bottom AS (
+    SELECT doc_id, h FROM (SELECT DISTINCT doc_id, h FROM shingles WHERE complete)
+    QUALIFY row_number() OVER (PARTITION BY doc_id ORDER BY h) <= {SKETCH}
+)
+SELECT a.doc_id AS first, b.doc_id AS later, count(*) AS shared
+FROM bottom a JOIN bottom b ON a.h = b.h AND a.doc_id < b.doc_id GROUP BY ALL
+"""
+
+
+def drop_similar(con: duckdb.DuckDBPyConnection, threshold: float) -> int:
+    """Mark the later document of each pair with estimated Jaccard >= threshold "similar"; returns kept."""
+    con.execute(
+        f"""UPDATE deduped SET reason = 'similar' WHERE doc_id IN (
+            SELECT later FROM ({SIMILAR_PAIRS}) WHERE shared / (2.0 * {SKETCH} - shared) >= ?)""",
+        [float(threshold)],
     )
     return con.execute("SELECT count(*) FROM deduped WHERE reason IS NULL").fetchone()[0]

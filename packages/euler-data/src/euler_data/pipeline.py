@@ -40,6 +40,13 @@ def _tokenizer(con, recipe: Recipe):
     return tokenizer_stage.train_tokenizer(con, recipe.vocab_size, recipe.tokenizer_sample_bytes)
 
 
+def _dedup(con, recipe: Recipe) -> int:
+    kept = dedup.dedup(con, recipe.filter.near_dedup)
+    if recipe.filter.minhash_threshold is not None:
+        kept = dedup.drop_similar(con, recipe.filter.minhash_threshold)
+    return kept
+
+
 def _text_bytes(con, table: str) -> int:
     return int(con.execute(f"SELECT coalesce(sum(strlen(text)), 0) FROM {table}").fetchone()[0])
 
@@ -62,7 +69,7 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
         "ingest": lambda: ingest.ingest(con(), recipe, inputs, out),
         "clean": lambda: clean.clean(con()),
         "filter": lambda: filters.filter_docs(con(), recipe.filter),
-        "dedup": lambda: dedup.dedup(con(), recipe.filter.near_dedup),
+        "dedup": lambda: _dedup(con(), recipe),
         "split": lambda: split.split(con(), recipe.val_fraction, recipe.seed),
         "mix": lambda: mix.mix(con(), recipe.seed),
         "tokenizer": lambda: state.setdefault("tok", _tokenizer(con(), recipe)),

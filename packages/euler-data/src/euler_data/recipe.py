@@ -81,6 +81,7 @@ class FilterConfig:
     min_alpha_ratio: float = 0.55  # letters + spaces over characters ("not_prose")
     min_words: int = 20  # whitespace-separated words ("too_few_words")
     near_dedup: bool = True  # also drop documents equal after lower-casing and stripping punctuation
+    minhash_threshold: float | None = None  # e.g. 0.7: also drop MinHash-similar documents (slower)
 
 
 @dataclass(frozen=True)
