@@ -39,11 +39,12 @@ def test_recipe_file_with_flags_on_top(corpus, capsys, tmp_path, tok_path):
     recipe = tmp_path / "r.toml"
     spec = corpus["root"] / "web.jsonl"
     recipe.write_text(f'val_fraction = 0.3\n[[source]]\nspec = "{spec}"\nname = "web"\nmin_score = 2.0\n')
-    flags = ["--tokenizer", str(tok_path), "--weight", "web=2", "--quiet"]
+    flags = ["--tokenizer", str(tok_path), "--weight", "web=2", "--minhash", "0.9", "--quiet"]
     code, _, err = run(capsys, "prepare", "--recipe", str(recipe), "--out", str(tmp_path / "o"), *flags)
     assert code == 0, err
     meta = json.loads((tmp_path / "o" / "meta.json").read_text())
     assert meta["val_fraction"] == 0.3 and meta["sources"]["web"]["weight"] == 2.0
+    assert meta["recipe"]["filter"]["minhash_threshold"] == 0.9
     assert meta["dropped"]["low_score"] == 1
 
 

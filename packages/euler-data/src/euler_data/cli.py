@@ -57,8 +57,10 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
         "workers": args.workers,
     }
     changes = {k: v for k, v in flags.items() if v is not None}
-    if args.min_chars is not None:
-        changes["filter"] = dataclasses.replace(recipe.filter, min_chars=args.min_chars)
+    filters = {"min_chars": args.min_chars, "minhash_threshold": args.minhash}
+    filters = {k: v for k, v in filters.items() if v is not None}
+    if filters:
+        changes["filter"] = dataclasses.replace(recipe.filter, **filters)
     return dataclasses.replace(recipe, sources=tuple(sources), **changes)
 
 
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, help="context length hint written to meta.json")
     p.add_argument("--workers", type=int, help="tokenization processes (default 2)")
     p.add_argument("--min-chars", type=int, help="drop cleaned documents shorter than this")
+    p.add_argument("--minhash", type=float, help="also drop MinHash-similar documents (Jaccard >= this)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_prepare)
     i = sub.add_parser("inspect", help="counts, samples and a token-length histogram of a dataset folder")
