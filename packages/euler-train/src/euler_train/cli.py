@@ -13,6 +13,7 @@ from pathlib import Path
 from euler_train.__about__ import __version__
 
 EXIT_CONFIG = 2
+EXIT_CODES = "exit codes: 0 done, 2 bad config/arguments/data/checkpoint, 3 non-finite loss, 130/143 signal"
 
 # plain flags -> config keys
 TRAIN_FLAGS = {
@@ -42,16 +43,16 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--out", metavar="RUN", required=True, help="run folder (config, metrics, checkpoints)")
     p.add_argument("--preset", choices=["tiny", "small", "gpu"], help="run preset (default: tiny)")
     p.add_argument("--config", metavar="TOML", help="a run config file applied over the preset")
-    p.add_argument("--device", choices=["cpu", "gpu", "auto"])
-    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"])
+    p.add_argument("--device", choices=["cpu", "gpu", "auto"], help="auto: the GPU when CuPy sees one")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], help="GPU only: tf32; bf16 not yet")
     p.add_argument("--gpus", type=int, metavar="N", help="data-parallel processes, one per GPU (NCCL)")
-    p.add_argument("--steps", type=int, metavar="N")
+    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
     p.add_argument("--batch-size", type=int, metavar="B", help="sequences per micro-batch per GPU")
     p.add_argument("--grad-accum", type=int, metavar="K", help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--ckpt-every", type=int, metavar="K")
-    p.add_argument("--eval-every", type=int, metavar="K")
-    p.add_argument("--seed", type=int, metavar="S")
+    p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine to train.min_lr)")
+    p.add_argument("--ckpt-every", type=int, metavar="K", help="checkpoint every K steps (and at the end)")
+    p.add_argument("--eval-every", type=int, metavar="K", help="val loss / bits per byte every K steps")
+    p.add_argument("--seed", type=int, metavar="S", help="weights and batches are functions of (seed, step)")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in RUN")
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=3e-4"
@@ -74,28 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="euler-train", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"euler-train {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_train_args(sub.add_parser("pretrain", help="pretrain a model on a dataset folder"), sft=False)
-    add_train_args(
-        sub.add_parser("sft", help="fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True
-    )
-    chat = sub.add_parser("chat", help="chat REPL: /reset, /temp X, /quit")
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, epilog=EXIT_CODES)
+
+    add_train_args(add("pretrain", "pretrain a model on a dataset folder"), sft=False)
+    add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True)
+    chat = add("chat", "chat REPL: /reset, /temp X, /quit")
     add_sampling_args(chat)
-    gen = sub.add_parser("generate", help="sample a continuation of one prompt")
+    gen = add("generate", "sample a continuation of one prompt")
     add_sampling_args(gen)
     gen.add_argument("--prompt", required=True)
     gen.add_argument(
         "--speculative", action="store_true", help="draft with the MTP heads, verify with head 0"
     )
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    check = sub.add_parser("check", help="gradient check of every op and of the whole model (float64)")
+    check = add("check", "gradient check of every op and of the whole model (float64)")
     check.add_argument("--quick", action="store_true", help="fewer cases")
-    exp = sub.add_parser("export-hf", help="write a Hugging Face LlamaForCausalLM folder")
+    exp = add("export-hf", "write a Hugging Face LlamaForCausalLM folder")
     exp.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
     exp.add_argument("--out", required=True, metavar="DIR")
-    plot = sub.add_parser("plot", help="metrics.jsonl -> PNG of train and val loss")
+    plot = add("plot", "metrics.jsonl -> PNG of train and val loss")
     plot.add_argument("run", metavar="RUN", help="run folder or metrics.jsonl")
     plot.add_argument("--out", metavar="PNG", help="default: RUN/loss.png")
-    quick = sub.add_parser("quickstart", help="data -> tokenizer -> small pretrain on CPU -> samples")
+    quick = add("quickstart", "data -> tokenizer -> small pretrain on CPU -> samples")
     quick.add_argument("--out", default="runs/quickstart", metavar="DIR")
     quick.add_argument(
         "--mirror", metavar="DIR", help="local data mirror (default: $EULER_DATA_MIRROR, else download)"
