@@ -30,11 +30,14 @@ def resolve_mirror(mirror: str | Path | None = None) -> Path | None:
     return path
 
 
-@lru_cache(maxsize=32)
 def online(host: str, port: int = 443, timeout: float = TIMEOUT_S) -> bool:
-    """True when a TCP connection to ``host`` opens within ``timeout`` seconds."""
-    if os.environ.get("EULER_DATA_OFFLINE"):
-        return False
+    """True when a TCP connection to ``host`` opens within ``timeout`` seconds (``EULER_DATA_OFFLINE=1``:
+    never tried)."""
+    return not os.environ.get("EULER_DATA_OFFLINE") and _reachable(host, port, timeout)
+
+
+@lru_cache(maxsize=32)
+def _reachable(host: str, port: int, timeout: float) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
