@@ -102,3 +102,16 @@ def test_padded_rows_end_in_unmasked_padding(sft_folder, tok):
         last_end = max(i for i, t in enumerate(row_t) if t == tok.special_tokens["<|end|>"])
         assert row_m[last_end] == 1
         assert (row_t[last_end + 1 :] == eot).all() and (row_m[last_end + 1 :] == 0).all()
+
+
+@pytest.mark.gpu
+def test_cuda_batches_equal_the_numpy_batches(folder, sft_folder):
+    import cupy
+
+    host = PretrainLoader(folder, context=16, extra_targets=2, batch_size=4, seed=1).batch(3)
+    dev = PretrainLoader(folder, context=16, extra_targets=2, batch_size=4, seed=1, device="cuda").batch(3)
+    for h, d in zip(host, dev):
+        assert isinstance(d, cupy.ndarray) and d.dtype == h.dtype
+        np.testing.assert_array_equal(cupy.asnumpy(d), h)
+    sft = SFTLoader(sft_folder, context=32, extra_targets=2, batch_size=3, seed=2, device="cuda").batch(0)
+    assert sft[2].dtype == cupy.float32 and sft[0].shape == (3, 32)
