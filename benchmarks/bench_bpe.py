@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,10 +41,17 @@ def gpt2_pair(data: Path) -> tuple[Tokenizer, tiktoken.Encoding]:
     return ours, ref
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the encode_batch workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def timed(fn):
-    start = time.perf_counter()
+    """(wall seconds, CPU seconds, result) of fn()."""
+    start, cpu = time.perf_counter(), cpu_seconds()
     out = fn()
-    return time.perf_counter() - start, out
+    return time.perf_counter() - start, cpu_seconds() - cpu, out
 
 
 def encode_runs(data: Path, books: list[str]) -> dict:
@@ -54,7 +62,8 @@ def encode_runs(data: Path, books: list[str]) -> dict:
         "tiktoken_1_thread": lambda: [ref.encode_ordinary(b) for b in books],
         "ours_1_process_cold": lambda: [ours.encode(b) for b in books],
         "ours_1_process_warm": lambda: [ours.encode(b) for b in books],
-        "ours_encode_batch_2_workers": lambda: other.encode_batch(books, workers=2),
+        # close() joins the workers, so that their CPU time is counted
+        "ours_encode_batch_2_workers": lambda: (other.encode_batch(books, workers=2), other.close())[0],
         "tiktoken_batch_2_threads": lambda: ref.encode_ordinary_batch(books, num_threads=2),
     }
 
@@ -63,11 +72,13 @@ def bench_encode(data: Path, books: list[str], reps: int) -> dict:
     """MB/s: tiktoken 1 thread, ours cold (fresh cache) and warm, ours encode_batch 2 workers."""
     mb = sum(len(b.encode("utf-8")) for b in books) / 1e6
     times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     for rep in range(reps):
         results = {}
         for name, fn in encode_runs(data, books).items():
-            seconds, results[name] = timed(fn)
+            seconds, cpu_s, results[name] = timed(fn)
             times.setdefault(name, []).append(seconds)
+            cpu.setdefault(name, []).append(cpu_s)
         if rep == 0:
             expected = results["tiktoken_1_thread"]
             assert all(r == expected for r in results.values()), "ids differ from tiktoken"
@@ -79,6 +90,8 @@ def bench_encode(data: Path, books: list[str], reps: int) -> dict:
         "megabytes": round(mb, 2),
         "tokens": n_tokens,
         "MB_per_s": {k: round(v, 2) for k, v in speed.items()},
+        "wall_seconds_median": {k: round(statistics.median(v), 2) for k, v in times.items()},
+        "cpu_seconds_median": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         "ratio_1_process_cold": round(speed["ours_1_process_cold"] / ref_speed, 3),
         "ratio_1_process_warm": round(speed["ours_1_process_warm"] / ref_speed, 3),
         "ratio_batch_2_workers": round(speed["ours_encode_batch_2_workers"] / ref_speed, 3),
@@ -98,6 +111,7 @@ def hf_train(text: str, vocab_size: int) -> tokenizers.Tokenizer:
 def bench_train(books: list[str], reps: int, vocab_size: int = 4096, size: int = 10_000_000) -> dict:
     text = "".join(books)[:size]
     times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # HF's threads are in process_time too
     for rep in range(reps):
         runs = {
             "hf_tokenizers_BpeTrainer": lambda: hf_train(text, vocab_size),
@@ -105,8 +119,9 @@ def bench_train(books: list[str], reps: int, vocab_size: int = 4096, size: int =
             "ours_2_workers": lambda: Tokenizer.train([text], vocab_size, workers=2),
         }
         for name, fn in runs.items():
-            seconds, tok = timed(fn)
+            seconds, cpu_s, tok = timed(fn)
             times.setdefault(name, []).append(seconds)
+            cpu.setdefault(name, []).append(cpu_s)
             vocab = tok.get_vocab_size() if isinstance(tok, tokenizers.Tokenizer) else tok.vocab_size
         print(f"  train rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -115,6 +130,7 @@ def bench_train(books: list[str], reps: int, vocab_size: int = 4096, size: int =
         "megabytes": round(len(text.encode("utf-8")) / 1e6, 2),
         "vocab_size": vocab,
         "seconds": {k: round(v, 2) for k, v in med.items()},
+        "cpu_seconds_median": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         "ratio_1_process": round(med["ours_1_process"] / hf, 2),
         "ratio_2_workers": round(med["ours_2_workers"] / hf, 2),
     }

@@ -1,12 +1,14 @@
 """encode_batch over several processes.
 
-Each worker rebuilds the tokenizer once from its plain state (the merges travel once per worker,
-never per text). The pool stays alive between calls, so the workers' word caches stay warm; it is
-closed by `Tokenizer.close()`, when the tokenizer is garbage-collected, or at exit.
+A forked worker uses the copy of the tokenizer it inherits; a spawned one rebuilds it once from its
+plain state (either way the merges reach a worker once, never per text). The pool stays alive
+between calls, so the workers' word caches stay warm; it is closed by `Tokenizer.close()`, when the
+tokenizer is garbage-collected, or at exit.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import weakref
 from array import array
@@ -19,13 +21,15 @@ from euler_bpe._pretokenize import GPT2_PATTERN
 PIECE = 1 << 18  # characters: texts longer than this are cut into pieces of about this size
 
 _WORKER: Any = None  # the tokenizer of this worker process
+_FORKING: Any = None  # the tokenizer being forked: a forked worker finds it here, ready to use
 
 
 def _init(state: dict) -> None:
     global _WORKER
     from euler_bpe._io import from_dict
 
-    _WORKER = from_dict(state, check_fingerprint=False)
+    # Forked: the parent's tokenizer is already in memory. Spawned (or re-forked later): rebuild it.
+    _WORKER = _FORKING if _FORKING is not None else from_dict(state, check_fingerprint=False)
 
 
 def _encode_chunk(args: tuple[Sequence[str], Any, bool]) -> list[array]:
@@ -56,7 +60,17 @@ class WorkerPool:
         self.cut = state["pattern"] == GPT2_PATTERN
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         self.workers = workers
-        self.pool = multiprocessing.get_context(method).Pool(workers, initializer=_init, initargs=(state,))
+        # Frozen objects are skipped by the workers' garbage collector, so forked workers do not
+        # copy the parent's whole heap page by page.
+        global _FORKING
+        gc.freeze()
+        _FORKING = owner
+        try:
+            context = multiprocessing.get_context(method)
+            self.pool = context.Pool(workers, initializer=_init, initargs=(state,))
+        finally:
+            _FORKING = None
+            gc.unfreeze()
         # terminate() runs when the owner is collected or at interpreter exit, whichever comes first
         self._finalizer = weakref.finalize(owner, self.pool.terminate)
 
