@@ -157,6 +157,11 @@ def shakespeare_bytes() -> np.ndarray:
     return np.frombuffer(files[0].read_bytes(), dtype=np.uint8).astype(np.int64)
 
 
+def cyclic_text(n: int = 200_000, period: int = 53) -> np.ndarray:
+    """A synthetic stream in which every token is predictable: 0, 1, ..., period - 1, 0, 1, ..."""
+    return np.arange(n, dtype=np.int64) % period
+
+
 def train_small(data: np.ndarray, seconds: float, seed: int = 0) -> tuple:
     """Train `small` on byte-level ids with AdamW for about `seconds`; returns (cfg, params, log)."""
     cfg = preset("small")
@@ -297,6 +302,12 @@ def main() -> None:
     print(json.dumps(train_log), flush=True)
     results["generation_trained_small"] = bench_generation(cfg, params, data, 3 if args.quick else 10, 100)
     print(json.dumps(results["generation_trained_small"], indent=1), flush=True)
+    # the ceiling of the mechanism on this machine: a model whose drafts are (almost) always right
+    cyc = cyclic_text()
+    cfg_c, params_c, log_c = train_small(cyc, 10.0 if args.quick else 30.0)
+    results["generation_cyclic_small"] = bench_generation(cfg_c, params_c, cyc, 3 if args.quick else 5, 100)
+    results["generation_cyclic_small"]["trained_steps"] = log_c["steps"]
+    print(json.dumps(results["generation_cyclic_small"], indent=1), flush=True)
     cp = cupy_or_none()
     if cp is not None:
         results["generation_gpu_preset"] = bench_gpu_generation(cp)
