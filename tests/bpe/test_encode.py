@@ -156,3 +156,16 @@ def test_encode_batch_never_cuts_texts_of_another_pattern() -> None:
     text = "a!\nb!\n" * 100_000
     assert tok.encode_batch([text, text], workers=2) == [tok.encode(text)] * 2
     tok.close()
+
+
+def test_a_spawned_worker_rebuilds_the_tokenizer_from_its_state(small_tok: Tokenizer) -> None:
+    from euler_bpe import _io, _parallel
+
+    _parallel._init(_io.to_dict(small_tok))  # what a spawned (not forked) worker does
+    try:
+        assert _parallel._WORKER is not small_tok
+        assert _parallel._WORKER.fingerprint == small_tok.fingerprint
+        [ids] = _parallel._encode_chunk((["hi <|end|> there"], "all", False))
+        assert ids.tolist() == small_tok.encode("hi <|end|> there", allowed_special="all")
+    finally:
+        _parallel._WORKER = None
