@@ -5,6 +5,11 @@ case (NumPy arrays, float64 on the GPU) runs the NumPy-style reference code. Imp
 does not import CuPy: kernels are compiled on first use and cached per process.
 """
 
+import os
+from typing import Any
+
+import numpy as np
+
 from euler_kernels.cuda.launch import (
     adamw_multi,
     clip_factor,
@@ -21,6 +26,20 @@ from euler_kernels.cuda.launch import (
     swiglu_forward,
 )
 
+
+def fused(*arrays: Any) -> bool:
+    """Whether the fused kernels take these arrays: all float32 CuPy arrays (EULER_FUSED_KERNELS=0 turns
+    them off, so the NumPy-style path can be compared with them on the same GPU)."""
+    if isinstance(arrays[0], np.ndarray) or os.environ.get("EULER_FUSED_KERNELS", "1") == "0":
+        return False
+    return all(not isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
+
+
+def fused_cache(cache: tuple) -> bool:
+    """Whether a forward's cache came from the fused path (tagged "cuda" in its first slot)."""
+    return isinstance(cache[0], str) and cache[0] == "cuda"
+
+
 __all__ = [
     "adamw_multi",
     "clip_factor",
@@ -29,6 +48,8 @@ __all__ = [
     "embedding_backward",
     "flash_attention_backward",
     "flash_attention_forward",
+    "fused",
+    "fused_cache",
     "rmsnorm_backward",
     "rmsnorm_forward",
     "rope_rotate",
