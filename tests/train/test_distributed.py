@@ -266,3 +266,60 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_and_resume_match
     b = load_file(str(run / "checkpoints" / "step_150" / "model.safetensors"))
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)  # two ranks resume bitwise too
+
+
+@pytest.mark.slow
+def test_gpus_flag_spawns_workers_that_equal_one_process_and_stop_together(
+    tmp_path, dataset, monkeypatch
+) -> None:
+    """`--gpus 2` itself (the launcher, worker sessions, signal forwarding), on CPU processes."""
+    import signal
+    import time
+
+    from safetensors.numpy import load_file
+
+    from euler_train.checkpoint import CheckpointManager, read_state
+    from euler_train.cli import main
+
+    common = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--ckpt-every",
+        "10",
+        "--eval-every",
+        "0",
+        "--no-progress",
+        "--set",
+        "model.context=32",
+    ]
+    assert main([*common, "--out", str(tmp_path / "one"), "--steps", "10", "--batch-size", "4"]) == 0
+    env = dict(os.environ, EULER_COMM="socket")
+    argv = [*common, "--out", str(tmp_path / "two"), "--steps", "10", "--batch-size", "2", "--gpus", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "euler_train.cli", *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "x 2 processes" in proc.stderr
+    a = load_file(str(tmp_path / "one" / "checkpoints" / "step_10" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "checkpoints" / "step_10" / "model.safetensors"))
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    # a SIGTERM to the launcher reaches each worker once: both save-and-stop at one step, exit 143
+    run = tmp_path / "stopped"
+    argv = [*common, "--out", str(run), "--steps", "200", "--batch-size", "2", "--gpus", "2"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "euler_train.cli", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not (run / "checkpoints" / "step_20").is_dir() and launcher.poll() is None:
+        time.sleep(0.01)
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143, err
+    assert err.count("SIGTERM received") == 2 and "Traceback" not in err and "KeyboardInterrupt" not in err
+    stopped = read_state(CheckpointManager(run / "checkpoints").latest_valid())["step"]
+    assert 20 <= stopped < 200

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from euler_train.cli import TRAIN_FLAGS
-from euler_train.config import ConfigError, load_toml, resolve_config
+from euler_train.config import ConfigError, cpu_world, load_toml, resolve_config
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -55,7 +55,7 @@ def _train(spec: Any, local_rank: int) -> int:
         device = setup_device(spec.cfg["run"]["device"], spec.cfg["run"]["precision"], local_rank)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(str(err)) from None
-    if spec.cfg["run"]["gpus"] > 1 and device.kind != "gpu":
+    if spec.cfg["run"]["gpus"] > 1 and device.kind != "gpu" and not cpu_world():
         raise ConfigError("run.gpus > 1 needs GPUs (NCCL); this process resolved to the CPU")
     comm = init_comm(spec.cfg["run"]["gpus"], spec.run_dir)
     trainer = Trainer(spec, device, comm)

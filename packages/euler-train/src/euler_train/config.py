@@ -12,6 +12,7 @@ euler-model validates itself (see `validate_model_section`).
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,11 @@ def resolve_config(
     return cfg
 
 
+def cpu_world() -> bool:
+    """EULER_COMM=socket: several CPU processes stand in for GPUs (tests, debugging; see socket_comm.py)."""
+    return os.environ.get("EULER_COMM") == "socket"
+
+
 def check_type(dotted: str, value: Any, default: Any) -> Any:
     """Return value coerced to the default's type (int -> float allowed); ConfigError naming the key."""
     want = type(default)
@@ -222,7 +228,7 @@ def validate(cfg: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"train.{beta} must be in [0, 1), got {cfg['train'][beta]!r}")
     if cfg["run"]["device"] == "cpu" and cfg["run"]["precision"] != "fp32":
         raise ConfigError(f"run.precision={cfg['run']['precision']!r} needs run.device=gpu (CPU is fp32)")
-    if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1:
+    if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1 and not cpu_world():
         raise ConfigError(f"run.gpus={cfg['run']['gpus']} needs run.device=gpu")
 
 

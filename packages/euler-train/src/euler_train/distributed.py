@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 BUCKET_BYTES = 25 * 2**20  # gradients are packed into flat buffers of about this size per all-reduce
+CLEAN_EXITS = (0, 128 + signal.SIGINT, 128 + signal.SIGTERM)  # done, or stopped by a signal after saving
 
 
 def env_world() -> tuple[int, int, int]:
@@ -185,10 +186,13 @@ def init_comm(gpus: int, run_dir: Path) -> Comm:
 
 def spawn(n: int, argv: list[str]) -> int:
     """Run `python -m euler_train.cli argv` once per GPU; forward signals; return the worst exit code."""
-    from cupy.cuda import nccl
+    env = dict(os.environ, WORLD_SIZE=str(n), NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
+    if env.get("EULER_COMM") != "socket":  # NCCL: one id for the whole world, made here
+        from cupy.cuda import nccl
 
-    env = dict(os.environ, WORLD_SIZE=str(n), EULER_NCCL_ID=json.dumps(list(nccl.get_unique_id())))
-    env.setdefault("NCCL_NVLS_ENABLE", "0")
+        env["EULER_NCCL_ID"] = json.dumps(list(nccl.get_unique_id()))
+    else:
+        env.setdefault("MASTER_PORT", str(os.getpid()))  # names this world's rendezvous file
     procs = [
         subprocess.Popen(  # own session: a Ctrl-C reaches the workers once, forwarded by this process
             [sys.executable, "-m", "euler_train.cli", *argv],
@@ -212,13 +216,13 @@ def spawn(n: int, argv: list[str]) -> int:
 
 
 def _wait_all(procs: list[subprocess.Popen]) -> int:
-    """Wait for every process; when one fails, terminate the rest (NCCL would hang without it)."""
+    """Wait for every process; when one crashes, terminate the rest (NCCL would hang without it)."""
     codes: dict[int, int] = {}
     while len(codes) < len(procs):
         for i, p in enumerate(procs):
             if i not in codes and p.poll() is not None:
                 codes[i] = p.returncode
-                if p.returncode != 0:
+                if p.returncode not in CLEAN_EXITS:  # a crash: the others would wait in a collective
                     for q in procs:
                         if q.poll() is None:
                             q.terminate()
