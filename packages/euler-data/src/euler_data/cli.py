@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -18,11 +19,19 @@ from euler_data.recipe import SPLIT_MODES, Recipe, SourceSpec, load_recipe
 
 
 def source_from_cli(spec: str) -> SourceSpec:
-    """``PATH::MODE`` picks how a text file is cut into documents, e.g. ``wiki.txt::line``."""
-    path, sep, mode = spec.rpartition("::")
+    """``[NAME=]SPEC[::MODE]``: an optional source name, and how a text file is cut into documents.
+
+    >>> s = source_from_cli("wiki=data/wiki.txt::line")
+    >>> (s.name, s.spec, s.docs)
+    ('wiki', 'data/wiki.txt', 'line')
+    """
+    name, sep, rest = spec.partition("=")
+    if not (sep and re.fullmatch(r"[\w.-]+", name) and not Path(name).exists()):
+        name, rest = "", spec
+    path, sep, mode = rest.rpartition("::")
     if sep and mode in SPLIT_MODES:
-        return SourceSpec(path, docs=mode)
-    return SourceSpec(spec)
+        return SourceSpec(path, name=name, docs=mode)
+    return SourceSpec(rest, name=name)
 
 
 def _weights(pairs: list[str]) -> dict[str, float]:
@@ -106,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="euler-data", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="sources -> clean -> filter -> dedup -> split -> mix -> token shards")
-    p.add_argument("--source", action="append", default=[], help="file/folder (PATH::line|paragraph|eot) "
-                   "or gutenberg:ID,..., fineweb-edu[:ROWS], alpaca, tinyshakespeare")  # fmt: skip
+    p.add_argument("--source", action="append", default=[], help="[NAME=]SPEC: file/folder "
+                   "(PATH::line|paragraph|eot) or gutenberg:ID,..., fineweb-edu[:ROWS], alpaca, "
+                   "tinyshakespeare")  # fmt: skip
     p.add_argument("--recipe", help="a .toml or .json recipe (flags override it)")
     p.add_argument("--out", required=True, help="dataset folder to write")
     p.add_argument("--vocab-size", type=int)
