@@ -116,7 +116,7 @@ def _decode_docs(folder: Path, split: str) -> list[str]:
     return [tok.decode(data[s:e].tolist(), errors="strict") for s, e in zip(starts, ends)]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def decode_docs():
     """``decode_docs(folder, split) -> list[str]``."""
     return _decode_docs
@@ -139,7 +139,7 @@ def _check_sft_split(tok, folder, split):
     return rendered
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def check_sft_split():
     """``check_sft_split(tok, folder, split) -> rendered texts``, asserting the mask of every example."""
     return _check_sft_split

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from euler_bpe import Tokenizer
 from euler_data import DataError, FilterConfig, Recipe, SourceSpec, prepare
@@ -144,3 +147,30 @@ def test_minhash_drops_similar_documents_that_hashing_misses(corpus, tok_path, t
     assert meta["dropped"] == {"near_duplicate": 1, "similar": 1}
     docs = decode_docs(tmp_path / "b", "train") + decode_docs(tmp_path / "b", "val")
     assert sorted(docs) == sorted(base[:3])
+
+
+record = st.one_of(
+    st.lists(
+        st.sampled_from(["the", "cat", "sat", "on", "a", "mat", "and", "ran"]), min_size=1, max_size=90
+    ).map(lambda words: json.dumps({"text": " ".join(words).capitalize() + "."})),
+    st.just("{not json"),
+    st.just(json.dumps({"title": "no text"})),
+    st.just(json.dumps({"text": "  \n "})),
+    st.text(st.characters(blacklist_categories=["Cs"]), max_size=30).map(lambda t: json.dumps({"text": t})),
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(lines=st.lists(record, max_size=25), bad_bytes=st.booleans())
+def test_accounting_always_balances(tok_path, decode_docs, lines, bad_bytes):
+    with tempfile.TemporaryDirectory() as tmp:
+        data = "\n".join(lines).encode("utf-8") + (b'\n{"text": "\xff\xfe"}' if bad_bytes else b"")
+        (Path(tmp) / "r.jsonl").write_bytes(data)
+        recipe = Recipe(sources=(SourceSpec(str(Path(tmp) / "r.jsonl")),), tokenizer=str(tok_path))
+        meta = prepare(recipe, Path(tmp) / "out", quiet=True)
+        n_in = sum(1 for line in data.split(b"\n") if line.strip())
+        assert meta["documents_in"] == n_in == meta["documents_kept"] + sum(meta["dropped"].values())
+        docs = decode_docs(Path(tmp) / "out", "train") + decode_docs(Path(tmp) / "out", "val")
+        assert len(docs) == meta["documents_kept"] == len(set(docs))
+        texts = {json.loads(line).get("text") for line in lines if line.startswith('{"text"')}
+        assert all(any(d in t for t in texts if isinstance(t, str)) for d in docs)  # cleaned text of an input
