@@ -1,7 +1,7 @@
 """Resolve a source spec to the inputs to read: local files, mirror files, downloads or remote parquet.
 
->>> [i.fmt for i in resolve(SourceSpec("README.md.txt"), None, Path("."))]  # doctest: +SKIP
-['txt']
+>>> [i.fmt for i in resolve(SourceSpec("web/"), None, Path("cache"))]  # doctest: +SKIP
+['jsonl', 'json.gz', 'parquet', 'txt']
 """
 
 from __future__ import annotations
