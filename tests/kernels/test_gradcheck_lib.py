@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 import euler_kernels as ek
 from euler_kernels import check
 from euler_kernels.gradcheck import gradcheck, gradcheck_scalar
-from euler_kernels.testing import attention_shapes, float_arrays, head_dims, large_logits, loss_masks
+from euler_kernels.testing import (
+    attention_shapes,
+    float_arrays,
+    head_counts,
+    head_dims,
+    large_logits,
+    loss_masks,
+)
 
 
 def _cube_forward(x):
@@ -133,6 +140,8 @@ def test_attention_shapes_are_valid(shape) -> None:
 
 def test_strategies_reach_the_edge_cases() -> None:
     assert find(head_dims(), lambda d: d == 2) == 2
+    assert find(head_counts(), lambda h: h[1] == 1 and h[0] > 1) == (2, 1)  # multi-query attention
+    assert find(head_counts(), lambda h: h[0] == h[1] > 1) == (2, 2)  # plain multi-head attention
     assert not find(loss_masks((2, 3)), lambda m: not m.any()).any()  # an all-zero mask is drawn
     assert find(loss_masks((2, 3)), lambda m: m.all()).all()  # and an all-one mask
     assert np.abs(find(large_logits((4, 5)), lambda a: np.abs(a).max() > 1e3)).max() > 1e3

@@ -42,6 +42,13 @@ def vocab_sizes(min_value: int = 2, max_value: int = 64) -> st.SearchStrategy[in
     return st.integers(min_value, max_value)
 
 
+@st.composite
+def head_counts(draw: st.DrawFn, max_kv_heads: int = 4, max_groups: int = 4) -> tuple[int, int]:
+    """(n_heads, n_kv_heads) with n_heads a multiple of n_kv_heads: MHA (groups 1), GQA, MQA (1 KV head)."""
+    hkv = draw(st.integers(1, max_kv_heads))
+    return hkv * draw(st.integers(1, max_groups)), hkv
+
+
 class AttentionShape(NamedTuple):
     """Sizes of one attention call.
 
@@ -78,10 +85,9 @@ def attention_shapes(
     n_kv_heads = 1 is multi-query); with `kv_cache`, kv_len may exceed seq_len (a decode step)."""
     t = draw(seq_lens(max_len))
     s = draw(st.integers(t, max_len)) if kv_cache else t
-    hkv = draw(st.integers(1, max_kv_heads))
-    groups = draw(st.integers(1, max_groups))
+    hq, hkv = draw(head_counts(max_kv_heads, max_groups))
     d = draw(head_dims(max_head_dim))
-    return AttentionShape(draw(batch_sizes(max_batch)), t, s, hkv * groups, hkv, d)
+    return AttentionShape(draw(batch_sizes(max_batch)), t, s, hq, hkv, d)
 
 
 def shapes(min_dims: int = 1, max_dims: int = 3, max_side: int = 5) -> st.SearchStrategy[Shape]:
