@@ -50,16 +50,24 @@ def merge_word(ids: list[int], merges: Merges) -> list[int]:
     if len(ids) > LONG_WORD:
         return merge_long_word(ids, merges)
     get, ids = merges.get, list(ids)
-    while len(ids) >= 2:
-        found = list(map(get, pairwise(ids), repeat(_NONE)))  # (rank, merged id) per adjacent pair
+    found = list(map(get, pairwise(ids), repeat(_NONE)))  # (rank, merged id) of each adjacent pair
+    while found:
         best = min(found)
         if best is _NONE:
             break
         i = found.index(best)  # the leftmost occurrence
         if found.count(best) == 1:
-            ids[i : i + 2] = [best[1]]  # the common case: one occurrence, merge in place
+            # The common case, one occurrence: merge in place; only the two neighbouring pairs change.
+            new = best[1]
+            ids[i : i + 2] = [new]
+            del found[i]
+            if i > 0:
+                found[i - 1] = get((ids[i - 1], new), _NONE)
+            if i < len(found):
+                found[i] = get((new, ids[i + 1]), _NONE)
         else:
             ids = _replace_pair(ids, (ids[i], ids[i + 1]), best[1], i)
+            found = list(map(get, pairwise(ids), repeat(_NONE)))
     return ids
 
 
@@ -119,17 +127,22 @@ class WordEncoder:
         self.cache: dict[str, tuple[int, ...]] = {}
         self.cache_limit = cache_limit
 
+    def bytes_ids(self, data: bytes) -> tuple[int, ...]:
+        """The ids of one pretokenized word given as bytes (not cached)."""
+        return tuple(merge_word(list(map(self.byte_ids.__getitem__, data)), self.merges))
+
     def word_ids(self, word: str, raw: bool = False) -> tuple[int, ...]:
         """The ids of one pretokenized word (not cached; the cache is managed by `encode`)."""
-        byte_ids = self.byte_ids
-        return tuple(merge_word([byte_ids[b] for b in word_bytes(word, raw)], self.merges))
+        return self.bytes_ids(word_bytes(word, raw))
 
     def _miss(self, word: str, raw: bool) -> tuple[int, ...]:
-        ids = self.word_ids(word, raw)
-        if word.isascii() or not any("\ud800" <= c <= "\udfff" for c in word):
-            if len(self.cache) >= self.cache_limit:
-                self.cache.clear()  # a crude bound on memory: start over
-            self.cache[word] = ids
+        try:
+            data = word.encode("utf-8")
+        except UnicodeEncodeError:
+            return self.word_ids(word, raw)  # lone surrogates: their bytes depend on `raw`, no caching
+        if len(self.cache) >= self.cache_limit:
+            self.cache.clear()  # a crude bound on memory: start over
+        ids = self.cache[word] = self.bytes_ids(data)
         return ids
 
     def encode(self, text: str, raw: bool = False) -> list[int]:
