@@ -47,7 +47,6 @@ def stream_ids(
     args: argparse.Namespace,
     stops: tuple[int, ...],
     speculative: bool = False,
-    temperature: float | None = None,
     turn: int = 0,
 ) -> Iterator[int]:
     """Token ids from euler-model's generate, with the sampling flags of the command line."""
@@ -59,7 +58,7 @@ def stream_ids(
         model.params,
         prompt_ids,
         max_new_tokens=max(0, min(args.max_new_tokens, room)),
-        temperature=args.temperature if temperature is None else temperature,
+        temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
@@ -112,39 +111,47 @@ def fit_history(tok: Any, history: list[dict[str, str]], budget: int) -> list[in
 
 def chat_repl(model: SamplingModel, args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     """Read user lines; answer each; `/reset` clears history, `/temp X` sets temperature, `/quit` ends."""
-    tok, temperature = model.tokenizer, args.temperature
     history: list[dict[str, str]] = []
-    stops = stop_ids(tok, (END, EOT))
-    budget = max(1, model.mcfg.context - min(args.max_new_tokens, model.mcfg.context // 2))
-    interactive = stdin.isatty()
     stdout.write("euler chat: /reset clears the history, /temp X sets the temperature, /quit ends\n")
-    while True:
-        if interactive:
-            stdout.write("you> ")
-            stdout.flush()
-        line = stdin.readline()
-        if not line:
-            break
-        line = line.strip()
+    while (line := _read_line(stdin, stdout)) is not None:
         if not line:
             continue
         if line.startswith("/"):
             if _command(line, history, stdout, args):
                 break
-            temperature = args.temperature
             continue
         history.append({"role": "user", "content": line})
-        ids = fit_history(tok, history, budget)
-        stdout.write("assistant> ")
-        reply = []
-        ids_out = stream_ids(model, ids, args, stops, temperature=temperature, turn=len(history) // 2)
-        for piece in decode_stream(tok, ids_out, stops):
-            reply.append(piece)
-            stdout.write(piece)
-            stdout.flush()
-        stdout.write("\n")
-        history.append({"role": "assistant", "content": "".join(reply)})
+        reply = _answer(model, args, history, stdout)
+        history.append({"role": "assistant", "content": reply})
     return 0
+
+
+def _read_line(stdin: TextIO, stdout: TextIO) -> str | None:
+    """The next stripped input line (with a `you> ` prompt on a terminal); None at end of input."""
+    if stdin.isatty():
+        stdout.write("you> ")
+        stdout.flush()
+    line = stdin.readline()
+    return line.strip() if line else None
+
+
+def _answer(
+    model: SamplingModel, args: argparse.Namespace, history: list[dict[str, str]], stdout: TextIO
+) -> str:
+    """Stream the assistant's reply to the conversation (newest turns that fit the context)."""
+    stops = stop_ids(model.tokenizer, (END, EOT))
+    budget = max(1, model.mcfg.context - min(args.max_new_tokens, model.mcfg.context // 2))  # room to answer
+    ids = fit_history(model.tokenizer, history, budget)
+    stdout.write("assistant> ")
+    reply = []
+    for piece in decode_stream(
+        model.tokenizer, stream_ids(model, ids, args, stops, turn=len(history) // 2), stops
+    ):
+        reply.append(piece)
+        stdout.write(piece)
+        stdout.flush()
+    stdout.write("\n")
+    return "".join(reply)
 
 
 def _command(line: str, history: list, stdout: TextIO, args: argparse.Namespace) -> bool:

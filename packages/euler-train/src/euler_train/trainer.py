@@ -238,41 +238,51 @@ class Trainer:
         """Train to train.steps; returns the exit code (0 done, 128 + signal when interrupted)."""
         from euler_train.progress import Progress
 
-        cfg = self.spec.cfg
-        total = cfg["train"]["steps"]
-        if self.comm.is_main:
+        cfg, main = self.spec.cfg, self.comm.is_main
+        if main:
             print(self.describe(), file=sys.stderr)
         log = (
             MetricsLogger(self.spec.run_dir, cfg["log"]["tensorboard"], self.state.step or None)
-            if self.comm.is_main
+            if main
             else None
         )
-        bar = Progress(self, total, enabled=self.comm.is_main and cfg["log"]["progress"])
+        bar = Progress(self, cfg["train"]["steps"], enabled=main and cfg["log"]["progress"])
         try:
-            for step in range(self.state.step, total):
-                start, before = time.perf_counter(), self.state.tokens
-                row, stopping = self.step_once(step, stop)
-                row["tok_per_s"] = (self.state.tokens - before) / max(time.perf_counter() - start, 1e-9)
-                mfu = self.mfu(row["tok_per_s"])
-                if mfu is not None:
-                    row["mfu"] = mfu
-                done = step + 1
-                self._maybe_eval_and_save(done, total, row)
-                bar.update(row)
-                if log is not None and (
-                    done % cfg["log"]["every"] == 0 or "val_loss" in row or done == total
-                ):
-                    log.write(row)
-                if stopping and done < total:
-                    if not self._saved_at(done):
-                        self.save()
-                    return self._interrupted(stop)
+            stopped = self._loop(stop, bar, log)
         finally:
             bar.close()
             if log is not None:
                 log.close()
+        if stopped:
+            return self._interrupted(stop)
         self.finish()
         return 0
+
+    def _loop(self, stop: StopFlag, bar: Any, log: MetricsLogger | None) -> bool:
+        """Steps until the end (False) or until a signal stopped every rank (True, checkpoint written)."""
+        total, every = self.spec.cfg["train"]["steps"], self.spec.cfg["log"]["every"]
+        for step in range(self.state.step, total):
+            row, stopping = self._timed_step(step, stop)
+            done = step + 1
+            self._maybe_eval_and_save(done, total, row)
+            bar.update(row)
+            if log is not None and (done % every == 0 or "val_loss" in row or done == total):
+                log.write(row)
+            if stopping and done < total:
+                if not self._saved_at(done):
+                    self.save()
+                return True
+        return False
+
+    def _timed_step(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool]:
+        """step_once, plus the step's own throughput (and MFU on GPU) in its row."""
+        start, before = time.perf_counter(), self.state.tokens
+        row, stopping = self.step_once(step, stop)
+        row["tok_per_s"] = (self.state.tokens - before) / max(time.perf_counter() - start, 1e-9)
+        mfu = self.mfu(row["tok_per_s"])
+        if mfu is not None:
+            row["mfu"] = mfu
+        return row, stopping
 
     def describe(self) -> str:
         """One line: what is trained, on what, from where."""
