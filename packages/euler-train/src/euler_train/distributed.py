@@ -97,33 +97,33 @@ class NcclComm(Comm):
 
     def allreduce_grads(self, grads: dict[str, Any]) -> None:
         """Pack each bucket on the compute stream, all-reduce it on the comm stream while the next packs."""
-        cp = self.cp
-        names = list(grads)
-        sizes = {n: grads[n].nbytes for n in names}
-        groups = buckets(names, sizes, BUCKET_BYTES)
-        compute = cp.cuda.get_current_stream()
+        groups = buckets(list(grads), {n: grads[n].nbytes for n in grads}, BUCKET_BYTES)
+        compute = self.cp.cuda.get_current_stream()
         for i, group in enumerate(groups):
-            total = sum(grads[n].size for n in group)
-            dtype = grads[group[0]].dtype
-            if i not in self.flat or self.flat[i].size != total or self.flat[i].dtype != dtype:
-                self.flat[i] = cp.empty(total, dtype=dtype)
-            cp.concatenate([grads[n].reshape(-1) for n in group], out=self.flat[i])
-            self.stream.wait_event(compute.record())  # comm waits for this bucket's packing only
-            buf = self.flat[i]
-            self.comm.allReduce(
-                buf.data.ptr,
-                buf.data.ptr,
-                buf.size,
-                self._dtype_code(dtype),
-                self.nccl.NCCL_SUM,
-                self.stream.ptr,
-            )
-        compute.wait_event(self.stream.record())
+            buf = self._pack(i, [grads[n] for n in group])
+            self.stream.wait_event(compute.record())  # the comm stream waits for this bucket's packing only
+            code, total = self._dtype_code(buf.dtype), self.nccl.NCCL_SUM
+            self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, code, total, self.stream.ptr)
+        compute.wait_event(self.stream.record())  # unpacking waits for every all-reduce
         for i, group in enumerate(groups):
-            offset = 0
-            for n in group:
-                grads[n][...] = self.flat[i][offset : offset + grads[n].size].reshape(grads[n].shape)
-                offset += grads[n].size
+            self._unpack(self.flat[i], [grads[n] for n in group])
+
+    def _pack(self, index: int, arrays: list[Any]) -> Any:
+        """Bucket `index`'s persistent flat buffer (re-made only when its size changes), filled."""
+        total, dtype = sum(a.size for a in arrays), arrays[0].dtype
+        buf = self.flat.get(index)
+        if buf is None or buf.size != total or buf.dtype != dtype:
+            buf = self.flat[index] = self.cp.empty(total, dtype=dtype)
+        self.cp.concatenate([a.reshape(-1) for a in arrays], out=buf)
+        return buf
+
+    @staticmethod
+    def _unpack(buf: Any, arrays: list[Any]) -> None:
+        """Copy the reduced flat buffer back into the gradient arrays, in place."""
+        offset = 0
+        for a in arrays:
+            a[...] = buf[offset : offset + a.size].reshape(a.shape)
+            offset += a.size
 
     def allreduce_scalars(self, values: list[float]) -> list[float]:
         buf = self.cp.asarray(values, dtype=self.cp.float64)
