@@ -7,6 +7,7 @@ import json
 import unicodedata
 
 import duckdb
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,3 +114,14 @@ def test_named_sources_resolve_from_a_mirror_layout(tmp_path, tok_path, decode_d
     assert meta["documents_in"] == 10 and meta["dropped"] == {"low_score": 8}  # int_score 4 twice
     with pytest.raises(DataError, match=r"gutenberg:8: no mirror has it .* www\.gutenberg\.org"):
         prepare(Recipe(sources=(SourceSpec("gutenberg:8"),)), tmp_path / "o2", mirror=mirror, quiet=True)
+
+
+def test_doc_lengths_and_histogram_of_a_bin():
+    from euler_data.report import doc_lengths, histogram
+
+    eot = 9
+    tokens = np.array([1, 2, 9, 9, 3, 4, 5, 6, 9], dtype=np.uint16)  # documents of 2, 0 and 4 tokens
+    assert doc_lengths(tokens, eot).tolist() == [2, 0, 4]
+    lines = histogram(np.array([1, 2, 3, 900]))
+    counts = [int(line.split(")")[1].split()[0]) for line in lines]
+    assert counts == [1, 2, 1]  # [0, 2): 1, [2, 4): 2, [512, 1024): 1
