@@ -171,3 +171,15 @@ def naive_merges(words: dict[bytes, int], num_tokens: int) -> list[tuple[bytes, 
 def test_incremental_training_equals_a_full_recount(words: dict[bytes, int], num_tokens: int) -> None:
     merges, tokens = learn_merges(words, num_tokens)
     assert [(tokens[a], tokens[b]) for a, b, _ in merges] == naive_merges(words, num_tokens)
+
+
+def test_train_streams_a_generator_and_reports_progress() -> None:
+    seen: list[tuple[int, int]] = []
+    docs = (f"document {i} says hello world\n" for i in range(2000))
+    tok = Tokenizer.train(
+        docs, vocab_size=300, special_tokens=["<|end|>"], progress=lambda d, t: seen.append((d, t))
+    )
+    assert tok.vocab_size == 300
+    assert seen[-1] == (299, 299) and [d for d, _ in seen] == list(range(257, 300))
+    with pytest.raises(ValueError, match="sample_bytes"):
+        Tokenizer.train(["text"], vocab_size=300, sample_bytes=0)

@@ -96,10 +96,17 @@ def source_size(source: Source) -> int:
     return os.path.getsize(source) if isinstance(source, os.PathLike) else len(source)
 
 
-def sample_pieces(sources: list[Source], sample_bytes: int | None) -> Iterator[str]:
-    """All pieces, or about `sample_bytes` of them spread evenly over the whole corpus."""
+def sample_pieces(sources: Iterable[Source], sample_bytes: int | None) -> Iterator[str]:
+    """All pieces (streamed: an iterator of sources is read once), or about `sample_bytes` of them
+    spread evenly over the whole corpus (then the sources are listed first, to know the total)."""
+    if sample_bytes is None:
+        yield from iter_pieces(sources)
+        return
+    if sample_bytes <= 0:
+        raise ValueError(f"train: sample_bytes must be positive, got {sample_bytes}")
+    sources = list(sources)
     total = sum(source_size(s) for s in sources)
-    if sample_bytes is None or total <= sample_bytes:
+    if total <= sample_bytes:
         yield from iter_pieces(sources)
         return
     ratio, seen, kept = sample_bytes / total, 0, 0

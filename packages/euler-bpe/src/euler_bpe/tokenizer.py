@@ -76,7 +76,7 @@ class Tokenizer:
             raise ValueError(
                 f"train: vocab_size={vocab_size} is smaller than 256 bytes + {len(specials)} special tokens"
             )
-        sources = [texts] if isinstance(texts, (str, bytes, os.PathLike)) else list(texts)
+        sources = [texts] if isinstance(texts, (str, bytes, os.PathLike)) else texts
         counts = count_words(sample_pieces(sources, sample_bytes), pattern, specials, workers)
         if not counts:
             raise ValueError("train: the corpus is empty (no text to learn merges from)")
