@@ -169,3 +169,15 @@ def test_a_spawned_worker_rebuilds_the_tokenizer_from_its_state(small_tok: Token
         assert ids.tolist() == small_tok.encode("hi <|end|> there", allowed_special="all")
     finally:
         _parallel._WORKER = None
+
+
+def test_decode_and_token_bytes_take_any_integer_sequence(small_tok: Tokenizer) -> None:
+    from array import array
+
+    ids = small_tok.encode("hello world")
+    assert small_tok.decode(array("H", ids)) == "hello world"
+    np = pytest.importorskip("numpy")
+    assert small_tok.decode(np.array(ids, dtype=np.uint16)) == "hello world"
+    assert small_tok.token_bytes(np.int64(104)) == small_tok.token_bytes(104)
+    with pytest.raises(ValueError):
+        small_tok.token_bytes(True)

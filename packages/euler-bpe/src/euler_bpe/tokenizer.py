@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -28,6 +29,7 @@ class Tokenizer:
     """Byte-level BPE. `tokens[i]` is the bytes of id i; `merges` are (left id, right id) in rank order.
 
     Special tokens have ids of their own; their bytes (the UTF-8 of their name) are what `decode` shows.
+    Treat `tokens`, `merges`, `special_tokens` and `pattern` as read-only: `fingerprint` is computed once.
     """
 
     def __init__(
@@ -176,12 +178,15 @@ class Tokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes of one token (a special token's are the UTF-8 of its name)."""
-        if not isinstance(token_id, int) or not 0 <= token_id < len(self.tokens):
-            raise ValueError(
-                f"token_bytes: id {token_id!r} is outside the vocabulary 0..{len(self.tokens) - 1}"
-            )
-        return self.tokens[token_id]
+        """The bytes of one token (a special token's are the UTF-8 of its name); any integer type.
+
+        >>> Tokenizer.byte_level().token_bytes(104)
+        b'h'
+        """
+        i = _as_index(token_id)
+        if i is None or not 0 <= i < len(self.tokens):
+            raise ValueError(f"token_bytes: id {token_id!r} is outside 0..{self.vocab_size - 1}")
+        return self.tokens[i]
 
     # ---- properties and files -------------------------------------------------------------------
     @property
@@ -238,6 +243,16 @@ class Tokenizer:
         return isinstance(other, Tokenizer) and self.fingerprint == other.fingerprint
 
     __hash__ = None  # mutable-looking object: compare, don't hash
+
+
+def _as_index(value: object) -> int | None:
+    """An integer of any type (int, NumPy's, ...) as int; None for anything else (bool included)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _progress_printer() -> Callable[[int, int], None]:
