@@ -174,3 +174,14 @@ def test_accounting_always_balances(tok_path, decode_docs, lines, bad_bytes):
         assert len(docs) == meta["documents_kept"] == len(set(docs))
         texts = {json.loads(line).get("text") for line in lines if line.startswith('{"text"')}
         assert all(any(d in t for t in texts if isinstance(t, str)) for d in docs)  # cleaned text of an input
+
+
+def test_encoding_in_many_small_batches_gives_the_same_shards(corpus, tok_path, tmp_path, monkeypatch):
+    from euler_data import shards
+
+    prepare(_recipe(corpus, tok_path), tmp_path / "one", quiet=True)
+    monkeypatch.setattr(shards, "BATCH_CHARS", 700)  # a few pieces per encode_batch call
+    meta = prepare(_recipe(corpus, tok_path), tmp_path / "many", quiet=True)
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
+    assert not (tmp_path / "many" / shards.SCRATCH).exists() and meta["documents_kept"] == 10

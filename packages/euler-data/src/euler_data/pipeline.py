@@ -89,13 +89,12 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
 
 def _tokenize(state: dict[str, Any], out: Path, recipe: Recipe, quiet: bool) -> dict[str, int]:
     """Encode with DuckDB closed (its threads must not be running when the workers fork), then write."""
-    rows = shards.fetch_pieces(state["con"])
+    total = _text_bytes(state["con"], "pieces")
     state["con"].close()
-    total = sum(len(text.encode("utf-8")) for _, _, text in rows)
     with tqdm(total=total, desc="tokenize", unit="B", unit_scale=True, disable=quiet) as bar:
-        encoded = shards.encode_pieces(rows, state["tok"], recipe.workers, bar)
+        index = shards.encode_pieces(out, state["tok"], recipe.workers, bar)
     state["con"] = connect(out)
-    return shards.tokenize(state["con"], encoded, state["tok"], out)
+    return shards.tokenize(state["con"], index, state["tok"], out)
 
 
 def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, quiet: bool = False) -> dict:

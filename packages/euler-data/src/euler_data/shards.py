@@ -1,6 +1,8 @@
 """Stage 8, tokenize: every piece encoded once (both cores), written in mix order to train.bin / val.bin.
 
 A bin is uint16 token ids, each document followed by ``<|endoftext|>``: ``doc0 <eot> doc1 <eot> ...``.
+Pieces are encoded in batches of about ``BATCH_CHARS`` characters and appended to a scratch file
+(``pieces.tokens``), so memory holds one batch; the bins are then cut from it in the mix order.
 Per-piece token counts go to the ``tokenized`` table for ``meta.json`` and ``inspect``.
 """
 
@@ -12,48 +14,57 @@ import duckdb
 import numpy as np
 
 from euler_bpe import ENDOFTEXT, Tokenizer
+from euler_data.db import connect
+from euler_data.meta import open_bin
 
 BATCH_CHARS = 64_000_000  # text per encode_batch call: each call starts worker processes with cold caches
+SCRATCH = "pieces.tokens"
+Index = dict[tuple[int, int], tuple[int, int]]  # (doc_id, part) -> (start, length) in the scratch file
 
 
-def _batches(rows: list[tuple[int, int, str]]):
-    """Group (doc_id, part, text) rows into batches of about BATCH_CHARS characters."""
-    batch, size = [], 0
-    for row in rows:
-        batch.append(row)
-        size += len(row[2])
-        if size >= BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, str]]:
+    """The next pieces after ``after`` in (doc_id, part) order, about BATCH_CHARS characters.
 
-
-def fetch_pieces(con: duckdb.DuckDBPyConnection) -> list[tuple[int, int, str]]:
-    """(doc_id, part, text) of every piece."""
-    return con.execute("SELECT doc_id, part, text FROM pieces ORDER BY doc_id, part").fetchall()
-
-
-def encode_pieces(rows, tok: Tokenizer, workers: int, progress=None) -> dict[tuple[int, int], np.ndarray]:
-    """Encode each piece once: (doc_id, part) -> uint16 ids.
-
-    Run it with no DuckDB connection open: the workers are forked, and forking a process while
-    DuckDB's threads run can crash or hang the children.
+    The connection is closed on return: encode_batch forks its workers, and forking while DuckDB's
+    threads run can crash or hang the children.
     """
-    encoded: dict[tuple[int, int], np.ndarray] = {}
-    for batch in _batches(rows):
-        ids = tok.encode_batch([text for _, _, text in batch], workers=workers)
-        for (doc_id, part, text), seq in zip(batch, ids):
-            encoded[(doc_id, part)] = np.asarray(seq, dtype=np.uint16)
-            if progress is not None:
-                progress.update(len(text.encode("utf-8")))
-    return encoded
+    con = connect(folder)
+    try:
+        cursor = con.execute(
+            "SELECT doc_id, part, text FROM pieces WHERE doc_id > ? OR (doc_id = ? AND part > ?) "
+            "ORDER BY doc_id, part",
+            [after[0], after[0], after[1]],
+        )
+        rows, size = [], 0
+        while size < BATCH_CHARS and (row := cursor.fetchone()) is not None:
+            rows.append(row)
+            size += len(row[2])
+        return rows
+    finally:
+        con.close()
 
 
-def write_tokenized(con: duckdb.DuckDBPyConnection, encoded: dict[tuple[int, int], np.ndarray]) -> None:
+def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> Index:
+    """Encode every piece once into ``folder/pieces.tokens``; returns where each one lies."""
+    index: Index = {}
+    offset, after = 0, (-1, -1)
+    with open(folder / SCRATCH, "wb") as out:
+        while rows := fetch_batch(folder, after):
+            ids = tok.encode_batch([text for _, _, text in rows], workers=workers)
+            for (doc_id, part, text), seq in zip(rows, ids):
+                out.write(np.asarray(seq, dtype=np.uint16).tobytes())
+                index[(doc_id, part)] = (offset, len(seq))
+                offset += len(seq)
+                if progress is not None:
+                    progress.update(len(text.encode("utf-8")))
+            after = rows[-1][:2]
+    return index
+
+
+def write_tokenized(con: duckdb.DuckDBPyConnection, index: Index) -> None:
     """The ``tokenized(doc_id, part, tokens)`` table of token counts."""
-    keys = list(encoded)
-    columns = [[d for d, _ in keys], [p for _, p in keys], [len(encoded[k]) for k in keys]]
+    keys = list(index)
+    columns = [[d for d, _ in keys], [p for _, p in keys], [index[k][1] for k in keys]]
     con.execute(  # three lists in one statement: executemany costs ~0.5 ms per row
         "CREATE OR REPLACE TABLE tokenized AS SELECT unnest(?::BIGINT[]) AS doc_id, "
         "unnest(?::INTEGER[]) AS part, unnest(?::BIGINT[]) AS tokens",
@@ -61,23 +72,28 @@ def write_tokenized(con: duckdb.DuckDBPyConnection, encoded: dict[tuple[int, int
     )
 
 
-def write_bins(con, encoded: dict[tuple[int, int], np.ndarray], eot: int, folder: Path) -> dict[str, int]:
+def write_bins(con, index: Index, eot: int, folder: Path) -> dict[str, int]:
     """Write ``train.bin`` and ``val.bin`` in the ``mixed`` order; returns tokens per split."""
-    eot_arr = np.array([eot], dtype=np.uint16)
+    scratch = folder / SCRATCH
+    tokens = open_bin(scratch, np.uint16)  # every piece's tokens, back to back
+    eot_bytes = np.array([eot], dtype=np.uint16).tobytes()
     totals = {}
     for split in ("train", "val"):
         order = con.execute("SELECT doc_id, part FROM mixed WHERE split = ? ORDER BY ord", [split]).fetchall()
         total = 0
         with open(folder / f"{split}.bin", "wb") as out:
             for key in order:
-                out.write(encoded[key].tobytes())
-                out.write(eot_arr.tobytes())
-                total += len(encoded[key]) + 1
+                start, length = index[key]
+                out.write(tokens[start : start + length].tobytes() + eot_bytes)
+                total += length + 1
         totals[split] = total
+    del tokens  # release the map before the scratch file goes
     return totals
 
 
-def tokenize(con: duckdb.DuckDBPyConnection, encoded, tok: Tokenizer, folder: Path) -> dict[str, int]:
+def tokenize(con: duckdb.DuckDBPyConnection, index: Index, tok: Tokenizer, folder: Path) -> dict[str, int]:
     """Stage 8 (after ``encode_pieces``): the counts table and the bins; returns tokens per split."""
-    write_tokenized(con, encoded)
-    return write_bins(con, encoded, tok.special_tokens[ENDOFTEXT], folder)
+    write_tokenized(con, index)
+    totals = write_bins(con, index, tok.special_tokens[ENDOFTEXT], folder)
+    (folder / SCRATCH).unlink()
+    return totals
