@@ -139,6 +139,44 @@ def test_speculative_sampling_is_reproducible_and_top_k_1_is_greedy(trained) -> 
     assert a == b
 
 
+def softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+@pytest.mark.slow
+def test_speculative_sampling_has_the_distribution_of_plain_sampling(trained) -> None:
+    """The second sampled token: exact marginal from head 0 vs the frequencies of speculative sampling."""
+    cfg, params, _ = trained
+    prompt, temp, n = [4, 5, 6], 2.5, 1500
+    first = softmax(logits(cfg, params, np.array([prompt]))[0, -1] / temp)  # (V,)
+    nxt = logits(cfg, params, np.array([[*prompt, t] for t in range(cfg.vocab_size)]))[:, -1] / temp
+    exact = first @ np.stack([softmax(z) for z in nxt])  # sum over t1 of p(t1) p(t2 | t1)
+    stats = GenerationStats()
+    seen = np.zeros(cfg.vocab_size)
+    for seed in range(n):
+        out = generate(
+            cfg,
+            params,
+            prompt,
+            3,  # so that token 2 can come from an accepted draft
+            temperature=temp,
+            seed=seed,
+            speculative=True,
+            stats=stats,
+            draft_threshold=0,
+        )
+        seen[list(out)[1]] += 1
+    assert stats.acceptance_rate > 0.2  # drafts were really accepted along the way
+    top = np.argsort(-exact)[:4]
+    groups = [*top, None]  # the 4 likeliest tokens and everything else
+    for g in groups:
+        p = exact[top].sum() if g is None else exact[g]
+        f = seen[top].sum() if g is None else seen[g]
+        p, f = (1 - p, n - f) if g is None else (p, f)
+        assert abs(f / n - p) < 4.5 * np.sqrt(p * (1 - p) / n) + 1e-3, (g, f / n, p)
+
+
 def test_sampling_is_seeded_and_respects_top_k_top_p() -> None:
     cfg = preset("tiny")
     params = scaled_params(cfg, 4)

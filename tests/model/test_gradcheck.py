@@ -5,12 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from euler_kernels import gradcheck_scalar
 from euler_model import forward_loss, init_params, logits, loss_and_grads, preset
-
-try:
-    from euler_kernels import gradcheck_scalar
-except ImportError:  # not yet re-exported at the package top level
-    from euler_kernels.gradcheck import gradcheck_scalar
 
 
 def batch(cfg, b, t, seed, partial_mask=True):
