@@ -18,7 +18,11 @@ if TYPE_CHECKING:
 
 
 def read_merge_lines(lines: list[str], where: str) -> list[tuple[str, str]]:
-    """'Ġ t' lines -> ('Ġ', 't'); skips a '#version' header and blank lines."""
+    """'Ġ t' lines -> ('Ġ', 't'); skips a '#version' header and blank lines.
+
+    >>> read_merge_lines(["#version: 0.2", "Ġ t", "h e"], "example")
+    [('Ġ', 't'), ('h', 'e')]
+    """
     pairs = []
     for n, line in enumerate(lines):
         line = line.rstrip("\r\n")

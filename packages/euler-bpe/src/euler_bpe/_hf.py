@@ -31,7 +31,11 @@ def _pre_tokenizer(pattern: str) -> dict[str, Any]:
 
 
 def _pattern_of(pre: Any) -> str:
-    """The pretokenization pattern a supported pre_tokenizer stands for; else TokenizerFileError."""
+    """The pretokenization pattern a supported pre_tokenizer stands for; else TokenizerFileError.
+
+    >>> _pattern_of(_pre_tokenizer("[a-z]+| ")), _pattern_of(_pre_tokenizer(GPT2_PATTERN)) == GPT2_PATTERN
+    ('[a-z]+| ', True)
+    """
     if isinstance(pre, dict) and pre.get("type") == "ByteLevel" and not pre.get("add_prefix_space"):
         if pre.get("use_regex", True):
             return GPT2_PATTERN

@@ -34,7 +34,11 @@ def content(tok: Tokenizer) -> dict[str, Any]:
 
 
 def fingerprint(fields: dict[str, Any]) -> str:
-    """SHA-256 hex of the canonical JSON of the content fields."""
+    """SHA-256 hex of the canonical JSON of the content fields (key order does not matter).
+
+    >>> fingerprint({"a": 1, "b": [2]}) == fingerprint({"b": [2], "a": 1})
+    True
+    """
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
