@@ -7,6 +7,7 @@ the text was read, else why not (the document is counted as dropped for that rea
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -39,20 +40,22 @@ def create_tables(con: duckdb.DuckDBPyConnection, recipe: Recipe) -> None:
         con.execute("INSERT INTO sources VALUES (?, ?, ?, ?, ?)", row)
 
 
-def python_records(item: Input, source: SourceSpec, max_bytes: int) -> list[Record]:
+def python_records(item: Input, source: SourceSpec, max_bytes: int) -> Iterator[Record]:
     """Records of a text-like input, read in Python so that bad lines are counted one by one."""
     path = Path(item.location)
     if item.fmt == "txt":
-        return list(read_txt(path, source.docs, max_bytes))
-    return list(read_json_file(path, source.text_field, source.score_field))
+        return read_txt(path, source.docs, max_bytes)
+    return read_json_file(path, source.text_field, source.score_field)
 
 
-def write_staging(staging, records: list[Record], source: str, file: str, first_id: int) -> int:
+def write_staging(staging, records: Iterable[Record], source: str, file: str, first_id: int) -> int:
     """Append records as JSON lines that DuckDB loads in one query; returns the next free doc_id."""
-    for i, (text, score, reason) in enumerate(records):
-        row = {"doc_id": first_id + i, "source": source, "file": file, "text": text, "score": score}
+    next_id = first_id
+    for text, score, reason in records:
+        row = {"doc_id": next_id, "source": source, "file": file, "text": text, "score": score}
         staging.write(json.dumps({**row, "reason": reason}, ensure_ascii=False) + "\n")
-    return first_id + len(records)
+        next_id += 1
+    return next_id
 
 
 def load_staging(con: duckdb.DuckDBPyConnection, staging: Path) -> None:

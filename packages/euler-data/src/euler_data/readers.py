@@ -83,13 +83,16 @@ def read_jsonl_lines(lines: Iterable[bytes], text_field: str, score_field: str =
 
 
 def read_json_file(path: Path, text_field: str, score_field: str = "score") -> Iterator[Record]:
-    """A .json / .json.gz file: a JSON array of records, or JSON lines."""
+    """A .json / .json.gz file: a JSON array of records (read whole), or JSON lines (streamed)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
-        data = handle.read()
-    if path.suffix == ".jsonl" or not data.lstrip()[:1] == b"[":
-        yield from read_jsonl_lines(data.split(b"\n"), text_field, score_field)
+        is_array = handle.read(1 << 16).lstrip()[:1] == b"["
+    if path.suffix == ".jsonl" or not is_array:
+        with opener(path, "rb") as handle:
+            yield from read_jsonl_lines(handle, text_field, score_field)  # line by line
         return
+    with opener(path, "rb") as handle:
+        data = handle.read()
     try:
         records = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
