@@ -106,6 +106,17 @@ def test_load_hf_reproduces_a_transformers_llama(tmp_path, tie, theta) -> None:
     np.testing.assert_allclose(logits(cfg, params, tokens), hf_logits(model, tokens), rtol=1e-5, atol=1e-5)
 
 
+def test_load_hf_reads_sharded_folders(tmp_path) -> None:
+    model = llama(tmp_path / "one", False, 10000.0)
+    model.save_pretrained(tmp_path / "shards", max_shard_size="40KB")
+    assert (tmp_path / "shards" / "model.safetensors.index.json").is_file()
+    cfg, params = load_hf(tmp_path / "shards")
+    cfg_one, whole = load_hf(tmp_path / "one")
+    assert cfg == cfg_one
+    for k in whole:
+        np.testing.assert_array_equal(params[k], whole[k])
+
+
 def test_load_hf_reads_bfloat16(tmp_path) -> None:
     model = llama(tmp_path, False, 10000.0, dtype=torch.bfloat16)
     _, params = load_hf(tmp_path)
