@@ -106,6 +106,7 @@ def test_sample_bytes_trains_on_a_part(tmp_path) -> None:
     ("kwargs", "message"),
     [
         ({"vocab_size": 255}, "vocab_size=255"),
+        ({"vocab_size": 300.0}, "must be an int"),
         ({"vocab_size": 257, "special_tokens": ["<a>", "<b>"]}, "2 special tokens"),
         ({"vocab_size": 300, "special_tokens": ["<a>", "<a>"]}, "distinct"),
         ({"vocab_size": 300, "special_tokens": [""]}, "non-empty"),

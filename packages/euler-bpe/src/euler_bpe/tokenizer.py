@@ -74,6 +74,8 @@ class Tokenizer:
         specials = list(special_tokens)
         if len(set(specials)) != len(specials) or not all(isinstance(s, str) and s for s in specials):
             raise ValueError(f"train: special tokens must be distinct non-empty strings, got {specials}")
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+            raise ValueError(f"train: vocab_size must be an int, got {vocab_size!r}")
         if vocab_size < 256 + len(specials):
             raise ValueError(
                 f"train: vocab_size={vocab_size} is smaller than 256 bytes + {len(specials)} special tokens"
