@@ -80,6 +80,16 @@ def _confident_drafts(guesses: np.ndarray, threshold: float) -> list[int]:
     return drafts
 
 
+def _draft(config: ModelConfig, h: Any, drafters: Any, room: int, threshold: float) -> list[int]:
+    """At most `room` drafts from heads 1..K-1 at the hidden row h (1, 1, C).
+
+    Head k guesses the token k places after head 0's next token; drafters stacks their weights.
+    """
+    m = max(0, min(config.n_mtp_heads - 1, room))
+    guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
+    return _confident_drafts(guesses, threshold)
+
+
 def _speculative(config, params, cache, history, pick, stats, budget: int, threshold: float) -> Iterator[int]:
     """Heads 1..K-1 draft, head 0 verifies them all in one forward; see the module docstring."""
     xp = ek.get_array_module(params["embed"])
@@ -90,9 +100,8 @@ def _speculative(config, params, cache, history, pick, stats, budget: int, thres
     yield token
     produced = 1
     while len(history) < config.context:
-        m = max(0, min(config.n_mtp_heads - 1, config.context - len(history) - 1, budget - produced - 1))
-        guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
-        drafts = _confident_drafts(guesses, threshold)  # head k guesses the token k after `token`
+        room = min(config.context - len(history), budget - produced) - 1  # tokens worth drafting
+        drafts = _draft(config, h, drafters, room, threshold)
         m = len(drafts)
         stats.drafted += m
         start = cache.length  # position of `token`
