@@ -61,9 +61,8 @@ class PretrainLoader:
 
     def batch(self, step: int):
         """(tokens (B, T) int64, targets (B, T + K - 1) int64) for ``step``."""
-        rows = np.stack([self.data[s : s + self.window] for s in self.starts(step)]).astype(
-            np.int64
-        )  # (B, T+K)
+        windows = [self.data[s : s + self.window] for s in self.starts(step)]
+        rows = np.stack(windows).astype(np.int64)  # (B, T+K)
         return to_device(rows[:, : self.context], self.device), to_device(rows[:, 1:], self.device)
 
 
@@ -79,12 +78,8 @@ class SFTLoader:
                  world_size=1, pack=False, device=None):  # fmt: skip
         _check_args("SFTLoader", split, context, extra_targets, batch_size, rank, world_size)
         self.tokens, self.mask, self.offsets, self.meta = read_sft(folder, split)
-        self.window, self.context, self.batch_size, self.seed = (
-            context + extra_targets,
-            context,
-            batch_size,
-            seed,
-        )
+        self.window, self.context = context + extra_targets, context
+        self.batch_size, self.seed = batch_size, seed
         self.rank, self.world_size, self.pack, self.device = rank, world_size, pack, device
         self.pad = int(self.meta["eot_id"])
         if len(self.offsets) < 2:
@@ -106,6 +101,7 @@ class SFTLoader:
         return toks, mask
 
     def batch(self, step: int):
+        """(tokens (B, T) int64, targets (B, T + K - 1) int64, loss_mask (B, T + K - 1) float32)."""
         rng = np.random.default_rng([self.seed, step])
         firsts = rng.integers(0, len(self.offsets) - 1, size=self.batch_size * self.world_size)
         rows = [self._row(int(i)) for i in firsts[self.rank :: self.world_size]]

@@ -12,6 +12,7 @@ import duckdb
 
 from euler_bpe import CHAT_SPECIAL_TOKENS, ENDOFTEXT, Tokenizer
 from euler_data.errors import DataError
+from euler_data.meta import drop_counts
 
 UINT16_LIMIT = 1 << 16
 
@@ -58,9 +59,7 @@ def train_tokenizer(con: duckdb.DuckDBPyConnection, vocab_size: int, sample_byte
     """Stage 7: a byte-level BPE with the chat special tokens, trained on the sample."""
     texts = sample_texts(con, sample_bytes)
     if not texts:
-        dropped = dict(
-            con.execute("SELECT reason, count(*) FROM deduped GROUP BY ALL ORDER BY ALL").fetchall()
-        )
+        dropped = drop_counts(con)
         raise DataError("prepare", f"no train documents left to train a tokenizer on (dropped: {dropped})")
     tok = Tokenizer.train(texts, vocab_size=vocab_size, special_tokens=CHAT_SPECIAL_TOKENS)
     return check_tokenizer(tok, "trained tokenizer")
