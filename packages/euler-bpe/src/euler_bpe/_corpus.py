@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,8 +23,11 @@ Source = str | bytes | os.PathLike
 PIECE = 1 << 20  # about 1 MiB of text per piece
 
 
-def safe_cut(data: str | bytes, end: int) -> int:
-    """The last position <= `end` where GPT-2 pretokenization surely splits: a newline after a
+_SAFE = {str: re.compile(r"(?<=[!-~])\n"), bytes: re.compile(rb"(?<=[!-~])\n")}
+
+
+def safe_cut(data: str | bytes, end: int, lo: int = 0) -> int:
+    """The last position in [lo, end) where GPT-2 pretokenization surely splits: a newline after a
     visible ASCII character (no pretoken holds both); `end` itself if there is none. (For another
     pattern, training pieces cut here are a close approximation; encoding then never cuts.)
 
@@ -31,24 +35,28 @@ def safe_cut(data: str | bytes, end: int) -> int:
     (7, 6)
     """
     newline = "\n" if isinstance(data, str) else b"\n"
-    pos = data.rfind(newline, 0, end)
+    pos = data.rfind(newline, max(lo, 1), end)
     while pos > 0:
         prev = data[pos - 1]
         if 0x21 <= (prev if isinstance(prev, int) else ord(prev)) <= 0x7E:
             return pos
-        pos = data.rfind(newline, 0, pos)
+        pos = data.rfind(newline, max(lo, 1), pos)
     return end
 
 
 def split_safely(data: str | bytes, size: int = PIECE) -> Iterator[str | bytes]:
-    """Pieces of about `size` whose pretokens are exactly those of the whole `data`."""
-    start = 0
-    while start < len(data):
-        end = start + size
-        cut = safe_cut(data, end) if end < len(data) else len(data)
-        end = cut if cut > start else min(end, len(data))
-        yield data[start:end]
-        start = end
+    """Pieces of about `size` (longer where no safe cut is near) whose pretokens, one piece after
+    the other, are exactly those of the whole `data`."""
+    start, n = 0, len(data)
+    while n - start > size:
+        cut = safe_cut(data, start + size, lo=start + 1)
+        if cut == start + size:  # none before the target: take the first one after it
+            after = _SAFE[type(data)].search(data, start + size)
+            cut = after.start() if after else n
+        yield data[start:cut]
+        start = cut
+    if start < n:
+        yield data[start:]
 
 
 def _read_file(path: Path) -> Iterator[str]:
