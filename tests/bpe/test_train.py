@@ -188,3 +188,14 @@ def test_train_streams_a_generator_and_reports_progress() -> None:
     assert seen[-1] == (299, 299) and [d for d, _ in seen] == list(range(257, 300))
     with pytest.raises(ValueError, match="sample_bytes"):
         Tokenizer.train(["text"], vocab_size=300, sample_bytes=0)
+
+
+def test_big_files_are_read_in_pieces_without_changing_the_word_counts(tmp_path) -> None:
+    from euler_bpe._corpus import count_words, iter_pieces
+
+    # Over 2 MiB: ASCII lines (safe cuts), then a long stretch of CJK lines (no safe cut).
+    text = "The end.\n  indented line\n" * 60_000 + "日本語のテキスト。\n" * 80_000 + "tail"
+    path = tmp_path / "big.txt"
+    path.write_text(text, encoding="utf-8")
+    assert path.stat().st_size > 2 * (1 << 20)
+    assert count_words(iter_pieces([path])) == count_words(iter_pieces([text])) == count_words([text])
