@@ -174,3 +174,35 @@ def test_gpt2_files_with_bad_lines(tmp_path) -> None:
     merges.write_text("a b\n")
     with pytest.raises(TokenizerFileError, match="without gaps"):
         Tokenizer.from_gpt2(merges, encoder)
+
+
+def test_import_a_tokenizer_trained_by_the_tokenizers_library(tmp_path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from tests.bpe.conftest import CORPUS
+
+    hf = tokenizers.Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=420, initial_alphabet=alphabet, special_tokens=["<|endoftext|>"], show_progress=False
+    )
+    hf.train_from_iterator([CORPUS], trainer)
+    hf.save(str(tmp_path / "hf.json"))
+    ours = Tokenizer.from_hf(tmp_path / "hf.json")
+    assert ours.vocab_size == hf.get_vocab_size() and ours.special_tokens == {"<|endoftext|>": 0}
+    for text in [CORPUS, "unseen wörds 🎉 and <|endoftext|> x", "   \n\t"]:
+        assert ours.encode(text, allowed_special="all") == hf.encode(text).ids
+
+
+def test_import_refuses_an_incomplete_byte_alphabet(tmp_path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    hf = tokenizers.Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.train_from_iterator(["abc abc abd"] * 10, trainers.BpeTrainer(vocab_size=30, show_progress=False))
+    hf.save(str(tmp_path / "hf.json"))
+    with pytest.raises(TokenizerFileError, match="byte alphabet is incomplete"):
+        Tokenizer.from_hf(tmp_path / "hf.json")
