@@ -19,6 +19,7 @@ import numpy as np
 from euler_data.chat import _check, _segments, alpaca_messages, render_chat
 from euler_data.errors import DataError
 from euler_data.meta import open_bin
+from euler_data.shards import stop_workers
 
 SFT_META = "sft_meta.json"
 TEMPLATE = "<|user|>\\n{instruction}[\\n\\n{input}]<|end|>\\n<|assistant|>\\n{output}<|end|>"
@@ -123,7 +124,9 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
                 keep.append((msgs, text))
             seen.add(text)
     splits: dict[str, list] = {"train": [], "val": []}
-    for (_, text), enc in zip(keep, encode_examples(tok, [m for m, _ in keep], workers)):
+    encoded = encode_examples(tok, [m for m, _ in keep], workers)
+    stop_workers(tok)
+    for (_, text), enc in zip(keep, encoded):
         if len(enc[0]) > context:
             dropped["too_long"] += 1
             continue

@@ -58,7 +58,15 @@ def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> 
                 if progress is not None:
                     progress.update(len(text.encode("utf-8")))
             after = rows[-1][:2]
+    stop_workers(tok)
     return index
+
+
+def stop_workers(tok: Tokenizer) -> None:
+    """Stop the worker processes euler-bpe keeps between ``encode_batch`` calls, if it keeps any."""
+    close = getattr(tok, "close", None)
+    if callable(close):
+        close()
 
 
 def write_tokenized(con: duckdb.DuckDBPyConnection, index: Index) -> None:
