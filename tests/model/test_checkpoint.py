@@ -82,6 +82,9 @@ def test_wrong_config_is_reported(saved) -> None:
     rewrite(path, config=json.dumps(cfg.to_dict() | {"dim": 18}))
     with pytest.raises(ValueError, match="not divisible by n_heads"):
         load_checkpoint(path)
+    rewrite(path, config=json.dumps(cfg.to_dict() | {"rope_theta": 500.0}))  # same shapes, other model
+    with pytest.raises(ValueError, match="fails its checksum"):
+        load_checkpoint(path)
     rewrite(path, config="{not json")
     with pytest.raises(ValueError, match="invalid config"):
         load_checkpoint(path)

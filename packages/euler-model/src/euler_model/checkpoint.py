@@ -4,7 +4,7 @@ The safetensors header's string metadata holds:
     format          "euler-model"
     format_version  FORMAT_VERSION
     config          the ModelConfig as JSON
-    checksum        sha256 over every tensor's name, dtype, shape and bytes (sorted by name)
+    checksum        sha256 over the config JSON and every tensor's name, dtype, shape and bytes (by name)
     metadata        the caller's JSON metadata (step, tokenizer fingerprint, ...)
 Optimizer moments are not stored here (euler-train owns them).
 """
@@ -32,9 +32,9 @@ def to_host(x: Any) -> np.ndarray:
     return np.ascontiguousarray(x.get() if hasattr(x, "get") else np.asarray(x))
 
 
-def tensors_checksum(tensors: dict[str, np.ndarray]) -> str:
-    """sha256 hex digest over (name, dtype, shape, bytes) of every tensor, in name order."""
-    digest = hashlib.sha256()
+def tensors_checksum(tensors: dict[str, np.ndarray], config_json: str = "") -> str:
+    """sha256 hex digest over the config JSON, then (name, dtype, shape, bytes) of every tensor by name."""
+    digest = hashlib.sha256(config_json.encode())
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
@@ -56,11 +56,12 @@ def save_checkpoint(
     """
     check_params(config, params, "save_checkpoint")
     tensors = {name: to_host(value) for name, value in params.items()}
+    config_json = json.dumps(config.to_dict())
     header = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "config": json.dumps(config.to_dict()),
-        "checksum": tensors_checksum(tensors),
+        "config": config_json,
+        "checksum": tensors_checksum(tensors, config_json),
         "metadata": json.dumps(metadata or {}),
     }
     path = Path(path)
@@ -115,6 +116,8 @@ def load_checkpoint(path: str | Path, xp: Any = np) -> tuple[ModelConfig, dict[s
     header, tensors = _read(path)
     config, metadata = _check_header(path, header)
     check_params(config, tensors, f"load_checkpoint({path})")
-    if tensors_checksum(tensors) != header.get("checksum"):
-        raise ValueError(f"load_checkpoint: {path} fails its checksum: tensor data modified or corrupted")
+    if tensors_checksum(tensors, header["config"]) != header.get("checksum"):
+        raise ValueError(
+            f"load_checkpoint: {path} fails its checksum: tensors or config modified or corrupted"
+        )
     return config, {name: xp.asarray(tensors[name]) for name in tensors}, metadata
