@@ -97,3 +97,15 @@ def test_errors_are_messages_not_tracebacks(tmp_path, trained) -> None:
     assert done.returncode == 2 and b"uint16" in done.stderr
     done = run_cli("decode", "--tokenizer", str(trained), stdin=b"1 2 99999")
     assert done.returncode == 2 and b"outside the vocabulary" in done.stderr
+
+
+def test_train_with_sample_bytes_and_workers(tmp_path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("alpha beta\n" * 150_000 + "gamma delta\n" * 150_000)
+    out = tmp_path / "t.json"
+    args = ["train", str(corpus), "--vocab-size", "280", "--sample-bytes", "1000000", "--workers", "2"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    tok = Tokenizer.load(out)
+    learned = {tok.token_bytes(i) for i in range(256, tok.vocab_size)}
+    assert b" beta" in learned or b"beta" in learned
+    assert b" delta" in learned or b"delta" in learned  # the sample reaches the second half

@@ -118,11 +118,13 @@ def sample_pieces(sources: Iterable[Source], sample_bytes: int | None) -> Iterat
         yield from iter_pieces(sources)
         return
     ratio, seen, kept = sample_bytes / total, 0, 0
+    grain = min(PIECE, max(4096, sample_bytes // 256))  # at least ~256 stretches in the sample
     for piece in iter_pieces(sources):
-        seen += len(piece)
-        if kept < seen * ratio:  # keep a piece whenever the kept share falls behind the target
-            kept += len(piece)
-            yield piece
+        for part in split_safely(piece, grain):
+            seen += len(part)
+            if kept < seen * ratio:  # keep a stretch whenever the kept share falls behind the target
+                kept += len(part)
+                yield part
 
 
 def _batches(pieces: Iterable[str], size: int = PIECE) -> Iterator[list[str]]:
