@@ -25,6 +25,8 @@ def _train(args: argparse.Namespace) -> None:
     specials += [s for s in args.special if s not in specials]
     files = [f for f in args.files if f != "-"]
     sources = [Path(f) for f in files] if files else [sys.stdin.buffer.read()]
+    if not args.quiet:
+        print(f"euler-bpe train: pretokenizing {len(sources)} source(s), then merging", file=sys.stderr)
     tok = Tokenizer.train(
         sources, args.vocab_size, specials, sample_bytes=args.sample_bytes, workers=args.workers,
         progress=not args.quiet,
