@@ -338,3 +338,71 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, dataset, capsys) ->
     trainer.save()
     assert "not finite; not saving" in capsys.readouterr().err
     assert (tmp_path / "run" / "checkpoints" / "step_0" / "model.safetensors").read_bytes() == good
+
+
+def test_gradient_accumulation_averages_the_micro_batches(tmp_path, dataset) -> None:
+    import euler_model
+    from euler_train.config import resolve_config
+    from euler_train.device import setup_device
+    from euler_train.distributed import Comm
+    from euler_train.runspec import plan_run
+    from euler_train.trainer import Trainer
+
+    cfg = resolve_config(
+        "tiny", overrides=[f'data.dir="{dataset}"', "train.grad_accum=3", "train.batch_size=2"]
+    )
+    trainer = Trainer(plan_run(cfg, tmp_path / "run", "pretrain"), setup_device("cpu", "fp32"), Comm())
+    trainer.setup()
+    micro = [trainer.batches.train(5, i) for i in range(3)]
+    assert not np.array_equal(micro[0][0], micro[1][0])  # three different micro-batches
+    by_hand = [euler_model.loss_and_grads(trainer.spec.mcfg, trainer.params, t, y) for t, y, _ in micro]
+    loss, grads, ntok, counted = trainer.gradients(5)
+    assert ntok == counted == 3 * 2 * trainer.spec.mcfg.context
+    assert loss == pytest.approx(np.mean([lo for lo, _ in by_hand]), rel=1e-6)
+    for name in grads:
+        np.testing.assert_allclose(
+            grads[name], np.mean([g[name] for _, g in by_hand], axis=0), rtol=1e-5, atol=1e-8, err_msg=name
+        )
+
+
+def test_a_dataset_without_validation_split_trains_without_evaluation(tmp_path, corpus) -> None:
+    from euler_data.cli import main as euler_data
+
+    data = tmp_path / "data"
+    argv = [
+        "prepare",
+        "--source",
+        f"{corpus}::paragraph",
+        "--vocab-size",
+        "300",
+        "--min-chars",
+        "40",
+        "--val-fraction",
+        "0",
+        "--out",
+        str(data),
+        "--quiet",
+        "--workers",
+        "1",
+    ]
+    assert euler_data(argv) == 0
+    run = tmp_path / "run"
+    assert (
+        main(
+            [
+                "pretrain",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--steps",
+                "4",
+                "--eval-every",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    rows = read_metrics(run / "metrics.jsonl")
+    assert len(rows) == 4 and not any("val_loss" in r for r in rows)
