@@ -406,3 +406,20 @@ def test_a_dataset_without_validation_split_trains_without_evaluation(tmp_path, 
     )
     rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 4 and not any("val_loss" in r for r in rows)
+
+
+def test_sft_records_the_init_model_resumes_and_refuses_a_new_shape(
+    tmp_path, dataset, tiny_run, capsys
+) -> None:
+    from euler_train.config import load_toml
+
+    run = tmp_path / "sft"
+    base = ["sft", "--data", str(dataset), "--init", str(tiny_run), "--out", str(run), "--no-progress"]
+    assert main([*base, "--steps", "4", "--ckpt-every", "2"]) == 0
+    saved = load_toml(run / "config.toml")["model"]
+    assert saved["context"] == 64 and saved["n_layers"] == 2  # the shape of data.init, recorded
+    assert main([*base, "--steps", "6", "--ckpt-every", "2", "--resume"]) == 0
+    assert "resuming at step 4" in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 7))
+    assert main([*base, "--steps", "2", "--set", "model.n_layers=5"]) == 2
+    assert "model.n_layers=5 (data.init has 2)" in capsys.readouterr().err

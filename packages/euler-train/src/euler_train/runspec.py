@@ -134,6 +134,7 @@ def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) ->
             raise ConfigError(
                 f"tokenizer mismatch: data has {vocab} tokens, data.init's model {mcfg.vocab_size}"
             )
+        _sft_model_section(cfg, mcfg)
     else:
         mcfg = build_model_config(cfg, vocab)
     resume_from = find_resume(run_dir) if resume else None
@@ -142,6 +143,19 @@ def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) ->
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
         check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
     return RunSpec(cfg, run_dir, mode, mcfg, folder / "tokenizer.json", data_fp, init, resume_from)
+
+
+def _sft_model_section(cfg: dict, mcfg: Any) -> None:
+    """sft takes the model from data.init: [model] may only repeat it; it is recorded in config.toml."""
+    shape = mcfg.to_dict()
+    diff = [
+        f"model.{k}={v!r} (data.init has {shape[k]!r})"
+        for k, v in model_overrides(cfg).items()
+        if shape[k] != v
+    ]
+    if diff:
+        raise ConfigError(f"sft takes the model shape from data.init; cannot change {', '.join(diff)}")
+    cfg["model"].update(shape)
 
 
 def _sft_init(cfg: dict, data_fp: str | None) -> Path:

@@ -291,12 +291,16 @@ class Trainer:
         m, t = self.spec.mcfg, self.spec.cfg["train"]
         per_step = t["batch_size"] * t["grad_accum"] * self.comm.world_size * m.context
         start = f"resuming at step {self.state.step}" if self.state.step else "from step 0"
+        model = (
+            f"the model of {self.spec.init}"
+            if self.spec.init
+            else f"{self.spec.cfg['model']['preset']} model"
+        )
         return (
-            f"euler-train {self.spec.mode}: {self.spec.cfg['model']['preset']} model, "
-            f"{euler_model.count_params(m):,} parameters, vocab {m.vocab_size}, context {m.context}, "
-            f"{per_step:,} tokens/step (batch {t['batch_size']} x accum {t['grad_accum']} x "
-            f"{self.comm.world_size} processes), "
-            f"{t['steps']} steps on {self.device.kind} ({self.spec.cfg['run']['precision']}), {start}"
+            f"euler-train {self.spec.mode}: {model}, {euler_model.count_params(m):,} parameters, "
+            f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {t['batch_size']} x "
+            f"accum {t['grad_accum']} x {self.comm.world_size} processes), {t['steps']} steps on "
+            f"{self.device.kind} ({self.spec.cfg['run']['precision']}), {start}"
         )
 
     def _saved_at(self, step: int) -> bool:
