@@ -73,9 +73,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason="needs the real-data mirror: set EULER_DATA_MIRROR or put it at ../shared/data"
     )
     for item in items:
-        if "gpu" in item.keywords and not have_cuda:
+        # markers only: item.keywords would also match a parametrize id that happens to be "gpu"
+        if item.get_closest_marker("gpu") and not have_cuda:
             item.add_marker(skip_gpu)
-        if "data" in item.keywords and not have_mirror:
+        if item.get_closest_marker("data") and not have_mirror:
             item.add_marker(skip_data)
 
 
