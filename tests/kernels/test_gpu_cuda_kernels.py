@@ -238,3 +238,17 @@ def test_public_ops_on_cupy_match_numpy(fused, monkeypatch):
         for i, (got, ref) in enumerate(zip(grads, grads_ref)):
             assert isinstance(got, cp.ndarray) and got.dtype == cp.float32, (name, i)
             assert rel(got, ref) < 2e-5, (name, i, rel(got, ref))
+
+
+def test_adamw_update_many_and_global_norm_dispatch_to_multi_tensor_kernels():
+    rng = np.random.default_rng(3)
+    shapes = [(5,), (64, 48), (3, 7, 2)]
+    groups = [[randn(rng, *s, scale=0.1) for s in shapes] for _ in range(4)]
+    groups[2] = [np.abs(v) for v in groups[2]]  # second moments are non-negative
+    dev = [[cp.asarray(a) for a in group] for group in groups]
+    assert abs(ek.global_grad_norm(dev[3]) - ek.global_grad_norm(groups[3])) < 1e-6
+    for step in (1, 2):
+        ek.adamw_update_many(*groups, step=step, lr=3e-3, weight_decays=[0.0, 0.1, 0.1])
+        ek.adamw_update_many(*dev, step=step, lr=3e-3, weight_decays=[0.0, 0.1, 0.1])
+    for ref, got in zip(sum(groups[:3], []), sum(dev[:3], [])):
+        assert rel(got, ref) < 1e-6

@@ -9,7 +9,7 @@ separately so that this package does not need hypothesis at run time.
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, require_cuda, synchronize, to_device, to_numpy
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
-from euler_kernels.ops.adamw import adamw_update
+from euler_kernels.ops.adamw import adamw_update, adamw_update_many
 from euler_kernels.ops.attention import attention_backward, attention_forward
 from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
@@ -24,6 +24,7 @@ __all__ = [
     "GradcheckReport",
     "__version__",
     "adamw_update",
+    "adamw_update_many",
     "attention_backward",
     "attention_forward",
     "clip_grad_norm",

@@ -1,4 +1,4 @@
-"""AdamW over a flat params dict: one `euler_kernels.adamw_update` per tensor, decay on matrices only.
+"""AdamW over a flat params dict through `euler_kernels.adamw_update_many`, decay on matrices only.
 
 >>> import numpy as np
 >>> params = {"w": np.ones((2, 2)), "norm": np.ones(2)}
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from euler_kernels import adamw_update
+from euler_kernels import adamw_update_many
 
 
 class AdamW:
@@ -32,22 +32,21 @@ class AdamW:
         self.t = 0
 
     def step(self, params: dict[str, Any], grads: dict[str, Any], lr: float) -> None:
-        """Update every parameter in place; weight decay applies only where ndim >= 2."""
+        """Update every parameter in place (one fused launch on the GPU); decay only where ndim >= 2."""
         self.t += 1
-        for name, param in params.items():
-            decay = self.weight_decay if param.ndim >= 2 else 0.0
-            adamw_update(
-                param,
-                self.m[name],
-                self.v[name],
-                grads[name],
-                self.t,
-                lr,
-                beta1=self.beta1,
-                beta2=self.beta2,
-                eps=self.eps,
-                weight_decay=decay,
-            )
+        names = list(params)
+        adamw_update_many(
+            [params[n] for n in names],
+            [self.m[n] for n in names],
+            [self.v[n] for n in names],
+            [grads[n] for n in names],
+            self.t,
+            lr,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decays=[self.weight_decay if params[n].ndim >= 2 else 0.0 for n in names],
+        )
 
     def state_tensors(self) -> dict[str, Any]:
         """Moments as one flat dict for safetensors: `m.<name>` and `v.<name>`."""

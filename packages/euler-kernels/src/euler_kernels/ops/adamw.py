@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
 
 
@@ -58,3 +59,42 @@ def adamw_update(
     upd = xp.divide(m, denom, out=denom)
     upd *= lr / bc1
     param -= upd
+
+
+def adamw_update_many(
+    params: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    grads: list[Any],
+    step: int,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.95,
+    eps: float = 1e-8,
+    weight_decays: list[float] | None = None,
+) -> None:
+    """`adamw_update` over many tensors at once, each with its own weight decay (default 0).
+
+    Float32 CuPy tensors are updated by one fused multi-tensor kernel launch; anything else runs
+    `adamw_update` tensor by tensor, with the same arithmetic.
+
+    >>> import numpy as np
+    >>> ps, ms, vs = [np.ones(2), np.ones(1)], [np.zeros(2), np.zeros(1)], [np.zeros(2), np.zeros(1)]
+    >>> adamw_update_many(ps, ms, vs, [np.ones(2), -np.ones(1)], step=1, lr=0.1, weight_decays=[0.0, 0.5])
+    >>> [round(float(p[0]), 6) for p in ps]
+    [0.9, 1.05]
+    """
+    decays = [0.0] * len(params) if weight_decays is None else list(weight_decays)
+    if not len(params) == len(ms) == len(vs) == len(grads) == len(decays):
+        raise ValueError(
+            f"adamw_update_many: params, ms, vs, grads and weight_decays must have equal lengths, got "
+            f"{len(params)}, {len(ms)}, {len(vs)}, {len(grads)}, {len(decays)}"
+        )
+    tensors = [*params, *ms, *vs, *grads]
+    if params and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors):
+        for p, m, v, g in zip(params, ms, vs, grads):
+            _check(p, m, v, g, step)
+        cuda.adamw_multi(params, ms, vs, grads, decays, step, lr, beta1, beta2, eps)
+        return
+    for p, m, v, g, wd in zip(params, ms, vs, grads, decays):
+        adamw_update(p, m, v, g, step, lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd)

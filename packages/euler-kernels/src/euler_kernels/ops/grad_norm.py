@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
 
 
@@ -20,8 +21,11 @@ def global_grad_norm(grads: Iterable[Any] | Mapping[str, Any]) -> float:
     >>> global_grad_norm([np.array([3.0]), np.array([4.0])])
     5.0
     """
+    arrays = _as_list(grads)
+    if arrays and cuda.fused(*arrays) and all(g.flags.c_contiguous for g in arrays):
+        return math.sqrt(float(cuda.sum_squares_multi(arrays)[0]))  # one launch, float64 sums
     total = None
-    for g in _as_list(grads):
+    for g in arrays:
         xp = get_array_module(g)
         flat = g.reshape(-1)
         sq = xp.dot(flat, flat).astype(xp.float64)  # stays on the device: one transfer at the end
