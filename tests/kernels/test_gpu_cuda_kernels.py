@@ -250,5 +250,7 @@ def test_adamw_update_many_and_global_norm_dispatch_to_multi_tensor_kernels():
     for step in (1, 2):
         ek.adamw_update_many(*groups, step=step, lr=3e-3, weight_decays=[0.0, 0.1, 0.1])
         ek.adamw_update_many(*dev, step=step, lr=3e-3, weight_decays=[0.0, 0.1, 0.1])
-    for ref, got in zip(sum(groups[:3], []), sum(dev[:3], [])):
+    flat_ref = [a for group in groups[:3] for a in group]
+    flat_dev = [a for group in dev[:3] for a in group]
+    for ref, got in zip(flat_ref, flat_dev):
         assert rel(got, ref) < 1e-6
