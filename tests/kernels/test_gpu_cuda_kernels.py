@@ -115,7 +115,9 @@ def test_cross_entropy_matches_numpy(n, v, scale, seed):
     assert abs(float(nll.sum()) / denom - float(loss_ref)) <= 1e-5 * max(1.0, abs(float(loss_ref)))
     scale_dev = cp.asarray([1.5 / denom], dtype=cp.float32)
     dl = kc.cross_entropy_backward(cp.asarray(logits), lse, t_safe, weight, scale_dev)
-    assert rel(dl, dl_ref) < 1e-5 if np.abs(dl_ref).max() > 0 else float(cp.abs(dl).max()) == 0.0
+    # float32 spacing at |logit| ~ scale is ~6e-8 * scale: so is the error of logit - lse, hence of p
+    tol = 1e-5 * max(1.0, scale / 10)
+    assert rel(dl, dl_ref) < tol if np.abs(dl_ref).max() > 0 else float(cp.abs(dl).max()) == 0.0
 
 
 def test_adamw_multi_and_norm_match_per_tensor_numpy():
