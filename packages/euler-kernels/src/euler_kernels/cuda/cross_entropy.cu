@@ -3,19 +3,44 @@
 // gradient straight into dlogits, so no second full-size probability buffer exists.
 #include "common.cuh"
 
-// weight (N,): the row's loss weight (mask * (target != ignore)); nll (N,) = weight * (lse - logit[target])
+// Merge two running (max, sum of exp(x - max)) pairs into the first.
+__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+    const float m_new = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.0f : s * __expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * __expf(m2 - m_new));
+    m = m_new;
+}
+
+// weight (N,): the row's loss weight (mask * (target != ignore)); nll (N,) = weight * (lse - logit[target]).
+// One pass over the logits: each thread keeps a running max and sum (online softmax), then the pairs are
+// merged across the warp with shuffles and across warps through shared memory.
 extern "C" __global__ void cross_entropy_forward(float* nll, float* lse, const float* logits,
                                                  const long long* targets, const float* weight, int V) {
-    __shared__ float scratch[32];
+    __shared__ float warp_m[32], warp_s[32];
     const size_t row = blockIdx.x;
     const float* l = logits + row * V;
-    float m = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, l[i]);
-    m = block_max(m, scratch);
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) s += __expf(l[i] - m);
-    const float row_lse = m + logf(block_sum(s, scratch));
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float v = l[i];
+        if (v > m) {
+            s = s * __expf(m - v) + 1.0f;
+            m = v;
+        } else {
+            s += __expf(v - m);
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float m2 = __shfl_xor_sync(FULL_MASK, m, offset), s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        merge_max_sum(m, s, m2, s2);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_s[warp] = s;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) merge_max_sum(m, s, warp_m[w], warp_s[w]);
+        const float row_lse = m + logf(s);
         lse[row] = row_lse;
         nll[row] = weight[row] > 0.0f ? weight[row] * (row_lse - l[targets[row]]) : 0.0f;
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -26,7 +25,7 @@ def _grid(n: int) -> tuple[int]:
 
 # --- rmsnorm ---------------------------------------------------------------------------------------
 def rmsnorm_forward(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-    """x (..., C) -> out (..., C), rstd (N,) with N the number of rows."""
+    """x (..., C) -> out (..., C), rstd (N,) with N the number of rows; one warp per row."""
     import cupy
 
     x, weight = _contiguous(x, weight)
@@ -34,9 +33,10 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
     N = x.size // C
     out = cupy.empty_like(x)
     rstd = cupy.empty((N,), dtype=cupy.float32)
-    threads = min(1024, max(32, 32 * math.ceil(C / 4 / 32)))  # about 4 elements per thread
-    kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward")
-    kernel((N,), (threads,), (out, rstd, x, weight, np.int32(C), np.float32(eps)))
+    grid = (min(blocks(N, THREADS // 32), GRID_CAP),)
+    get_kernel("rmsnorm.cu", "rmsnorm_forward")(
+        grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.int32(C), np.float32(eps))
+    )
     return out, rstd
 
 
@@ -48,11 +48,9 @@ def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, An
     N = x.size // C
     dx = cupy.empty_like(x)
     dweight = cupy.zeros((C,), dtype=cupy.float32)
-    rows_per_block = max(1, N // (132 * 4))
-    threads = min(1024, max(32, 32 * math.ceil(C / 4 / 32)))
-    kernel = get_kernel("rmsnorm.cu", "rmsnorm_backward")
-    args = (dx, dweight, dout, x, weight, rstd, np.int32(N), np.int32(C), np.int32(rows_per_block))
-    kernel((blocks(N, rows_per_block),), (threads,), args, shared_mem=4 * C)
+    grid = (min(blocks(N, THREADS // 32), 132 * 4),)  # few blocks: each adds its dweight once
+    args = (dx, dweight, dout, x, weight, rstd, np.int32(N), np.int32(C))
+    get_kernel("rmsnorm.cu", "rmsnorm_backward")(grid, (THREADS,), args, shared_mem=4 * C)
     return dx, dweight
 
 

@@ -1,41 +1,42 @@
 // RMSNorm, fused: out = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps), per row of C.
+// One warp per row: the row's sums need only shuffles, never a block-wide barrier.
 #include "common.cuh"
 
-// One block per row. x, out (N, C); rstd (N,) is saved for the backward pass.
-extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight,
+// x, out (N, C); rstd (N,) is saved for the backward pass. Rows are strided over all warps of the grid.
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int N,
                                            int C, float eps) {
-    __shared__ float scratch[32];
-    const size_t row = blockIdx.x;
-    const float* xr = x + row * C;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) ss += xr[i] * xr[i];
-    const float r = rsqrtf(block_sum(ss, scratch) / C + eps);
-    if (threadIdx.x == 0) rstd[row] = r;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) out[row * C + i] = xr[i] * r * weight[i];
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
+        const float* xr = x + (size_t)row * C;
+        float ss = 0.0f;
+        for (int i = lane; i < C; i += 32) ss += xr[i] * xr[i];
+        const float r = rsqrtf(warp_sum(ss) / C + eps);
+        if (lane == 0) rstd[row] = r;
+        for (int i = lane; i < C; i += 32) out[(size_t)row * C + i] = xr[i] * r * weight[i];  // x from L1
+    }
 }
 
-// Each block walks `rows_per_block` rows: dx per row, and a partial dweight kept per thread column,
-// added once per block with atomics (no update is lost; the order of the adds varies run to run).
-// dx_i = rstd * (g_i w_i - x_i * rstd^2 * mean_j(g_j w_j x_j))
+// dx_i = rstd * (g_i w_i - x_i * rstd^2 * mean_j(g_j w_j x_j)), one warp per row; dweight = sum over rows
+// of g * x * rstd, summed per block in shared memory, then added once per block with atomics (no update
+// is lost; the order of the adds varies run to run).
 extern "C" __global__ void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
-                                            const float* weight, const float* rstd, int N, int C,
-                                            int rows_per_block) {
-    __shared__ float scratch[32];
-    extern __shared__ float dw_partial[];  // (C,)
-    for (int i = threadIdx.x; i < C; i += blockDim.x) dw_partial[i] = 0.0f;
-    const int first = blockIdx.x * rows_per_block;
-    const int last = min(N, first + rows_per_block);
-    for (int row = first; row < last; row++) {
+                                            const float* weight, const float* rstd, int N, int C) {
+    extern __shared__ float dw_block[];  // (C,)
+    for (int i = threadIdx.x; i < C; i += blockDim.x) dw_block[i] = 0.0f;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         const float* g = dout + (size_t)row * C;
         const float* xr = x + (size_t)row * C;
         const float r = rstd[row];
         float dot = 0.0f;
-        for (int i = threadIdx.x; i < C; i += blockDim.x) dot += g[i] * weight[i] * xr[i];
-        const float mean_gwx = block_sum(dot, scratch) / C;
-        for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        for (int i = lane; i < C; i += 32) dot += g[i] * weight[i] * xr[i];
+        const float mean_gwx = warp_sum(dot) / C;
+        for (int i = lane; i < C; i += 32) {
             dx[(size_t)row * C + i] = r * (g[i] * weight[i] - xr[i] * r * r * mean_gwx);
-            dw_partial[i] += g[i] * xr[i] * r;  // each thread owns its own columns i
+            atomicAdd(&dw_block[i], g[i] * xr[i] * r);
         }
     }
-    for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(&dweight[i], dw_partial[i]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(&dweight[i], dw_block[i]);
 }
