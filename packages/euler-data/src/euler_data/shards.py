@@ -8,6 +8,8 @@ Per-piece token counts go to the ``tokenized`` table for ``meta.json`` and ``ins
 
 from __future__ import annotations
 
+import sys
+from array import array
 from pathlib import Path
 
 import duckdb
@@ -20,6 +22,14 @@ from euler_data.meta import open_bin
 BATCH_CHARS = 64_000_000  # text per encode_batch call: each call starts worker processes with cold caches
 SCRATCH = "pieces.tokens"
 Index = dict[tuple[int, int], tuple[int, int]]  # (doc_id, part) -> (start, length) in the scratch file
+
+
+def uint16_le_bytes(ids: list[int]) -> bytes:
+    """Token ids as little-endian uint16 bytes (the bins' layout); a few times faster than via NumPy."""
+    packed = array("H", ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, str]]:
@@ -52,7 +62,7 @@ def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> 
         while rows := fetch_batch(folder, after):
             ids = tok.encode_batch([text for _, _, text in rows], workers=workers)
             for (doc_id, part, text), seq in zip(rows, ids):
-                out.write(np.asarray(seq, dtype=np.uint16).tobytes())
+                out.write(uint16_le_bytes(seq))
                 index[(doc_id, part)] = (offset, len(seq))
                 offset += len(seq)
                 if progress is not None:
