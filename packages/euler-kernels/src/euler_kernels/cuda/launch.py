@@ -254,6 +254,13 @@ def tf32_enabled() -> bool:
     return os.environ.get("CUPY_TF32", "0") == "1"
 
 
+def _attention_sizes(q: Any, k: Any, causal: bool) -> tuple:
+    """The scalar kernel arguments shared by forward and backward: T, S, Hq, Hkv, scale, causal."""
+    _, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    return (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
+
+
 def flash_attention_forward(
     q: Any, k: Any, v: Any, causal: bool, tf32: bool | None = None
 ) -> tuple[Any, Any]:
@@ -266,23 +273,10 @@ def flash_attention_forward(
     tf32 = tf32_enabled() if tf32 is None else tf32
     q, k, v = _contiguous(q, k, v)
     B, T, Hq, D = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
     out = cupy.empty_like(q)
     lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
     kernel = _attention_kernel("flash_attention_forward", D, backward=False, tf32=tf32)
-    args = (
-        out,
-        lse,
-        q,
-        k,
-        v,
-        np.int32(T),
-        np.int32(S),
-        np.int32(Hq),
-        np.int32(Hkv),
-        np.float32(D**-0.5),
-        np.int32(causal),
-    )
+    args = (out, lse, q, k, v, *_attention_sizes(q, k, causal))
     threads = 128 if tf32 else 256
     kernel((blocks(T, _TILE), Hq, B), (threads,), args, shared_mem=_attention_smem(D, False, tf32))
     return out, lse
@@ -305,23 +299,7 @@ def flash_attention_backward(
     dq = cupy.zeros_like(q)
     dk, dv = cupy.empty_like(k), cupy.empty_like(v)
     kernel = _attention_kernel("flash_attention_backward", D, backward=True, tf32=tf32)
-    args = (
-        dq,
-        dk,
-        dv,
-        q,
-        k,
-        v,
-        dout,
-        lse,
-        delta,
-        np.int32(T),
-        np.int32(S),
-        np.int32(Hq),
-        np.int32(Hkv),
-        np.float32(D**-0.5),
-        np.int32(causal),
-    )
+    args = (dq, dk, dv, q, k, v, dout, lse, delta, *_attention_sizes(q, k, causal))
     threads = 128 if tf32 else 256
     kernel((blocks(S, _TILE), Hkv, B), (threads,), args, shared_mem=_attention_smem(D, True, tf32))
     return dq, dk, dv
