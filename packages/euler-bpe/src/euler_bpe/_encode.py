@@ -22,10 +22,17 @@ Merges = dict[tuple[int, int], tuple[int, int]]
 LONG_WORD = 48
 
 
-def _replace_pair(ids: list[int], pair: tuple[int, int], new_id: int, start: int = 0) -> list[int]:
-    """Every non-overlapping occurrence of `pair` in `ids` from `start`, left to right, becomes `new_id`."""
+def replace_pair(
+    ids: list[int], pair: tuple[int, int], new_id: int, start: int = 0
+) -> tuple[list[int], list[int]]:
+    """Every non-overlapping occurrence of `pair` in `ids` from `start`, left to right, becomes `new_id`;
+    also returns the positions of the new ids (training updates its pair counts around them).
+
+    >>> replace_pair([1, 2, 1, 2, 2], (1, 2), 9)
+    ([9, 9, 2], [0, 1])
+    """
     first, second = pair
-    out, n = ids[:start], len(ids)
+    out, at, n = ids[:start], [], len(ids)
     while True:
         try:
             i = ids.index(first, start)
@@ -33,13 +40,14 @@ def _replace_pair(ids: list[int], pair: tuple[int, int], new_id: int, start: int
             break
         if i + 1 < n and ids[i + 1] == second:
             out += ids[start:i]
+            at.append(len(out))
             out.append(new_id)
             start = i + 2
         else:
             out += ids[start : i + 1]
             start = i + 1
     out += ids[start:]
-    return out
+    return out, at
 
 
 _NONE = (1 << 62, -1)  # the (rank, id) of a pair that has no merge: above every rank
@@ -66,7 +74,7 @@ def merge_word(ids: list[int], merges: Merges) -> list[int]:
             if i < len(found):
                 found[i] = get((new, ids[i + 1]), _NONE)
         else:
-            ids = _replace_pair(ids, (ids[i], ids[i + 1]), best[1], i)
+            ids, _ = replace_pair(ids, (ids[i], ids[i + 1]), best[1], i)
             found = list(map(get, pairwise(ids), repeat(_NONE)))
     return ids
 

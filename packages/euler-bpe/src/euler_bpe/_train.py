@@ -16,6 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from itertools import pairwise
 
+from euler_bpe._encode import replace_pair
+
 Pair = tuple[int, int]
 
 
@@ -58,35 +60,12 @@ class _PairTable:
                 del self.count[pair]
 
 
-def _replace(word: list[int], pair: Pair, new_id: int) -> tuple[list[int], list[int]]:
-    """`word` with every occurrence of `pair` (left to right) replaced, and where the new ids sit."""
-    a, b = pair
-    new: list[int] = []
-    at: list[int] = []
-    start, n = 0, len(word)
-    while True:
-        try:
-            i = word.index(a, start)
-        except ValueError:
-            break
-        if i + 1 < n and word[i + 1] == b:
-            new += word[start:i]
-            at.append(len(new))
-            new.append(new_id)
-            start = i + 2
-        else:
-            new += word[start : i + 1]
-            start = i + 1
-    new += word[start:]
-    return new, at
-
-
 def _merge_everywhere(table: _PairTable, words: list[list[int]], counts: list[int], pair: Pair, new_id: int):
     """Rewrite every word that contains `pair`; only the pairs around each merge change count."""
     delta: dict[Pair, int] = defaultdict(int)
     where, (a, b) = table.where, pair
     for wi in where.pop(pair, ()):
-        new, at = _replace(words[wi], pair, new_id)
+        new, at = replace_pair(words[wi], pair, new_id)
         if not at:
             continue  # the pair left this word in an earlier merge
         c, m = counts[wi], len(new)
