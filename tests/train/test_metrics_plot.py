@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 
+from euler_train.cli import main
 from euler_train.metrics import MetricsLogger, read_metrics, truncate_after
-from euler_train.plot import plot_metrics, series
+from euler_train.plot import compare_text, plot_metrics, plot_runs, read_runs, series
 
 
 def test_rows_are_json_lines_and_non_finite_values_become_strings(tmp_path) -> None:
@@ -80,3 +81,50 @@ def test_tensorboard_gets_every_numeric_value_when_its_writer_is_installed(tmp_p
         assert log.tb.logdir == str(tmp_path / "tensorboard")
         log.write({"step": 3, "loss": 1.5, "skipped": True, "note": "x"})
     assert written == [("loss", 1.5, 3), "closed"]
+
+
+def write_run(folder, val_bpb: float, shift: float = 0.0):
+    """A run folder whose metrics.jsonl has 20 train rows and evaluations at steps 10 and 20."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": s, "loss": 5.0 - 0.1 * s + shift} for s in range(1, 21)]
+    rows[9].update(val_loss=4.2 + shift, val_bpb=val_bpb + 0.5)
+    rows[19].update(val_loss=3.4 + shift, val_bpb=val_bpb)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_several_runs_overlay_on_shared_axes_and_compare_their_final_bpb(tmp_path) -> None:
+    a, b = write_run(tmp_path / "a", 2.60), write_run(tmp_path / "b", 2.61, shift=0.01)
+    out = plot_runs([a, b / "metrics.jsonl"], tmp_path / "cmp.png", labels=["euler", "pytorch"])
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    text = compare_text(read_runs([a, b], ["euler", "pytorch"]))
+    lines = text.splitlines()
+    assert lines[0].startswith("euler: step 20, train loss 3.0000") and "val bpb 2.6000" in lines[0]
+    assert lines[1].startswith("pytorch: step 20") and "val bpb 2.6100" in lines[1]
+    assert lines[2] == "val bpb at the end: pytorch - euler = +0.010000"
+
+
+def test_runs_without_bpb_compare_val_loss_and_default_labels_are_folder_names(tmp_path) -> None:
+    a, b = tmp_path / "x" / "one", tmp_path / "y" / "one"  # the same folder name twice
+    for folder, val in ((a, 3.0), (b, 2.5)):
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 4.0, "val_loss": val}) + "\n")
+    data = read_runs([a, b])
+    assert list(data) == ["one", "one#1"]
+    assert compare_text(data).splitlines()[-1] == "val loss at the end: one#1 - one = -0.500000"
+    assert plot_runs([a, b], tmp_path / "c.png").is_file()
+
+
+def test_plot_command_takes_several_runs_and_keeps_the_single_run_default(tmp_path, capsys) -> None:
+    a, b = write_run(tmp_path / "a", 2.60), write_run(tmp_path / "b", 2.70)
+    assert main(["plot", str(a)]) == 0
+    assert (a / "loss.png").is_file() and capsys.readouterr().out.strip() == str(a / "loss.png")
+    out = tmp_path / "both.png"
+    assert main(["plot", str(a), str(b), "--labels", "euler,pytorch", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "val bpb at the end: pytorch - euler = +0.100000" in printed and out.is_file()
+    assert main(["plot", str(a), str(b)]) == 0 and (a / "compare.png").is_file()
+    assert main(["plot", str(a), str(b), "--labels", "only-one"]) == 2
+    assert "2 runs" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "missing")]) == 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from euler_train.__about__ import __version__
 
@@ -95,9 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     exp = add("export-hf", "write a Hugging Face LlamaForCausalLM folder")
     exp.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
     exp.add_argument("--out", required=True, metavar="DIR")
-    plot = add("plot", "metrics.jsonl -> PNG of train and val loss")
-    plot.add_argument("run", metavar="RUN", help="run folder or metrics.jsonl")
-    plot.add_argument("--out", metavar="PNG", help="default: RUN/loss.png")
+    plot = add("plot", "metrics.jsonl -> PNG of train and val loss; several runs: overlaid and compared")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run folder or metrics.jsonl (one or more)")
+    plot.add_argument("--labels", metavar="A,B,...", help="names of the runs (default: folder names)")
+    plot.add_argument("--title", help="plot title")
+    plot.add_argument("--out", metavar="PNG", help="default: RUN/loss.png, or FIRST_RUN/compare.png")
     quick = add("quickstart", "data -> tokenizer -> small pretrain on CPU -> samples")
     quick.add_argument("--out", default="runs/quickstart", metavar="DIR")
     quick.add_argument(
@@ -127,14 +128,6 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         from euler_train.commands import run_training
 
         return run_training(args, argv)
-    if args.command == "plot":
-        from euler_train.plot import plot_metrics
-
-        src = Path(args.run)
-        metrics = src / "metrics.jsonl" if src.is_dir() else src
-        out = Path(args.out) if args.out else metrics.parent / "loss.png"
-        print(plot_metrics(metrics, out))
-        return 0
     from euler_train import commands
 
     return getattr(commands, "run_" + args.command.replace("-", "_"))(args)

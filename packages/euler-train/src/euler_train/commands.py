@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from euler_train.cli import TRAIN_FLAGS
+from euler_train.cli import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.config import ConfigError, cpu_world, load_toml, resolve_config
 
 
@@ -104,6 +104,25 @@ def run_export_hf(args: argparse.Namespace) -> int:
     tok = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
     euler_model.save_hf(mcfg, params, args.out, tokenizer=tok)
     print(f"euler-train export-hf: {folder} -> {args.out}")
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    """One run: its loss.png. Several: train loss and val bpb overlaid, and their final values compared."""
+    from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
+
+    labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
+    first = metrics_path(args.runs[0])
+    try:
+        if len(args.runs) == 1 and labels is None:
+            print(plot_metrics(first, Path(args.out) if args.out else first.parent / "loss.png", args.title))
+            return 0
+        out = Path(args.out) if args.out else first.parent / "compare.png"
+        print(compare_text(read_runs(args.runs, labels)))
+        print(plot_runs(args.runs, out, labels, args.title))
+    except ValueError as err:
+        print(f"euler-train plot: error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
     return 0
 
 
