@@ -1,11 +1,14 @@
 """One full training step of the `gpu` preset on one GPU: euler (CuPy + our kernels) vs PyTorch.
 
-    CUPY_TF32=1 python benchmarks/bench_train_gpu.py [--batch 32] [--steps 10] [--compile]
+    CUPY_TF32=1 python benchmarks/bench_train_gpu.py [--batch 32] [--steps 10] [--compile] [--profile]
 
 Both sides run forward, backward, global-norm clipping and AdamW on the same weights and batch, in the
 same process on the same GPU, TF32 matmuls on both sides. Before timing, the two losses on the same
-weights are compared. Prints tokens/s, step ms, achieved TFLOP/s, MFU (against the H200's dense TF32
-rate, 494.7 TFLOP/s) and peak GPU memory for each, and the ratios.
+weights are compared. Ours runs twice: launched op by op from Python (eager), and captured once as a
+CUDA graph and replayed (euler-train's GraphStep, what `euler-train pretrain` uses on one GPU; its time
+includes copying each batch in and reading the loss back). Prints tokens/s, step ms, achieved TFLOP/s,
+MFU (against the H200's dense TF32 rate, 494.7 TFLOP/s) and peak GPU memory for each, and the ratios.
+--profile adds a table of GPU time per op in our eager step (CUDA events around every op).
 """
 
 from __future__ import annotations
@@ -54,6 +57,77 @@ def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0):
     return step
 
 
+def euler_graph_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0):
+    """euler-train's captured step on a copy of the weights; returns (step, its GraphStep)."""
+    from euler_train.graph_step import GraphStep
+    from euler_train.optimizer import AdamW
+
+    params = {k: v.copy() for k, v in params.items()}
+    opt = AdamW(params, 0.9, 0.95, 1e-8, 0.1)
+    graph = GraphStep(cfg, params, opt, tuple(tokens.shape), 1, max_norm)
+    micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
+
+    def step():
+        loss, _, applied = graph.run(micro, lr, opt.t + 1)
+        opt.t += int(applied)
+        return loss
+
+    return step, graph
+
+
+def profile_ops(step, steps: int = 3) -> None:
+    """GPU time per op of our eager step: CUDA events around every euler-kernels op and cuBLAS call."""
+    import euler_kernels as ek
+
+    names = [n for n in dir(ek) if n.endswith(("_forward", "_backward"))]
+    records: list[tuple[str, object, object]] = []
+    originals = {}
+
+    def wrap(module, name):
+        fn = getattr(module, name)
+        originals[(module, name)] = fn
+
+        def timed_op(*args, **kwargs):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            records.append((name, start, end))
+            return out
+
+        setattr(module, name, timed_op)
+
+    for name in names:
+        wrap(ek, name)
+    for name in ("sum_squares_multi", "clip_factor", "adamw_multi"):
+        wrap(kc, name)
+    try:
+        step()  # warm-up
+        cp.cuda.Device().synchronize()
+        records.clear()
+        begin, finish = cp.cuda.Event(), cp.cuda.Event()
+        begin.record()
+        for _ in range(steps):
+            step()
+        finish.record()
+        finish.synchronize()
+    finally:
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
+    total = cp.cuda.get_elapsed_time(begin, finish) / steps
+    per_op: dict[str, list[float]] = {}
+    for name, start, end in records:
+        per_op.setdefault(name, []).append(cp.cuda.get_elapsed_time(start, end))
+    print(f"\nGPU time per op, our eager step (mean of {steps} steps; step {total:.1f} ms):")
+    print(f"{'op':>28} {'calls':>6} {'ms/step':>8} {'share':>6}")
+    covered = 0.0
+    for name, times in sorted(per_op.items(), key=lambda kv: -sum(kv[1])):
+        ms = sum(times) / steps
+        covered += ms
+        print(f"{name:>28} {len(times) // steps:6d} {ms:8.2f} {100 * ms / total:5.1f}%")
+    print(f"{'(between ops: glue, gaps)':>28} {'':>6} {total - covered:8.2f} {100 * (total - covered) / total:5.1f}%")
+
+
 def torch_step_fn(cfg, params, tokens, targets, compile_: bool, lr=3e-4, max_norm=1.0):
     tp = {k: torch.nn.Parameter(torch.as_tensor(v, device="cuda").clone()) for k, v in params.items()}
     decay = [p for p in tp.values() if p.ndim >= 2]
@@ -94,6 +168,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--profile", action="store_true", help="GPU time per op of our eager step")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -124,7 +199,12 @@ def main() -> None:
     rows = []
     pool = cp.get_default_memory_pool()
     sec = timed(ours_step, args.steps)
-    rows.append(("euler (CuPy + kernels)", sec, pool.total_bytes()))
+    rows.append(("euler eager", sec, pool.total_bytes()))
+    graph_step, graph = euler_graph_step_fn(cfg, params, tokens, targets)
+    sec = timed(graph_step, args.steps)
+    state_bytes = 4 * sum(p.nbytes for p in params.values())  # its weights, m, v and gradient buffers
+    rows.append(("euler CUDA graph", sec, state_bytes + graph.memory_bytes()))
+    del graph_step, graph
     torch.cuda.reset_peak_memory_stats()
     sec = timed(torch_step, args.steps)
     rows.append(("PyTorch eager", sec, torch.cuda.max_memory_allocated()))
@@ -140,9 +220,11 @@ def main() -> None:
             f"{name:>24} {tokens_per_step / sec:10.0f} {sec * 1e3:8.1f} {tflops:8.1f} "
             f"{100 * flops / sec / TF32_PEAK:5.1f}% {peak / 2**30:9.2f}"
         )
-    ours = rows[0][1]
-    for name, sec, _ in rows[1:]:
-        print(f"euler / {name}: {sec / ours:.2f}x the throughput")
+    for ours_name, ours in ((rows[0][0], rows[0][1]), (rows[1][0], rows[1][1])):
+        for name, sec, _ in rows[2:]:
+            print(f"{ours_name} / {name}: {sec / ours:.2f}x the throughput")
+    if args.profile:
+        profile_ops(ours_step)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def randn(rng, *shape, scale=1.0):
 
 
 rows = st.integers(1, 70)
-cols = st.sampled_from([1, 7, 32, 128, 768, 1000])
+cols = st.sampled_from([1, 7, 32, 128, 768, 1000, 1024])  # C % 128 == 0: the float4 kernels
 
 
 @settings(max_examples=20, deadline=None)
@@ -135,6 +135,36 @@ def test_adamw_multi_and_norm_match_per_tensor_numpy():
         ek.adamw_update(p, m, v, g, step=3, lr=1e-2, weight_decay=wd)
     kc.adamw_multi(*dev, wds, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
     for ref, got in zip(params + ms + vs, dev[0] + dev[1] + dev[2]):
+        assert rel(got, ref) < 1e-6
+
+
+@pytest.mark.parametrize("loss", [2.5, float("nan")], ids=["finite", "nan-loss"])
+@pytest.mark.parametrize("max_norm", [0.5, 1e9], ids=["clipped", "unclipped"])
+def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):
+    """step_control + adamw_multi_ctl (all per-step values on the device, as a CUDA graph replays them)
+    equal clip + adamw_multi with the same values from the host; a NaN loss leaves everything unchanged."""
+    rng = np.random.default_rng(5)
+    shapes = [(9,), (40, 24), (1,)]
+    groups = [[randn(rng, *s) for s in shapes] for _ in range(4)]
+    groups[2] = [np.abs(v) for v in groups[2]]
+    host = [[cp.asarray(a) for a in group] for group in groups]
+    ctl = [[cp.asarray(a) for a in group] for group in groups]
+    wds, step, lr = [0.0, 0.1, 0.0], 4, 2e-3
+    sq = kc.sum_squares_multi(ctl[3])
+    hyper = cp.asarray(np.array([lr, 1 - 0.9**step, 1 - 0.95**step, 1.0], np.float32))
+    control = kc.step_control(sq, cp.asarray(np.float32(loss)), hyper, max_norm)
+    kc.adamw_multi_ctl(*ctl, wds, control, 0.9, 0.95, 1e-8)
+    norm = float(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in groups[3])))
+    assert abs(float(control[5]) - norm) < 1e-5 * norm
+    if np.isnan(loss):
+        assert float(control[1]) == 0.0
+        for got, ref in zip(ctl[0] + ctl[1] + ctl[2], groups[0] + groups[1] + groups[2]):
+            assert np.array_equal(ek.to_numpy(got), ref)
+        return
+    factor, _ = kc.clip_factor(kc.sum_squares_multi(host[3]), max_norm)
+    kc.adamw_multi(*host, wds, step, lr, 0.9, 0.95, 1e-8, grad_scale=factor)
+    assert float(control[0]) == pytest.approx(float(factor[0]), rel=1e-6)
+    for got, ref in zip(ctl[0] + ctl[1] + ctl[2], host[0] + host[1] + host[2]):
         assert rel(got, ref) < 1e-6
 
 

@@ -52,6 +52,51 @@ def test_gpu_training_matches_cpu(tmp_path, dataset) -> None:
     assert all("mfu" in r and 0 < r["mfu"] < 1 for r in gpu)
 
 
+@pytest.mark.parametrize("accum", ["1", "2"])
+def test_cuda_graph_step_equals_the_eager_step(tmp_path, dataset, capsys, accum) -> None:
+    """The captured-and-replayed step (the default on one GPU) computes what the eager step computes."""
+    common = ("--device", "gpu", "--precision", "fp32", "--set", f"train.grad_accum={accum}")
+    train(dataset, tmp_path / "graph", *common)
+    assert "CUDA graph capture failed" not in capsys.readouterr().err  # the graph really ran
+    train(dataset, tmp_path / "eager", *common, "--set", "train.cuda_graph=false")
+    graph, eager = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("graph", "eager"))
+    np.testing.assert_allclose([r["loss"] for r in graph], [r["loss"] for r in eager], rtol=1e-5)
+    np.testing.assert_allclose([r["grad_norm"] for r in graph], [r["grad_norm"] for r in eager], rtol=1e-4)
+    np.testing.assert_allclose(
+        [r["val_loss"] for r in graph if "val_loss" in r],
+        [r["val_loss"] for r in eager if "val_loss" in r],
+        rtol=1e-5,
+    )
+    a, b = final(tmp_path / "eager", 6), final(tmp_path / "graph", 6)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_cuda_graph_skips_non_finite_steps_on_the_device(tmp_path, dataset) -> None:
+    """A learning rate that blows the loss up: the replayed step leaves the weights alone when the loss or
+    the norm is not finite, and the trainer counts the skipped steps."""
+    import json
+
+    train(
+        dataset,
+        tmp_path / "blowup",
+        "--device",
+        "gpu",
+        "--set",
+        "train.lr=1e12",
+        "--set",
+        "train.warmup_steps=0",
+        "--set",
+        'train.on_nonfinite="skip"',
+        "--set",
+        "train.grad_clip=0",
+    )
+    rows = read_metrics(tmp_path / "blowup" / "metrics.jsonl")
+    state = json.loads((tmp_path / "blowup" / "checkpoints" / "step_6" / "trainer_state.json").read_text())
+    assert state["skipped"] == sum(1 for r in rows if r.get("skipped")) > 0
+    assert state["opt_t"] == 6 - state["skipped"]
+
+
 def test_tf32_runs(tmp_path, dataset) -> None:
     train(dataset, tmp_path / "tf32", "--device", "gpu", "--precision", "tf32")
     assert (tmp_path / "tf32" / "checkpoints" / "step_6").is_dir()

@@ -67,6 +67,18 @@ def synchronize(xp: ModuleType | None = None) -> None:
         xp.cuda.get_current_stream().synchronize()
 
 
+def is_capturing(x: Any) -> bool:
+    """Whether `x` is a CuPy array and the current stream is being captured into a CUDA graph: ops then
+    skip the checks that would read values back to the host (the caller validates its inputs first).
+
+    >>> is_capturing(np.zeros(2))
+    False
+    """
+    if get_array_module(x) is np:
+        return False
+    return bool(sys.modules["cupy"].cuda.get_current_stream().is_capturing())
+
+
 def check_float(fn: str, **arrays: Any) -> np.dtype:
     """Check that all named arrays share one float dtype (float32/float64); return it."""
     dtypes = {name: np.dtype(a.dtype) for name, a in arrays.items()}

@@ -14,7 +14,7 @@ from euler_model.config import PRESETS, ModelConfig, preset
 from euler_model.generate import GenerationStats, generate
 from euler_model.hf import load_hf, save_hf
 from euler_model.kv_cache import KVCache
-from euler_model.model import forward_loss, logits, loss_and_grads
+from euler_model.model import forward_loss, logits, loss_and_grads, loss_and_grads_on_device
 from euler_model.params import count_params, describe_params, init_params, param_shapes
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "load_hf",
     "logits",
     "loss_and_grads",
+    "loss_and_grads_on_device",
     "param_shapes",
     "preset",
     "save_checkpoint",

@@ -132,8 +132,7 @@ def _heads_forward(config, params, h, targets, loss_mask) -> tuple[float, list]:
 
 def _heads_backward(config, h, caches) -> tuple[Any, dict[str, Any]]:
     """Gradient of the mean head loss wrt the hidden state h and every head's weight."""
-    xp = ek.get_array_module(h)
-    dloss = xp.asarray(1.0 / config.n_mtp_heads, dtype=h.dtype)  # d mean / d loss_k
+    dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
     dh, grads = None, {}
     for k in reversed(range(config.n_mtp_heads)):
         c_head, c_ce = caches[k]
@@ -141,6 +140,20 @@ def _heads_backward(config, h, caches) -> tuple[Any, dict[str, Any]]:
         dh_k, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)  # (N, C)
         dh = dh_k if dh is None else dh + dh_k
     return dh.reshape(h.shape), grads
+
+
+def loss_and_grads_on_device(
+    config: ModelConfig, params: dict[str, Any], tokens: Any, targets: Any, loss_mask: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
+    read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
+    then not range-checked: check them before they reach the device)."""
+    _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
+    h, trunk_caches = trunk_forward(config, params, tokens)
+    loss, head_caches = _heads_forward(config, params, h, targets, loss_mask)
+    dh, grads = _heads_backward(config, h, head_caches)
+    grads.update(trunk_backward(config, dh, trunk_caches))
+    return loss, {name: grads[name] for name in params}
 
 
 def loss_and_grads(
@@ -157,12 +170,8 @@ def loss_and_grads(
     >>> sorted(grads) == sorted(p)
     True
     """
-    _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
-    h, trunk_caches = trunk_forward(config, params, tokens)
-    loss, head_caches = _heads_forward(config, params, h, targets, loss_mask)
-    dh, grads = _heads_backward(config, h, head_caches)
-    grads.update(trunk_backward(config, dh, trunk_caches))
-    return float(loss), {name: grads[name] for name in params}
+    loss, grads = loss_and_grads_on_device(config, params, tokens, targets, loss_mask)
+    return float(loss), grads
 
 
 def forward_loss(

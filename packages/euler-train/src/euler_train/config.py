@@ -48,6 +48,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "grad_clip": 1.0,  # global-norm clipping; 0 disables
         "seed": 0,  # every random choice is a function of (seed, step)
         "on_nonfinite": "stop",  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
+        "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
     },
     "eval": {
         "every": 25,  # steps between evaluations (and at the last step); 0 disables

@@ -53,6 +53,8 @@ class Trainer:
     comm: Comm
     params: dict[str, Any] = field(default_factory=dict)
     state: State = field(default_factory=State)
+    graph: Any = None  # the captured GPU step (graph_step.GraphStep), made at the first step
+    graph_failed: bool = False  # capture failed once: the eager step runs from then on
 
     # --- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -130,6 +132,10 @@ class Trainer:
         import euler_kernels as ek
 
         tcfg = self.spec.cfg["train"]
+        if self._graph_eligible():
+            out = self._graph_step_once(step, stop)
+            if out is not None:
+                return out
         loss, grads, ntok, counted = self.gradients(step)
         norm = ek.global_grad_norm(grads)
         loss, stop_votes = self.comm.allreduce_scalars([loss, float(stop.signum is not None)])
@@ -147,6 +153,54 @@ class Trainer:
         self.state.step = step + 1
         self.state.tokens += ntok
         return row, stop_votes > 0
+
+    def _graph_eligible(self) -> bool:
+        """The captured step covers pretraining on one GPU (SFT weighs micro-batches by their masks and
+        data parallelism all-reduces between backward and update: both run the eager step)."""
+        return (
+            self.spec.cfg["train"]["cuda_graph"]
+            and not self.graph_failed
+            and self.device.kind == "gpu"
+            and self.spec.mode == "pretrain"
+            and self.comm.world_size == 1
+        )
+
+    def _graph_step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool] | None:
+        """step_once through the CUDA graph; None when capture fails (the caller then steps eagerly)."""
+        from euler_train.graph_step import GraphStep
+
+        tcfg, vocab = self.spec.cfg["train"], self.spec.mcfg.vocab_size
+        micro = [self.batches.train(step, i) for i in range(self.batches.grad_accum)]
+        for tokens, targets, _ in micro:  # the graph reads ids unchecked: check them here, on the host
+            for name, ids in (("tokens", tokens), ("targets", targets)):
+                if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+                    raise ValueError(
+                        f"step {step + 1}: {name} hold ids outside [0, {vocab}) (min {ids.min()}, max "
+                        f"{ids.max()}): the dataset's tokenizer does not fit model.vocab_size"
+                    )
+        lr = lr_at(step, tcfg["lr"], tcfg["min_lr"], tcfg["warmup_steps"], tcfg["steps"])
+        if self.graph is None:
+            try:
+                graph = GraphStep(
+                    self.spec.mcfg, self.params, self.opt, micro[0][0].shape, len(micro), tcfg["grad_clip"]
+                )
+                loss, norm, applied = graph.run(micro, lr, self.opt.t + 1)
+            except Exception as err:  # the dry run and the capture update nothing: step eagerly instead
+                self.graph_failed = True
+                print(f"euler-train: CUDA graph capture failed ({err}); stepping eagerly", file=sys.stderr)
+                return None
+            self.graph = graph
+        else:
+            loss, norm, applied = self.graph.run(micro, lr, self.opt.t + 1)
+        row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
+        if applied:
+            self.opt.t += 1
+        else:  # non-finite loss or norm: the device left weights and moments as they were
+            self._nonfinite(step, loss, norm)
+            row["skipped"] = True
+        self.state.step = step + 1
+        self.state.tokens += sum(t.size for t, _, _ in micro)
+        return row, stop.signum is not None
 
     def _nonfinite(self, step: int, loss: float, norm: float) -> None:
         msg = (

@@ -12,6 +12,7 @@ import numpy as np
 
 from euler_kernels.cuda.launch import (
     adamw_multi,
+    adamw_multi_ctl,
     clip_factor,
     cross_entropy_backward,
     cross_entropy_forward,
@@ -21,6 +22,7 @@ from euler_kernels.cuda.launch import (
     rmsnorm_backward,
     rmsnorm_forward,
     rope_rotate,
+    step_control,
     sum_squares_multi,
     swiglu_backward,
     swiglu_forward,
@@ -42,6 +44,7 @@ def fused_cache(cache: tuple) -> bool:
 
 __all__ = [
     "adamw_multi",
+    "adamw_multi_ctl",
     "clip_factor",
     "cross_entropy_backward",
     "cross_entropy_forward",
@@ -53,6 +56,7 @@ __all__ = [
     "rmsnorm_backward",
     "rmsnorm_forward",
     "rope_rotate",
+    "step_control",
     "sum_squares_multi",
     "swiglu_backward",
     "swiglu_forward",

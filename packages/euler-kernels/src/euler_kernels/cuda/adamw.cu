@@ -11,7 +11,18 @@ __device__ __forceinline__ void chunk_range(const int* chunk_tensor, const long 
     *end = min(*begin + CHUNK, sizes[*t]);
 }
 
-// AdamW with decoupled weight decay and bias correction; grad_scale (device scalar) is the clipping factor.
+// One AdamW element update: decoupled weight decay, bias correction; g already scaled by the clip factor.
+__device__ __forceinline__ void adamw_element(float* p, float* m, float* v, float g, float decay, float lr,
+                                              float beta1, float beta2, float eps, float bc1, float bc2) {
+    const float mj = beta1 * *m + (1.0f - beta1) * g;
+    const float vj = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mj;
+    *v = vj;
+    const float update = (mj / bc1) / (sqrtf(vj / bc2) + eps);
+    *p = *p - lr * (update + decay * *p);
+}
+
+// AdamW over every tensor; grad_scale (device scalar) is the clipping factor, the rest come from the host.
 extern "C" __global__ void adamw_multi(float* const* params, float* const* ms, float* const* vs,
                                        const float* const* grads, const float* weight_decay,
                                        const int* chunk_tensor, const long long* chunk_start,
@@ -23,15 +34,42 @@ extern "C" __global__ void adamw_multi(float* const* params, float* const* ms, f
     const float gs = grad_scale[0], decay = weight_decay[t];
     float *p = params[t], *m = ms[t], *v = vs[t];
     const float* g = grads[t];
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) {
-        const float gj = g[j] * gs;
-        const float mj = beta1 * m[j] + (1.0f - beta1) * gj;
-        const float vj = beta2 * v[j] + (1.0f - beta2) * gj * gj;
-        m[j] = mj;
-        v[j] = vj;
-        const float update = (mj / bias_correction1) / (sqrtf(vj / bias_correction2) + eps);
-        p[j] = p[j] - lr * (update + decay * p[j]);
-    }
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x)
+        adamw_element(p + j, m + j, v + j, g[j] * gs, decay, lr, beta1, beta2, eps, bias_correction1,
+                      bias_correction2);
+}
+
+// The same update with everything that changes per step read from the device (a CUDA graph replays it):
+// control = [grad_scale, apply, lr, bias_correction1, bias_correction2, norm], written by step_control.
+extern "C" __global__ void adamw_multi_ctl(float* const* params, float* const* ms, float* const* vs,
+                                           const float* const* grads, const float* weight_decay,
+                                           const int* chunk_tensor, const long long* chunk_start,
+                                           const long long* sizes, const float* control, float beta1,
+                                           float beta2, float eps) {
+    if (control[1] == 0.0f) return;  // a non-finite loss or gradient: leave weights and moments alone
+    int t;
+    long long begin, end;
+    chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
+    const float gs = control[0], lr = control[2], bc1 = control[3], bc2 = control[4], decay = weight_decay[t];
+    float *p = params[t], *m = ms[t], *v = vs[t];
+    const float* g = grads[t];
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x)
+        adamw_element(p + j, m + j, v + j, g[j] * gs, decay, lr, beta1, beta2, eps, bc1, bc2);
+}
+
+// Per-step control on the device, from the gradients' sum of squares and the loss:
+// hyper = [lr, bias_correction1, bias_correction2, enable] from the host (enable 0: a dry run);
+// control as adamw_multi_ctl reads it; apply = enable and the loss and norm are finite.
+extern "C" __global__ void step_control(float* control, const double* sum_squares, const float* loss,
+                                        const float* hyper, float max_norm) {
+    const float norm = (float)sqrt(sum_squares[0]);
+    const bool finite = isfinite(norm) && isfinite(loss[0]);
+    control[0] = max_norm > 0.0f && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f;
+    control[1] = finite && hyper[3] != 0.0f ? 1.0f : 0.0f;
+    control[2] = hyper[0];
+    control[3] = hyper[1];
+    control[4] = hyper[2];
+    control[5] = norm;
 }
 
 // Sum of squares of every element of every tensor, accumulated in double into out[0].

@@ -24,6 +24,11 @@ def _grid(n: int) -> tuple[int]:
 
 
 # --- rmsnorm ---------------------------------------------------------------------------------------
+def _rmsnorm_vec(C: int) -> int:
+    """float4 pieces per lane for the vectorised kernels (C = 128 * n, n <= 8), or 0 for the general ones."""
+    return C // 128 if C % 128 == 0 and C <= 1024 else 0
+
+
 def rmsnorm_forward(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
     """x (..., C) -> out (..., C), rstd (N,) with N the number of rows; one warp per row."""
     import cupy
@@ -34,6 +39,10 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
     out = cupy.empty_like(x)
     rstd = cupy.empty((N,), dtype=cupy.float32)
     grid = (min(blocks(N, THREADS // 32), GRID_CAP),)
+    if vec := _rmsnorm_vec(C):
+        kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward_vec", ROW_F4=vec)
+        kernel(grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.float32(eps)))
+        return out, rstd
     get_kernel("rmsnorm.cu", "rmsnorm_forward")(
         grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.int32(C), np.float32(eps))
     )
@@ -48,7 +57,11 @@ def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, An
     N = x.size // C
     dx = cupy.empty_like(x)
     dweight = cupy.zeros((C,), dtype=cupy.float32)
-    grid = (min(blocks(N, THREADS // 32), 132 * 4),)  # few blocks: each adds its dweight once
+    grid = (min(blocks(N, THREADS // 32), 132 * 2),)  # few blocks: each adds its dweight once
+    if vec := _rmsnorm_vec(C):
+        kernel = get_kernel("rmsnorm.cu", "rmsnorm_backward_vec", ROW_F4=vec)
+        kernel(grid, (THREADS,), (dx, dweight, dout, x, weight, rstd, np.int32(N)))
+        return dx, dweight
     args = (dx, dweight, dout, x, weight, rstd, np.int32(N), np.int32(C))
     get_kernel("rmsnorm.cu", "rmsnorm_backward")(grid, (THREADS,), args, shared_mem=4 * C)
     return dx, dweight
@@ -115,6 +128,11 @@ def embedding_backward(dout: Any, tokens: Any, vocab_size: int) -> Any:
 
 
 # --- cross-entropy ---------------------------------------------------------------------------------
+def _float4_rows(*arrays: Any) -> bool:
+    """Whether every (N, V) array can be read as float4: V % 4 == 0 and 16-byte aligned data."""
+    return all(a.shape[-1] % 4 == 0 and a.data.ptr % 16 == 0 for a in arrays)
+
+
 def cross_entropy_forward(logits: Any, targets: Any, weight: Any) -> tuple[Any, Any]:
     """logits (N, V), targets (N,) int64, weight (N,) float32 -> per-row weighted nll (N,), lse (N,)."""
     import cupy
@@ -124,7 +142,8 @@ def cross_entropy_forward(logits: Any, targets: Any, weight: Any) -> tuple[Any, 
     nll = cupy.empty((N,), dtype=cupy.float32)
     lse = cupy.empty((N,), dtype=cupy.float32)
     args = (nll, lse, logits, targets, weight, np.int32(V))
-    get_kernel("cross_entropy.cu", "cross_entropy_forward")((N,), (THREADS,), args)
+    name = "cross_entropy_forward_vec" if _float4_rows(logits) else "cross_entropy_forward"
+    get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
     return nll, lse
 
 
@@ -137,7 +156,8 @@ def cross_entropy_backward(
     N, V = logits.shape
     dlogits = cupy.empty_like(logits) if out is None else out
     args = (dlogits, logits, lse, targets, weight, scale, np.int32(V))
-    get_kernel("cross_entropy.cu", "cross_entropy_backward")((N,), (THREADS,), args)
+    name = "cross_entropy_backward_vec" if _float4_rows(logits, dlogits) else "cross_entropy_backward"
+    get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
     return dlogits
 
 
@@ -184,6 +204,19 @@ def clip_factor(sum_squares: Any, max_norm: float) -> tuple[Any, Any]:
     return factor, norm
 
 
+_decay_tables: dict[tuple, Any] = {}
+
+
+def _decay_table(weight_decays: list[float]) -> Any:
+    """The per-tensor weight decays as a float32 device array, made once per list (no copy per step)."""
+    import cupy
+
+    key = tuple(float(d) for d in weight_decays)
+    if key not in _decay_tables:
+        _decay_tables[key] = cupy.asarray(np.asarray(key, dtype=np.float32))
+    return _decay_tables[key]
+
+
 def adamw_multi(
     params: list[Any],
     ms: list[Any],
@@ -202,14 +235,13 @@ def adamw_multi(
 
     p_ptr, chunk_tensor, chunk_start, sizes = _chunk_table(params)
     m_ptr, v_ptr, g_ptr = (_chunk_table(ts)[0] for ts in (ms, vs, grads))
-    wd = cupy.asarray(np.asarray(weight_decays, dtype=np.float32))
     scale = cupy.ones((1,), dtype=cupy.float32) if grad_scale is None else grad_scale
     args = (
         p_ptr,
         m_ptr,
         v_ptr,
         g_ptr,
-        wd,
+        _decay_table(weight_decays),
         chunk_tensor,
         chunk_start,
         sizes,
@@ -222,6 +254,52 @@ def adamw_multi(
         np.float32(1 - beta2**step),
     )
     get_kernel("adamw.cu", "adamw_multi")((chunk_tensor.size,), (THREADS,), args)
+
+
+def step_control(sum_squares: Any, loss: Any, hyper: Any, max_norm: float, out: Any = None) -> Any:
+    """Device control vector [grad_scale, apply, lr, bc1, bc2, norm] for `adamw_multi_ctl`.
+
+    sum_squares: float64 (1,) from `sum_squares_multi`; loss: float32 device scalar; hyper: float32 (4,)
+    device array [lr, 1 - beta1**t, 1 - beta2**t, enable] written by the host before each step.
+    Nothing is read back to the host, so a CUDA graph can replay it with new `hyper` values.
+    """
+    import cupy
+
+    control = cupy.empty((6,), dtype=cupy.float32) if out is None else out
+    args = (control, sum_squares, loss, hyper, np.float32(max_norm))
+    get_kernel("adamw.cu", "step_control")((1,), (1,), args)
+    return control
+
+
+def adamw_multi_ctl(
+    params: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    grads: list[Any],
+    weight_decays: list[float],
+    control: Any,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """`adamw_multi` with the clip factor, lr, bias corrections and a skip flag read from `control`."""
+    p_ptr, chunk_tensor, chunk_start, sizes = _chunk_table(params)
+    m_ptr, v_ptr, g_ptr = (_chunk_table(ts)[0] for ts in (ms, vs, grads))
+    args = (
+        p_ptr,
+        m_ptr,
+        v_ptr,
+        g_ptr,
+        _decay_table(weight_decays),
+        chunk_tensor,
+        chunk_start,
+        sizes,
+        control,
+        np.float32(beta1),
+        np.float32(beta2),
+        np.float32(eps),
+    )
+    get_kernel("adamw.cu", "adamw_multi_ctl")((chunk_tensor.size,), (THREADS,), args)
 
 
 # --- FlashAttention --------------------------------------------------------------------------------

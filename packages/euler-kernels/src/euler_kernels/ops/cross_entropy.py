@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import check_float, get_array_module, is_capturing, shape_error
 
 
 def _weights(xp: Any, logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> Any:
@@ -30,6 +30,8 @@ def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> N
     if loss_mask is not None and loss_mask.shape != targets.shape:
         raise shape_error(fn, "loss_mask must match targets", targets=targets, loss_mask=loss_mask)
     v = logits.shape[-1]
+    if is_capturing(targets):  # no host read-back inside a CUDA graph: the caller checked the ids
+        return
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
     if bool(bad.any()):
         raise ValueError(f"{fn}: targets must lie in [0, {v}) or equal ignore_index={ignore_index}")
@@ -72,7 +74,10 @@ def cross_entropy_backward(dloss: Any, cache: tuple) -> Any:
     """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits."""
     if cuda.fused_cache(cache):
         _, z, lse, t_safe, w, denom, shape = cache
-        scale = (get_array_module(z).asarray(dloss, dtype=z.dtype) / denom).reshape(1).astype(z.dtype)
+        if isinstance(dloss, int | float):  # a host number: no host-to-device copy (graph capture)
+            scale = (float(dloss) / denom).reshape(1).astype(z.dtype)
+        else:
+            scale = (get_array_module(z).asarray(dloss, dtype=z.dtype) / denom).reshape(1).astype(z.dtype)
         return cuda.cross_entropy_backward(z, lse, t_safe, w, scale).reshape(shape)
     exps, total, t_safe, w, denom, shape = cache
     xp = get_array_module(exps)

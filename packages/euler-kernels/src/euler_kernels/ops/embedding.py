@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import check_float, get_array_module, is_capturing, shape_error
 
 
 def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
@@ -25,7 +25,7 @@ def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
     if tokens.dtype.kind not in "iu":
         raise ValueError(f"embedding_forward: tokens must be integers, got dtype {tokens.dtype}")
     vocab = weight.shape[0]
-    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+    if tokens.size and not is_capturing(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(
             f"embedding_forward: token ids must lie in [0, {vocab}); got min {int(tokens.min())}, "
             f"max {int(tokens.max())} (weight{tuple(weight.shape)}, tokens{tuple(tokens.shape)})"
