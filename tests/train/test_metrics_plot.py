@@ -86,7 +86,7 @@ def test_tensorboard_gets_every_numeric_value_when_its_writer_is_installed(tmp_p
 def write_run(folder, val_bpb: float, shift: float = 0.0):
     """A run folder whose metrics.jsonl has 20 train rows and evaluations at steps 10 and 20."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"step": s, "loss": 5.0 - 0.1 * s + shift} for s in range(1, 21)]
+    rows = [{"step": s, "loss": 5.0 - 0.1 * s + shift, "tok_per_s": 1000.0 * s} for s in range(1, 21)]
     rows[9].update(val_loss=4.2 + shift, val_bpb=val_bpb + 0.5)
     rows[19].update(val_loss=3.4 + shift, val_bpb=val_bpb)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -101,6 +101,7 @@ def test_several_runs_overlay_on_shared_axes_and_compare_their_final_bpb(tmp_pat
     text = compare_text(read_runs([a, b], ["euler", "pytorch"]))
     lines = text.splitlines()
     assert lines[0].startswith("euler: step 20, train loss 3.0000") and "val bpb 2.6000" in lines[0]
+    assert lines[0].endswith("val bpb 2.6000 (step 20), median 11,000 tok/s")
     assert lines[1].startswith("pytorch: step 20") and "val bpb 2.6100" in lines[1]
     assert lines[2] == "val bpb at the end: pytorch - euler = +0.010000"
 

@@ -117,8 +117,8 @@ def _final(rows: list[dict], key: str) -> tuple[int, float] | None:
 
 
 def compare_text(data: dict[str, list[dict]]) -> str:
-    """One line per run (last step, final train loss, val loss, val bpb), then each run's final val bpb
-    (val loss when bpb is missing) minus the first run's."""
+    """One line per run (last step, final train loss, val loss, val bpb, median tokens/s of the logged
+    steps), then each run's final val bpb (val loss when a run lacks bpb) minus the first run's."""
     lines = []
     for label, rows in data.items():
         parts = [f"{label}: step {rows[-1].get('step')}"]
@@ -126,6 +126,9 @@ def compare_text(data: dict[str, list[dict]]) -> str:
             last = _final(rows, key)
             if last is not None:
                 parts.append(f"{name} {last[1]:.4f}" + (f" (step {last[0]})" if key != "loss" else ""))
+        speeds = sorted(series(rows, "tok_per_s")[1])
+        if speeds:
+            parts.append(f"median {speeds[len(speeds) // 2]:,.0f} tok/s")
         lines.append(", ".join(parts))
     labels = list(data)
     key = "val_bpb" if all(_final(r, "val_bpb") for r in data.values()) else "val_loss"
