@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.cuda.gemm import gemm
 from euler_kernels.cuda.launch import (
     adamw_multi,
     adamw_multi_ctl,
@@ -53,6 +54,7 @@ __all__ = [
     "flash_attention_forward",
     "fused",
     "fused_cache",
+    "gemm",
     "rmsnorm_backward",
     "rmsnorm_forward",
     "rope_rotate",

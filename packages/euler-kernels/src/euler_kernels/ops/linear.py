@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from euler_kernels import cuda
 from euler_kernels.backend import check_float, shape_error
 
 
@@ -20,8 +21,16 @@ def linear_forward(x: Any, weight: Any) -> tuple[Any, tuple]:
         raise shape_error(
             "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=weight
         )
+    if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
+        x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
+        out = cuda.gemm(_c(x2), _c(weight), trans_b=True).reshape(*x.shape[:-1], weight.shape[0])
+        return out, (x, weight)
     out = x @ weight.T  # (..., C_out)
     return out, (x, weight)
+
+
+def _c(a: Any) -> Any:
+    return a if a.flags.c_contiguous else a.copy()
 
 
 def linear_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
@@ -31,8 +40,12 @@ def linear_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
         raise shape_error(
             "linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, x=x, weight=weight
         )
-    dx = dout @ weight  # (..., C_in)
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
     x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
+    if cuda.fused(dout, x, weight):
+        d2, x2 = _c(d2), _c(x2)
+        dx = cuda.gemm(d2, _c(weight)).reshape(x.shape)  # (..., C_in)
+        return dx, cuda.gemm(d2, x2, trans_a=True)  # (C_out, C_in)
+    dx = dout @ weight  # (..., C_in)
     dweight = d2.T @ x2  # (C_out, C_in)
     return dx, dweight
