@@ -165,10 +165,23 @@ def test_a_spawned_worker_rebuilds_the_tokenizer_from_its_state(small_tok: Token
     try:
         assert _parallel._WORKER is not small_tok
         assert _parallel._WORKER.fingerprint == small_tok.fingerprint
-        [ids] = _parallel._encode_chunk((["hi <|end|> there"], "all", False))
+        [ids] = _parallel._encode_chunk((["hi <|end|> there"], "all", False, "I"))
         assert ids.tolist() == small_tok.encode("hi <|end|> there", allowed_special="all")
     finally:
         _parallel._WORKER = None
+
+
+def test_encode_batch_typecode_gives_arrays(small_tok: Tokenizer) -> None:
+    from array import array
+
+    texts = [f"line {i} of text\n" * 200 for i in range(60)]  # over 64 K characters: two workers
+    for workers in (1, 2):
+        got = small_tok.encode_batch(texts, workers=workers, typecode="H")
+        assert all(isinstance(a, array) and a.typecode == "H" for a in got)
+        assert [a.tolist() for a in got] == [small_tok.encode(t) for t in texts]
+    small_tok.close()
+    with pytest.raises(OverflowError, match="typecode 'B'"):
+        small_tok.encode_batch(texts, typecode="B")
 
 
 def test_decode_and_token_bytes_take_any_integer_sequence(small_tok: Tokenizer) -> None:

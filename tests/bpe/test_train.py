@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from euler_bpe import CHAT_SPECIAL_TOKENS, Tokenizer
 from euler_bpe._train import learn_merges
+from tests.bpe.conftest import CORPUS
 
 # Word counts: hug 10, pug 5, pun 12, bun 4, hugs 5 (each text is one word: no leading space).
 HUGS = ["hug"] * 10 + ["pug"] * 5 + ["pun"] * 12 + ["bun"] * 4 + ["hugs"] * 5
@@ -199,3 +200,18 @@ def test_big_files_are_read_in_pieces_without_changing_the_word_counts(tmp_path)
     path.write_text(text, encoding="utf-8")
     assert path.stat().st_size > 2 * (1 << 20)
     assert count_words(iter_pieces([path])) == count_words(iter_pieces([text])) == count_words([text])
+
+
+def test_training_leaves_each_word_cached_as_encoding_would_merge_it() -> None:
+    from euler_bpe._encode import merge_word
+    from euler_bpe._pretokenize import split_words
+
+    text = CORPUS + " naïve café über 12345 " * 20
+    tok = Tokenizer.train([text], vocab_size=400)
+    enc = tok._encoder
+    assert set(enc.cache) == set(split_words(text))  # training's words start the cache
+    for word, ids in enc.cache.items():
+        assert list(ids) == merge_word(list(word.encode("utf-8")), enc.merges), word
+    cold = Tokenizer(tok.tokens, tok.merges, tok.special_tokens)  # the same tokenizer, empty cache
+    assert not cold._encoder.cache
+    assert tok.encode(text) == cold.encode(text)

@@ -153,6 +153,21 @@ class WordEncoder:
         ids = self.cache[word] = self.bytes_ids(data)
         return ids
 
+    def warm(self, words: dict[bytes, list[int]]) -> None:
+        """Cache words whose ids are already known (UTF-8 bytes -> ids; other bytes are skipped).
+
+        >>> enc = WordEncoder(list(range(256)), {(104, 105): (0, 256)})
+        >>> enc.warm({b"hi": [256], b"\\xff": [255]}); enc.cache
+        {'hi': (256,)}
+        """
+        for data, ids in words.items():
+            if len(self.cache) >= self.cache_limit:
+                break
+            try:
+                self.cache[data.decode("utf-8")] = tuple(ids)
+            except UnicodeDecodeError:
+                continue  # not a str word (raw bytes of a file): the encoder never looks it up
+
     def encode(self, text: str, raw: bool = False) -> list[int]:
         """Token ids of `text`; `raw` means lone surrogates stand for raw bytes (see `word_bytes`)."""
         get, miss, out = self.cache.get, self._miss, []

@@ -19,6 +19,7 @@ from euler_bpe._corpus import split_safely
 from euler_bpe._pretokenize import GPT2_PATTERN
 
 PIECE = 1 << 18  # characters: texts longer than this are cut into pieces of about this size
+JOBS = 4  # jobs per worker: enough to even out the load, few enough that caches mostly stay apart
 
 _WORKER: Any = None  # the tokenizer of this worker process
 _FORKING: Any = None  # the tokenizer being forked: a forked worker finds it here, ready to use
@@ -32,10 +33,10 @@ def _init(state: dict) -> None:
     _WORKER = _FORKING if _FORKING is not None else from_dict(state, check_fingerprint=False)
 
 
-def _encode_chunk(args: tuple[Sequence[str], Any, bool]) -> list[array]:
-    texts, allowed, raw = args
-    # array('I') travels back as raw bytes, much faster than a list of Python ints.
-    return [array("I", _WORKER._encode(t, allowed, raw)) for t in texts]
+def _encode_chunk(args: tuple[Sequence[str], Any, bool, str]) -> list[array]:
+    texts, allowed, raw, typecode = args
+    # An array travels back as raw bytes, much faster than a list of Python ints.
+    return [array(typecode, _WORKER._encode(t, allowed, raw)) for t in texts]
 
 
 def _chunks(texts: Sequence[str], parts: int) -> list[Sequence[str]]:
@@ -74,20 +75,24 @@ class WorkerPool:
         # terminate() runs when the owner is collected or at interpreter exit, whichever comes first
         self._finalizer = weakref.finalize(owner, self.pool.terminate)
 
-    def encode(self, texts: Sequence[str], allowed: Any, raw: bool) -> list[list[int]]:
-        """The ids of each text, in order. Long texts are cut where pretokenization splits anyway
-        (so the ids are unchanged), to balance the work between the workers."""
+    def encode(self, texts: Sequence[str], allowed: Any, raw: bool, typecode: str | None = None) -> list:
+        """The ids of each text, in order: lists, or arrays of `typecode`. Long texts are cut where
+        pretokenization splits anyway (so the ids are unchanged), to balance the work."""
         owner, pieces = [], []
         for i, text in enumerate(texts):
             for piece in split_safely(text, PIECE) if self.cut and len(text) > PIECE else [text]:
                 owner.append(i)
                 pieces.append(piece)
-        jobs = [(chunk, allowed, raw) for chunk in _chunks(pieces, self.workers * 4)]
-        out: list[list[int]] = [[] for _ in texts]
+        jobs = [(chunk, allowed, raw, typecode or "I") for chunk in _chunks(pieces, self.workers * JOBS)]
+        out: list[Any] = [None] * len(texts)
         for i, ids in zip(
             owner, (a for chunk in self.pool.map(_encode_chunk, jobs, chunksize=1) for a in chunk)
         ):
-            out[i] += ids.tolist()
+            ids = ids if typecode else ids.tolist()
+            if out[i] is None:  # every text has at least one piece
+                out[i] = ids
+            else:
+                out[i] += ids
         return out
 
     def close(self) -> None:

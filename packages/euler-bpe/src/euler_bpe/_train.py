@@ -93,11 +93,13 @@ def learn_merges(
     word_counts: dict[bytes, int],
     num_tokens: int,
     progress: Callable[[int, int], None] | None = None,
+    final_words: dict[bytes, list[int]] | None = None,
 ) -> tuple[list[tuple[int, int, int]], list[bytes]]:
     """Merge until there are `num_tokens` tokens; returns ([(left, right, merged id)], tokens by id).
 
     Ids 0..255 are the single bytes; each merge adds one token unless its bytes already exist (then
-    the merge reuses that id). Stops early when no adjacent pair is left in any word.
+    the merge reuses that id). Stops early when no adjacent pair is left in any word. `final_words`,
+    if given, receives each word's ids after the last merge.
     """
     if num_tokens < 256:
         raise ValueError(f"learn_merges: num_tokens must be >= 256 (the byte alphabet), got {num_tokens}")
@@ -117,4 +119,6 @@ def learn_merges(
         _merge_everywhere(table, words, counts, (left, right), index[merged])
         if progress is not None:
             progress(len(tokens), num_tokens)
+    if final_words is not None:
+        final_words.update(zip(word_counts, words))
     return merges, tokens

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import os
 import sys
+from array import array
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Literal
@@ -85,10 +86,17 @@ class Tokenizer:
         if not counts:
             raise ValueError("train: the corpus is empty (no text to learn merges from)")
         report = _progress_printer() if progress is True else (progress or None)
-        merges, tokens = learn_merges(counts, vocab_size - len(specials), report)
+        words: dict[bytes, list[int]] = {}
+        merges, tokens = learn_merges(counts, vocab_size - len(specials), report, words)
+        fresh = len(tokens) == 256 + len(merges)
         special_ids = {s: len(tokens) + k for k, s in enumerate(specials)}
         tokens += [s.encode("utf-8") for s in specials]
-        return cls(tokens, [(a, b) for a, b, _ in merges], special_ids, pattern)
+        tok = cls(tokens, [(a, b) for a, b, _ in merges], special_ids, pattern)
+        if fresh:
+            # Every merge made a new token, so no pair of a lower rank can appear after a merge:
+            # training merged each word exactly as encoding will. Its words start the cache.
+            tok._encoder.warm(words)
+        return tok
 
     # ---- encoding -------------------------------------------------------------------------------
     def _allowed(self, allowed_special: AllowedSpecial) -> frozenset[str]:
@@ -134,31 +142,53 @@ class Tokenizer:
         return self._encode(bytes(data).decode("utf-8", "surrogateescape"), allowed_special, raw=True)
 
     def encode_batch(
-        self, texts: Sequence[str], allowed_special: AllowedSpecial = frozenset(), workers: int = 1
-    ) -> list[list[int]]:
+        self,
+        texts: Sequence[str],
+        allowed_special: AllowedSpecial = frozenset(),
+        workers: int = 1,
+        typecode: str | None = None,
+    ) -> list[list[int]] | list[array]:
         """`[encode(t) for t in texts]`, in `workers` processes when > 1.
 
         The worker processes start on the first such call and stay (with their word caches) until
         `close()`, garbage collection of the tokenizer, or exit. Small batches run in this process.
+        With `typecode` (e.g. "H" for uint16 shards) each result is an `array.array` of that type
+        instead of a list, which saves converting ids to Python ints and back; OverflowError if the
+        vocabulary's ids do not fit that type.
+
+        >>> Tokenizer.byte_level().encode_batch(["hi"], typecode="H")
+        [array('H', [104, 105])]
         """
         texts = list(texts)
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("encode_batch: every text must be a str")
-        return self._encode_batch(texts, allowed_special, workers, raw=False)
+        return self._encode_batch(texts, allowed_special, workers, raw=False, typecode=typecode)
 
     def _encode_batch(
-        self, texts: list[str], allowed_special: AllowedSpecial, workers: int, raw: bool
-    ) -> list[list[int]]:
-        if allowed_special:
-            self._allowed(allowed_special)  # fail here, not in a worker
+        self,
+        texts: list[str],
+        allowed_special: AllowedSpecial,
+        workers: int,
+        raw: bool,
+        typecode: str | None = None,
+    ) -> list[list[int]] | list[array]:
+        allowed = self._allowed(allowed_special) if allowed_special else frozenset()  # fail here
+        if typecode:  # the same check in every path: fail before any work
+            try:
+                array(typecode, [self.vocab_size - 1])
+            except OverflowError:
+                raise OverflowError(
+                    f"encode_batch: ids up to {self.vocab_size - 1} do not fit array typecode {typecode!r}"
+                ) from None
         if workers <= 1 or len(texts) < 2 or sum(map(len, texts)) < 1 << 16:
-            return [self._encode(t, allowed_special, raw) for t in texts]
+            encoded = (self._encode(t, allowed, raw) for t in texts)
+            return [array(typecode, ids) for ids in encoded] if typecode else list(encoded)
         if self._pool is None or self._pool.workers != workers:
             from euler_bpe._parallel import WorkerPool
 
             self.close()
             self._pool = WorkerPool(self, _io.to_dict(self), workers)
-        return self._pool.encode(texts, allowed_special, raw)
+        return self._pool.encode(texts, allowed, raw, typecode)
 
     def close(self) -> None:
         """Stop the worker processes of `encode_batch(..., workers>1)`, if any (also done at exit)."""
