@@ -19,17 +19,16 @@ from euler_bpe import ENDOFTEXT, Tokenizer
 from euler_data.db import connect
 from euler_data.meta import open_bin
 
-BATCH_CHARS = 64_000_000  # text per encode_batch call: each call starts worker processes with cold caches
+BATCH_CHARS = 64_000_000  # text per encode_batch call (the workers and their word caches stay between calls)
 SCRATCH = "pieces.tokens"
 Index = dict[tuple[int, int], tuple[int, int]]  # (doc_id, part) -> (start, length) in the scratch file
 
 
-def uint16_le_bytes(ids: list[int]) -> bytes:
-    """Token ids as little-endian uint16 bytes (the bins' layout); a few times faster than via NumPy."""
-    packed = array("H", ids)
+def write_uint16_le(out, ids: array) -> None:
+    """Write an ``array('H')`` of token ids as little-endian uint16 (the bins' layout)."""
     if sys.byteorder == "big":
-        packed.byteswap()
-    return packed.tobytes()
+        ids.byteswap()
+    ids.tofile(out)
 
 
 def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, str]]:
@@ -60,9 +59,10 @@ def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> 
     offset, after = 0, (-1, -1)
     with open(folder / SCRATCH, "wb") as out:
         while rows := fetch_batch(folder, after):
-            ids = tok.encode_batch([text for _, _, text in rows], workers=workers)
+            # array('H') straight from the workers: no Python ints to build and pack again
+            ids = tok.encode_batch([text for _, _, text in rows], workers=workers, typecode="H")
             for (doc_id, part, text), seq in zip(rows, ids):
-                out.write(uint16_le_bytes(seq))
+                write_uint16_le(out, seq)
                 index[(doc_id, part)] = (offset, len(seq))
                 offset += len(seq)
                 if progress is not None:
