@@ -112,7 +112,9 @@ def test_named_sources_resolve_from_a_mirror_layout(tmp_path, tok_path, decode_d
     recipe = Recipe(sources=by_int, tokenizer=str(tok_path))
     meta = prepare(recipe, tmp_path / "o1", mirror=mirror, quiet=True)
     assert meta["documents_in"] == 10 and meta["dropped"] == {"low_score": 8}  # int_score 4 twice
-    with pytest.raises(DataError, match=r"gutenberg:8: no mirror has it .* www\.gutenberg\.org"):
+    with pytest.raises(
+        DataError, match=r"gutenberg:8: no mirror has it .* https://www\.gutenberg\.org/cache/epub/8/pg8\.txt"
+    ):
         prepare(Recipe(sources=(SourceSpec("gutenberg:8"),)), tmp_path / "o2", mirror=mirror, quiet=True)
 
 

@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from euler_data.errors import DataError
-from euler_data.network import download, online
+from euler_data.network import URL_BASE_ENV, download, online, site_url, url_online
 from euler_data.recipe import SourceSpec
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".gz": "json.gz"}
@@ -19,7 +21,12 @@ GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/{id}/pg{id}.txt"
 ALPACA_URL = "https://raw.githubusercontent.com/tatsu-lab/stanford_alpaca/main/alpaca_data.json"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 FINEWEB_URL = "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/000_00000.parquet"
-NO_SOURCE = "no mirror has it (--mirror DIR or EULER_DATA_MIRROR) and {host} cannot be reached"
+# The same file over plain HTTPS: what is downloaded when EULER_DATA_URL_BASE names a stand-in server.
+FINEWEB_HTTP_URL = (
+    "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT/000_00000.parquet"
+)
+FINEWEB_ROWS = 100_000  # rows read from the remote file when the spec gives no ROWS
+NO_SOURCE = "no mirror has it (--mirror DIR or EULER_DATA_MIRROR) and {url} cannot be reached"
 
 
 @dataclass(frozen=True)
@@ -54,9 +61,9 @@ def local_inputs(path: Path) -> list[Input]:
     return [Input(str(p), file_format(p)) for p in files]
 
 
-def _need(where: str, host: str) -> None:
-    if not online(host):
-        raise DataError(where, NO_SOURCE.format(host=host))
+def _need(where: str, url: str) -> None:
+    if not url_online(url):
+        raise DataError(where, NO_SOURCE.format(url=url))
 
 
 def gutenberg_inputs(ids: list[int], mirror: Path | None, cache: Path) -> list[Input]:
@@ -70,29 +77,36 @@ def gutenberg_inputs(ids: list[int], mirror: Path | None, cache: Path) -> list[I
         if book in by_id:
             out.append(Input(str(mirror / "gutenberg" / by_id[book]), "txt"))
             continue
-        _need(f"gutenberg:{book}", "www.gutenberg.org")
-        url = GUTENBERG_URL.format(id=book)
-        out.append(Input(str(download(url, cache / f"pg{book}.txt")), "txt"))
+        where, url = f"gutenberg:{book}", site_url(GUTENBERG_URL.format(id=book))
+        _need(where, url)
+        out.append(Input(str(download(url, cache / f"pg{book}.txt", where, "txt")), "txt"))
     return out
 
 
 def _mirror_or_url(where: str, rel: str, url: str, mirror: Path | None, cache: Path, fmt: str) -> Input:
     if mirror and (mirror / rel).is_file():
         return Input(str(mirror / rel), fmt)
-    host = url.split("/")[2]
-    _need(where, host)
-    return Input(str(download(url, cache / Path(rel).name)), fmt)
+    name = Path(urlparse(url).path).name  # cached under the site's file name
+    url = site_url(url)
+    _need(where, url)
+    return Input(str(download(url, cache / name, where, fmt)), fmt)
 
 
-def fineweb_inputs(rows: int | None, mirror: Path | None) -> list[Input]:
-    """FineWeb-Edu parquet: the mirror's ``fineweb-edu/`` folder, else the Hugging Face dataset path."""
+def fineweb_inputs(rows: int | None, mirror: Path | None, cache: Path) -> list[Input]:
+    """FineWeb-Edu parquet: the mirror's ``fineweb-edu/`` folder, else the Hugging Face dataset path
+    (read by DuckDB itself), or, under ``EULER_DATA_URL_BASE``, its file downloaded from there."""
     folder = mirror / "fineweb-edu" if mirror else None
     if folder and folder.is_dir():
         return [Input(i.location, i.fmt, rows) for i in local_inputs(folder)]
+    if os.environ.get(URL_BASE_ENV):  # DuckDB's hf:// cannot be pointed elsewhere: fetch the file
+        url = site_url(FINEWEB_HTTP_URL)
+        _need("fineweb-edu", url)
+        path = download(url, cache / "fineweb-edu-000_00000.parquet", "fineweb-edu", "parquet")
+        return [Input(str(path), "parquet", rows or FINEWEB_ROWS)]
     if not online("huggingface.co"):
         hint = " (the mirror's web_text/ files work as local sources)" if mirror else ""
-        raise DataError("fineweb-edu", NO_SOURCE.format(host="huggingface.co") + hint)
-    return [Input(FINEWEB_URL, "parquet", rows or 100_000)]
+        raise DataError("fineweb-edu", NO_SOURCE.format(url=f"huggingface.co ({FINEWEB_URL})") + hint)
+    return [Input(FINEWEB_URL, "parquet", rows or FINEWEB_ROWS)]
 
 
 def resolve(source: SourceSpec, mirror: Path | None, cache: Path) -> list[Input]:
@@ -111,7 +125,7 @@ def resolve(source: SourceSpec, mirror: Path | None, cache: Path) -> list[Input]
     if kind == "fineweb-edu":
         if arg and not arg.isdigit():
             raise DataError(source.spec, "expected fineweb-edu or fineweb-edu:ROWS")
-        return fineweb_inputs(int(arg) if arg else None, mirror)
+        return fineweb_inputs(int(arg) if arg else None, mirror, cache)
     if kind == "alpaca":
         rel = "alpaca/alpaca_subset_2000_gumbelsoft.json"
         return [_mirror_or_url("alpaca", rel, ALPACA_URL, mirror, cache, "json")]
