@@ -125,7 +125,8 @@ def profile_ops(step, steps: int = 3) -> None:
         ms = sum(times) / steps
         covered += ms
         print(f"{name:>28} {len(times) // steps:6d} {ms:8.2f} {100 * ms / total:5.1f}%")
-    print(f"{'(between ops: glue, gaps)':>28} {'':>6} {total - covered:8.2f} {100 * (total - covered) / total:5.1f}%")
+    rest = total - covered
+    print(f"{'(between ops: glue, gaps)':>28} {'':>6} {rest:8.2f} {100 * rest / total:5.1f}%")
 
 
 def torch_step_fn(cfg, params, tokens, targets, compile_: bool, lr=3e-4, max_norm=1.0):

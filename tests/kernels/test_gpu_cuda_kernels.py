@@ -232,9 +232,11 @@ def test_flash_attention_matches_cpu_reference(b, t, s, hq, hkv, d, causal, tf32
     dq_ref, dk_ref, dv_ref = ek.attention_backward(to64[3], cache)
     out, lse = kc.flash_attention_forward(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal, tf32)
     dq, dk, dv = kc.flash_attention_backward(
-        cp.asarray(g), cp.asarray(q), cp.asarray(k), cp.asarray(v), out, lse, causal
+        cp.asarray(g), cp.asarray(q), cp.asarray(k), cp.asarray(v), out, lse, causal, tf32
     )
     floor = 0.1 if tf32 else 1e-2  # TF32 rounds operands to 10 mantissa bits
+    if tf32 and s == 1:  # one key: softmax is exactly 1 and dq, dk cancel to 0; TF32's dO.V against the
+        floor = 1.0  # fp32 delta leaves ~1e-3 of the cancelled O(1) terms: judge it against their size
     refs = {"out": (out, out_ref), "dq": (dq, dq_ref), "dk": (dk, dk_ref), "dv": (dv, dv_ref)}
     errors = {name: rel(got, ref, floor) for name, (got, ref) in refs.items()}
     print(

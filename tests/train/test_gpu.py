@@ -3,6 +3,8 @@ and -- with two or more GPUs -- `--gpus 2` equals one GPU with twice the batch."
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -11,6 +13,12 @@ from euler_train.cli import main
 from euler_train.metrics import read_metrics
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _restore_tf32_switch(monkeypatch):
+    """`--precision` sets CUPY_TF32 for the whole process; put it back so later tests see their own."""
+    monkeypatch.setenv("CUPY_TF32", os.environ.get("CUPY_TF32", "0"))
 
 
 def final(run, step):
@@ -52,12 +60,16 @@ def test_gpu_training_matches_cpu(tmp_path, dataset) -> None:
     assert all("mfu" in r and 0 < r["mfu"] < 1 for r in gpu)
 
 
+# the captured step needs the fused attention kernel: head_dim 64 (dim 128, 2 query heads, 1 kv head)
+HEAD_DIM_64 = ("--set", "model.dim=128", "--set", "model.n_heads=2", "--set", "model.n_kv_heads=1")
+
+
 @pytest.mark.parametrize("accum", ["1", "2"])
 def test_cuda_graph_step_equals_the_eager_step(tmp_path, dataset, capsys, accum) -> None:
     """The captured-and-replayed step (the default on one GPU) computes what the eager step computes."""
-    common = ("--device", "gpu", "--precision", "fp32", "--set", f"train.grad_accum={accum}")
+    common = ("--device", "gpu", "--precision", "fp32", "--set", f"train.grad_accum={accum}", *HEAD_DIM_64)
     train(dataset, tmp_path / "graph", *common)
-    assert "CUDA graph capture failed" not in capsys.readouterr().err  # the graph really ran
+    assert "captured as a CUDA graph" in capsys.readouterr().err  # the graph really ran
     train(dataset, tmp_path / "eager", *common, "--set", "train.cuda_graph=false")
     graph, eager = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("graph", "eager"))
     np.testing.assert_allclose([r["loss"] for r in graph], [r["loss"] for r in eager], rtol=1e-5)
@@ -72,7 +84,7 @@ def test_cuda_graph_step_equals_the_eager_step(tmp_path, dataset, capsys, accum)
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def test_cuda_graph_skips_non_finite_steps_on_the_device(tmp_path, dataset) -> None:
+def test_cuda_graph_skips_non_finite_steps_on_the_device(tmp_path, dataset, capsys) -> None:
     """A learning rate that blows the loss up: the replayed step leaves the weights alone when the loss or
     the norm is not finite, and the trainer counts the skipped steps."""
     import json
@@ -86,11 +98,13 @@ def test_cuda_graph_skips_non_finite_steps_on_the_device(tmp_path, dataset) -> N
         "train.lr=1e12",
         "--set",
         "train.warmup_steps=0",
+        *HEAD_DIM_64,
         "--set",
         'train.on_nonfinite="skip"',
         "--set",
         "train.grad_clip=0",
     )
+    assert "captured as a CUDA graph" in capsys.readouterr().err
     rows = read_metrics(tmp_path / "blowup" / "metrics.jsonl")
     state = json.loads((tmp_path / "blowup" / "checkpoints" / "step_6" / "trainer_state.json").read_text())
     assert state["skipped"] == sum(1 for r in rows if r.get("skipped")) > 0

@@ -155,14 +155,17 @@ class Trainer:
         return row, stop_votes > 0
 
     def _graph_eligible(self) -> bool:
-        """The captured step covers pretraining on one GPU (SFT weighs micro-batches by their masks and
-        data parallelism all-reduces between backward and update: both run the eager step)."""
+        """The captured step covers pretraining on one GPU with the fused attention kernel (head_dim 64 or
+        128); SFT weighs micro-batches by their masks, data parallelism all-reduces between backward and
+        update, and other head sizes attend through CuPy's matmul, which cannot be captured: all of these
+        run the eager step."""
         return (
             self.spec.cfg["train"]["cuda_graph"]
             and not self.graph_failed
             and self.device.kind == "gpu"
             and self.spec.mode == "pretrain"
             and self.comm.world_size == 1
+            and self.spec.mcfg.head_dim in (64, 128)
         )
 
     def _graph_step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool] | None:
@@ -190,6 +193,11 @@ class Trainer:
                 print(f"euler-train: CUDA graph capture failed ({err}); stepping eagerly", file=sys.stderr)
                 return None
             self.graph = graph
+            if self.comm.is_main:
+                print(
+                    f"euler-train: step {step + 1} captured as a CUDA graph; replayed from here on",
+                    file=sys.stderr,
+                )
         else:
             loss, norm, applied = self.graph.run(micro, lr, self.opt.t + 1)
         row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}

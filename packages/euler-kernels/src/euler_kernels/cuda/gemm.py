@@ -1,0 +1,137 @@
+"""Float32 matrix products through cuBLAS called directly (ctypes), so they can be captured in a CUDA graph.
+
+CuPy's matmul refuses to run while a stream is being captured (it checks before every cuBLAS call), but
+cuBLAS itself supports capture when its handle works in a workspace the caller owns. So the linear op
+calls `cublasGemmEx` here: one handle per device, a 32 MiB workspace of ours, the current CuPy stream,
+and TF32 tensor-core math when CUPY_TF32=1 (the same switch CuPy's matmul follows).
+
+Row-major arrays are column-major transposes, so C = op(A) @ op(B) (M x N) is computed as
+C^T = op(B)^T @ op(A)^T: cuBLAS gets B first, then A, with m = N and n = M.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+CUDA_R_32F = 0
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+CUBLAS_GEMM_DEFAULT = -1
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+WORKSPACE_BYTES = 32 * 2**20
+
+_lib: Any = None
+_handles: dict[int, _Handle] = {}
+
+
+def _cublas() -> Any:
+    """The libcublas that CuPy loaded (same process, same library), with argument types declared."""
+    global _lib
+    if _lib is None:
+        import cupy
+
+        cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas into the process
+        lib, errors = None, []
+        for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError as err:
+                errors.append(str(err))
+        if lib is None:  # CUDA from pip wheels: ask where CuPy's loader found it
+            try:
+                from cuda.pathfinder import load_nvidia_dynamic_lib
+
+                lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+            except Exception as err:
+                errors.append(str(err))
+                raise RuntimeError(
+                    f"euler_kernels.gemm: cannot load libcublas ({'; '.join(errors)})"
+                ) from err
+        p, i = ctypes.c_void_p, ctypes.c_int
+        lib.cublasCreate_v2.argtypes = [ctypes.POINTER(p)]
+        lib.cublasSetStream_v2.argtypes = [p, p]
+        lib.cublasSetWorkspace_v2.argtypes = [p, p, ctypes.c_size_t]
+        lib.cublasGemmEx.argtypes = [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]
+        _lib = lib
+    return _lib
+
+
+class _Handle:
+    """A cuBLAS handle with its own workspace, re-pointed at whichever stream is current."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        lib = _cublas()
+        self.ptr = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(self.ptr)), "cublasCreate")
+        self.workspace = cupy.empty((WORKSPACE_BYTES,), dtype=cupy.uint8)
+        self.stream = None
+
+    def on_stream(self, stream_ptr: int) -> ctypes.c_void_p:
+        if stream_ptr != self.stream:  # setting the stream resets the workspace: set both
+            lib = _cublas()
+            _check(lib.cublasSetStream_v2(self.ptr, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+            ws = ctypes.c_void_p(self.workspace.data.ptr)
+            _check(lib.cublasSetWorkspace_v2(self.ptr, ws, WORKSPACE_BYTES), "cublasSetWorkspace")
+            self.stream = stream_ptr
+        return self.ptr
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"euler_kernels.gemm: {what} failed with cuBLAS status {status}")
+
+
+def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, tf32: bool | None = None) -> Any:
+    """op(a) @ op(b) for C-contiguous float32 CuPy matrices; op transposes when asked. Returns a new array.
+
+    tf32=None follows CUPY_TF32 (1: TF32 tensor cores, else exact float32 products).
+    """
+    import cupy
+
+    if a.ndim != 2 or b.ndim != 2 or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        raise ValueError(f"gemm: needs 2-D C-contiguous matrices, got {a.shape} and {b.shape}")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    k_b, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if k != k_b:
+        raise ValueError(f"gemm: inner sizes differ: op(a) is ({m}, {k}), op(b) is ({k_b}, {n})")
+    out = cupy.empty((m, n), dtype=cupy.float32)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        out.fill(0)
+        return out
+    if tf32 is None:
+        tf32 = os.environ.get("CUPY_TF32", "0") == "1"
+    device = cupy.cuda.Device().id
+    if device not in _handles:
+        _handles[device] = _Handle()
+    handle = _handles[device].on_stream(cupy.cuda.get_current_stream().ptr)
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)  # host scalars, read when the call is made
+    status = _cublas().cublasGemmEx(
+        handle,
+        CUBLAS_OP_T if trans_b else CUBLAS_OP_N,
+        CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
+        n,
+        m,
+        k,
+        ctypes.addressof(alpha),
+        b.data.ptr,
+        CUDA_R_32F,
+        b.shape[1],
+        a.data.ptr,
+        CUDA_R_32F,
+        a.shape[1],
+        ctypes.addressof(beta),
+        out.data.ptr,
+        CUDA_R_32F,
+        n,
+        CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+    _check(status, "cublasGemmEx")
+    return out
