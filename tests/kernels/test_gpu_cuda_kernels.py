@@ -138,6 +138,17 @@ def test_adamw_multi_and_norm_match_per_tensor_numpy():
         assert rel(got, ref) < 1e-6
 
 
+def test_sum_squares_over_many_chunks_is_exact_and_deterministic():
+    """More chunks than the final one-block sum has threads (1,300 > 1,024): float64 partials, fixed order."""
+    rng = np.random.default_rng(7)
+    host = [randn(rng, 1300 * 8192 - 5), randn(rng, 3, 7), randn(rng, 1)]
+    dev = [cp.asarray(a) for a in host]
+    ref = sum(float((a.astype(np.float64) ** 2).sum()) for a in host)
+    first = float(kc.sum_squares_multi(dev)[0])
+    assert abs(first - ref) < 1e-10 * ref
+    assert all(float(kc.sum_squares_multi(dev)[0]) == first for _ in range(3))  # bit-identical reruns
+
+
 @pytest.mark.parametrize("loss", [2.5, float("nan")], ids=["finite", "nan-loss"])
 @pytest.mark.parametrize("max_norm", [0.5, 1e9], ids=["clipped", "unclipped"])
 def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):

@@ -72,9 +72,11 @@ extern "C" __global__ void step_control(float* control, const double* sum_square
     control[5] = norm;
 }
 
-// Sum of squares of every element of every tensor, accumulated in double into out[0].
-extern "C" __global__ void sum_squares_multi(double* out, const float* const* tensors, const int* chunk_tensor,
-                                             const long long* chunk_start, const long long* sizes) {
+// Sum of squares of every element of every tensor: one double per chunk in partials[chunk] (no atomics
+// on one address, which would serialise thousands of blocks), summed by sum_partials.
+extern "C" __global__ void sum_squares_multi(double* partials, const float* const* tensors,
+                                             const int* chunk_tensor, const long long* chunk_start,
+                                             const long long* sizes) {
     __shared__ double scratch[32];
     int t;
     long long begin, end;
@@ -87,7 +89,22 @@ extern "C" __global__ void sum_squares_multi(double* out, const float* const* te
     if (threadIdx.x == 0) {
         double s = 0.0;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
-        atomicAdd(out, s);
+        partials[blockIdx.x] = s;
+    }
+}
+
+// out[0] = sum of partials[0..n), in one block, in a fixed order (the result is the same every run).
+extern "C" __global__ void sum_partials(double* out, const double* partials, int n) {
+    __shared__ double scratch[32];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partials[i];
+    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
+        out[0] = s;
     }
 }
 

@@ -187,10 +187,12 @@ def sum_squares_multi(tensors: list[Any]) -> Any:
     """Sum of squares of all elements of all float32 tensors, as a float64 device scalar (shape (1,))."""
     import cupy
 
-    out = cupy.zeros((1,), dtype=cupy.float64)
     pointers, chunk_tensor, chunk_start, sizes = _chunk_table(tensors)
-    args = (out, pointers, chunk_tensor, chunk_start, sizes)
+    partials = cupy.empty((chunk_tensor.size,), dtype=cupy.float64)  # one per chunk
+    args = (partials, pointers, chunk_tensor, chunk_start, sizes)
     get_kernel("adamw.cu", "sum_squares_multi")((chunk_tensor.size,), (THREADS,), args)
+    out = cupy.empty((1,), dtype=cupy.float64)
+    get_kernel("adamw.cu", "sum_partials")((1,), (1024,), (out, partials, np.int32(partials.size)))
     return out
 
 

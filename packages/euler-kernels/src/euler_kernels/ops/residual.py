@@ -21,8 +21,9 @@ def residual_forward(x: Any, branch: Any) -> tuple[Any, tuple]:
 
 
 def residual_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
-    """(dx, dbranch): both equal dout; dbranch is a copy so the two may be updated independently."""
+    """(dx, dbranch): both are dout itself, not copies (a copy would cost a full pass over the residual
+    stream per block); do not modify one in place while the other is still needed."""
     (shape,) = cache
     if dout.shape != shape:
         raise ValueError(f"residual_backward: dout{tuple(dout.shape)} must match x{tuple(shape)}")
-    return dout, dout.copy()
+    return dout, dout
