@@ -192,9 +192,51 @@ def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, seed):
     a = randn(rng, *((k, m) if trans_a else (m, k)))
     b = randn(rng, *((n, k) if trans_b else (k, n)))
     ref = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
-    got = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, tf32=False)
+    got = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="fp32")
     assert got.shape == (m, n)
     assert rel(got, ref) < 1e-5 if k else float(cp.abs(got).max()) == 0.0
+
+
+def bf16_round(x):
+    """float32 rounded to bfloat16, round half to even, as float32 (the reference for the cast kernel)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
+
+
+def test_bf16_cast_rounds_to_nearest_even():
+    halfway = np.float32(1.0) + np.float32(2.0**-8)  # exactly between two bf16 neighbours: goes to even 1.0
+    rng = np.random.default_rng(2)
+    x = np.concatenate(
+        [randn(rng, 5000, scale=100.0), [halfway, -halfway, 0.0, -0.0, 3.4e38, np.inf, -np.inf]]
+    )
+    x = x.astype(np.float32)
+    bits = kc.to_bf16(cp.asarray(x)).get().astype(np.uint32) << 16
+    np.testing.assert_array_equal(bits.view(np.float32), bf16_round(x))
+    assert bits.view(np.float32)[5000] == 1.0
+    nan = kc.to_bf16(cp.asarray(np.array([np.nan], np.float32))).get().astype(np.uint32) << 16
+    assert np.isnan(nan.view(np.float32)[0])
+
+
+@given(
+    st.integers(1, 70),
+    st.integers(1, 70),
+    st.integers(1, 90),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_gemm_bf16_is_the_exact_product_of_bf16_rounded_operands(m, n, k, trans_a, trans_b, seed):
+    """bf16 mode rounds both operands to bfloat16 and accumulates in float32: against float64 products of
+    the rounded operands it is float32-accurate; bf16fast (cuBLAS's own down-conversion) within bf16's."""
+    rng = np.random.default_rng(seed)
+    a = randn(rng, *((k, m) if trans_a else (m, k)))
+    b = randn(rng, *((n, k) if trans_b else (k, n)))
+    op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
+    exact_of_rounded = bf16_round(op_a).astype(np.float64) @ bf16_round(op_b).astype(np.float64)
+    got = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16")
+    assert rel(got, exact_of_rounded) < 1e-5
+    fast = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16fast")
+    assert rel(fast, op_a.astype(np.float64) @ op_b.astype(np.float64)) < 2e-2
 
 
 def test_gemm_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
@@ -203,10 +245,10 @@ def test_gemm_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
     a, b = cp.asarray(randn(rng, 64, 48)), cp.asarray(randn(rng, 32, 48))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        kc.gemm(a, b, trans_b=True, tf32=False)  # handle and workspace made outside the capture
+        kc.gemm(a, b, trans_b=True, precision="fp32")  # handle and workspace made outside the capture
         stream.synchronize()
         stream.begin_capture()
-        out = kc.gemm(a, b, trans_b=True, tf32=False)
+        out = kc.gemm(a, b, trans_b=True, precision="fp32")
         graph = stream.end_capture()
     for _ in range(2):
         a[...] = cp.asarray(randn(rng, 64, 48))

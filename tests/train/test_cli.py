@@ -120,21 +120,21 @@ def test_sft_init_with_another_tokenizer_is_refused(tmp_path, dataset, other_dat
     assert code == 2 and "tokenizer mismatch" in err and "data.init" in err
 
 
-def test_bf16_is_reported_as_not_yet_supported(tmp_path, dataset, capsys) -> None:
-    code = main(
-        [
-            "pretrain",
-            "--data",
-            str(dataset),
-            "--out",
-            str(tmp_path),
-            "--device",
-            "auto",
-            "--precision",
-            "bf16",
-        ]
-    )
-    assert code == 2 and "bf16 is not yet supported" in capsys.readouterr().err
+def test_bf16_on_the_cpu_is_a_clear_error(tmp_path, dataset, capsys) -> None:
+    argv = [
+        "pretrain",
+        "--data",
+        str(dataset),
+        "--out",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "--precision",
+        "bf16",
+    ]
+    assert main(argv) == 2
+    assert "run.precision='bf16' needs run.device=gpu" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoints").exists()  # failed before any work
 
 
 def test_gpu_without_cuda_is_a_clear_error(tmp_path, dataset, capsys) -> None:

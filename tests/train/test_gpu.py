@@ -17,8 +17,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _restore_tf32_switch(monkeypatch):
-    """`--precision` sets CUPY_TF32 for the whole process; put it back so later tests see their own."""
+    """`--precision` sets the matmul switches for the whole process; put them back for later tests."""
     monkeypatch.setenv("CUPY_TF32", os.environ.get("CUPY_TF32", "0"))
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", os.environ.get("EULER_MATMUL_PRECISION", ""))
 
 
 def final(run, step):
@@ -109,6 +110,20 @@ def test_cuda_graph_skips_non_finite_steps_on_the_device(tmp_path, dataset, caps
     state = json.loads((tmp_path / "blowup" / "checkpoints" / "step_6" / "trainer_state.json").read_text())
     assert state["skipped"] == sum(1 for r in rows if r.get("skipped")) > 0
     assert state["opt_t"] == 6 - state["skipped"]
+
+
+@pytest.mark.parametrize("mode", ["bf16", "bf16fast"])
+def test_bf16_trains_like_fp32(tmp_path, dataset, capsys, monkeypatch, mode) -> None:
+    """bf16 matmuls (float32 everything else) follow the fp32 run's losses within bf16's rounding, and
+    the step is still captured as a CUDA graph."""
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", mode)
+    train(dataset, tmp_path / "bf16", "--device", "gpu", "--precision", "bf16", *HEAD_DIM_64)
+    assert "captured as a CUDA graph" in capsys.readouterr().err
+    assert os.environ["EULER_MATMUL_PRECISION"] == mode
+    train(dataset, tmp_path / "fp32", "--device", "gpu", "--precision", "fp32", *HEAD_DIM_64)
+    bf16, fp32 = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("bf16", "fp32"))
+    np.testing.assert_allclose([r["loss"] for r in bf16], [r["loss"] for r in fp32], rtol=2e-2)
+    assert bf16[-1]["loss"] != fp32[-1]["loss"]  # the bf16 path really rounded something
 
 
 def test_tf32_runs(tmp_path, dataset) -> None:

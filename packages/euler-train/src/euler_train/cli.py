@@ -43,7 +43,11 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--preset", choices=["tiny", "small", "gpu"], help="run preset (default: tiny)")
     p.add_argument("--config", metavar="TOML", help="a run config file applied over the preset")
     p.add_argument("--device", choices=["cpu", "gpu", "auto"], help="auto: the GPU when CuPy sees one")
-    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], help="GPU only: tf32; bf16 not yet")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "tf32", "bf16"],
+        help="GPU only: tf32 or bf16 matmuls (float32 storage)",
+    )
     p.add_argument("--gpus", type=int, metavar="N", help="data-parallel processes, one per GPU (NCCL)")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
     p.add_argument("--batch-size", type=int, metavar="B", help="sequences per micro-batch per GPU")

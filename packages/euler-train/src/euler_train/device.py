@@ -58,17 +58,20 @@ def resolve_device(device: str, local_rank: int = 0) -> Device:
 
 
 def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
-    """Validate the precision, set CuPy's TF32 switch before CuPy loads, then resolve the device.
+    """Validate the precision, set the matmul switches before CuPy loads, then resolve the device.
 
-    fp32 everywhere; tf32 lets CuPy's float32 matmuls use TF32 tensor cores; bf16 is not supported yet.
+    fp32: exact float32 everywhere. tf32: float32 matmuls and FlashAttention on the TF32 tensor cores.
+    bf16: matmul operands rounded to bfloat16 and multiplied on the bf16 tensor cores, accumulating in
+    float32 (euler-kernels' gemm); weights, moments, activations, norms, softmax and the loss stay float32,
+    and attention runs on the TF32 tensor cores. EULER_MATMUL_PRECISION=bf16fast, set beforehand, lets
+    cuBLAS down-convert float32 operands itself instead.
     """
     if precision not in ("fp32", "tf32", "bf16"):
         raise ValueError(f"setup_device: precision must be fp32, tf32 or bf16, got {precision!r}")
-    if precision == "bf16":
-        raise NotImplementedError(
-            "--precision bf16 is not yet supported (it lands with the performance work)"
-        )
-    os.environ["CUPY_TF32"] = "1" if precision == "tf32" else "0"  # read when CuPy is imported
+    os.environ["CUPY_TF32"] = "0" if precision == "fp32" else "1"  # read when CuPy is imported
+    chosen = os.environ.get("EULER_MATMUL_PRECISION", "")
+    if precision != "bf16" or not chosen.startswith("bf16"):
+        os.environ["EULER_MATMUL_PRECISION"] = precision
     dev = resolve_device(device, local_rank)
     if dev.kind == "cpu" and precision != "fp32":
         raise ValueError(f"--precision {precision} needs a GPU; the CPU path is fp32")

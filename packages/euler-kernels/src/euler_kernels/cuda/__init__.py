@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda.gemm import gemm
+from euler_kernels.cuda.gemm import gemm, matmul_precision, to_bf16
 from euler_kernels.cuda.launch import (
     adamw_multi,
     adamw_multi_ctl,
@@ -55,6 +55,7 @@ __all__ = [
     "fused",
     "fused_cache",
     "gemm",
+    "matmul_precision",
     "rmsnorm_backward",
     "rmsnorm_forward",
     "rope_rotate",
@@ -62,4 +63,5 @@ __all__ = [
     "sum_squares_multi",
     "swiglu_backward",
     "swiglu_forward",
+    "to_bf16",
 ]

@@ -2,8 +2,14 @@
 
 CuPy's matmul refuses to run while a stream is being captured (it checks before every cuBLAS call), but
 cuBLAS itself supports capture when its handle works in a workspace the caller owns. So the linear op
-calls `cublasGemmEx` here: one handle per device, a 32 MiB workspace of ours, the current CuPy stream,
-and TF32 tensor-core math when CUPY_TF32=1 (the same switch CuPy's matmul follows).
+calls `cublasGemmEx` here: one handle per device, a 32 MiB workspace of ours, the current CuPy stream.
+
+Arrays in and out are float32 in every mode, and products accumulate in float32; the mode picks the
+tensor-core math (`matmul_precision()`): "fp32" exact float32 products; "tf32" operands rounded to TF32
+(10-bit mantissa; CUPY_TF32=1, the switch CuPy's matmul follows); "bf16" operands rounded to bfloat16
+(7-bit mantissa) by our cast kernel (cast.cu), then a bf16 x bf16 -> float32 GEMM on the bf16 tensor
+cores; "bf16fast" hands float32 operands to cuBLAS with COMPUTE_32F_FAST_16BF and lets it down-convert
+them itself (to bf16 or TF32, its choice). EULER_MATMUL_PRECISION picks bf16 or bf16fast.
 
 Row-major arrays are column-major transposes, so C = op(A) @ op(B) (M x N) is computed as
 C^T = op(B)^T @ op(A)^T: cuBLAS gets B first, then A, with m = N and n = M.
@@ -15,9 +21,21 @@ import ctypes
 import os
 from typing import Any
 
+import numpy as np
+
+from euler_kernels.cuda._module import blocks, get_kernel
+
 CUDA_R_32F = 0
+CUDA_R_16BF = 14
 CUBLAS_COMPUTE_32F = 68
+CUBLAS_COMPUTE_32F_FAST_16BF = 75
 CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+COMPUTE_TYPES = {
+    "fp32": CUBLAS_COMPUTE_32F,
+    "tf32": CUBLAS_COMPUTE_32F_FAST_TF32,
+    "bf16": CUBLAS_COMPUTE_32F,  # on bf16 operands (rounded by us): the bf16 tensor cores
+    "bf16fast": CUBLAS_COMPUTE_32F_FAST_16BF,
+}
 CUBLAS_GEMM_DEFAULT = -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 WORKSPACE_BYTES = 32 * 2**20
@@ -86,10 +104,19 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"euler_kernels.gemm: {what} failed with cuBLAS status {status}")
 
 
-def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, tf32: bool | None = None) -> Any:
+def matmul_precision() -> str:
+    """EULER_MATMUL_PRECISION (fp32, tf32, bf16, bf16fast) if set, else tf32 when CUPY_TF32=1, else fp32."""
+    default = "tf32" if os.environ.get("CUPY_TF32") == "1" else "fp32"
+    mode = os.environ.get("EULER_MATMUL_PRECISION") or default
+    if mode not in COMPUTE_TYPES:
+        raise ValueError(f"EULER_MATMUL_PRECISION must be fp32, tf32, bf16 or bf16fast, got {mode!r}")
+    return mode
+
+
+def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, precision: str | None = None) -> Any:
     """op(a) @ op(b) for C-contiguous float32 CuPy matrices; op transposes when asked. Returns a new array.
 
-    tf32=None follows CUPY_TF32 (1: TF32 tensor cores, else exact float32 products).
+    precision: "fp32", "tf32", "bf16" or "bf16fast" (float32 in and out); None: `matmul_precision()`.
     """
     import cupy
 
@@ -105,8 +132,10 @@ def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, tf32: boo
     if k == 0:
         out.fill(0)
         return out
-    if tf32 is None:
-        tf32 = os.environ.get("CUPY_TF32", "0") == "1"
+    precision = matmul_precision() if precision is None else precision
+    compute, dtype = COMPUTE_TYPES[precision], CUDA_R_32F
+    if precision == "bf16":  # round both operands to bf16 (16-bit patterns), multiply on bf16 tensor cores
+        a, b, dtype = to_bf16(a), to_bf16(b), CUDA_R_16BF
     device = cupy.cuda.Device().id
     if device not in _handles:
         _handles[device] = _Handle()
@@ -121,17 +150,27 @@ def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, tf32: boo
         k,
         ctypes.addressof(alpha),
         b.data.ptr,
-        CUDA_R_32F,
+        dtype,
         b.shape[1],
         a.data.ptr,
-        CUDA_R_32F,
+        dtype,
         a.shape[1],
         ctypes.addressof(beta),
         out.data.ptr,
         CUDA_R_32F,
         n,
-        CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else CUBLAS_COMPUTE_32F,
+        compute,
         CUBLAS_GEMM_DEFAULT,
     )
     _check(status, "cublasGemmEx")
+    return out
+
+
+def to_bf16(x: Any) -> Any:
+    """A C-contiguous float32 CuPy array rounded to bfloat16 (nearest even), as uint16 bit patterns."""
+    import cupy
+
+    out = cupy.empty(x.shape, dtype=cupy.uint16)
+    grid = (min(blocks(x.size, 256), 132 * 32),)
+    get_kernel("cast.cu", "float_to_bf16_kernel")(grid, (256,), (out, x, np.int64(x.size)))
     return out
