@@ -239,6 +239,21 @@ def test_gemm_bf16_is_the_exact_product_of_bf16_rounded_operands(m, n, k, trans_
     assert rel(fast, op_a.astype(np.float64) @ op_b.astype(np.float64)) < 2e-2
 
 
+def test_linear_in_bf16_mode_rounds_each_operand_once(monkeypatch):
+    """EULER_MATMUL_PRECISION=bf16: forward and both gradients are float64 products of the bf16-rounded
+    operands (x, weight, dout), to float32 accuracy."""
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    rng = np.random.default_rng(4)
+    x, w, g = randn(rng, 3, 37, 48), randn(rng, 40, 48), randn(rng, 3, 37, 40)
+    out, cache = ek.linear_forward(cp.asarray(x), cp.asarray(w))
+    dx, dw = ek.linear_backward(cp.asarray(g), cache)
+    xr, wr, gr = (bf16_round(a).astype(np.float64) for a in (x, w, g))
+    assert out.shape == (3, 37, 40) and dx.shape == x.shape and dw.shape == w.shape
+    assert rel(out, xr @ wr.T) < 1e-5
+    assert rel(dx, gr @ wr) < 1e-5
+    assert rel(dw, gr.reshape(-1, 40).T @ xr.reshape(-1, 48)) < 1e-5
+
+
 def test_gemm_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
     """The reason gemm exists: CuPy's matmul refuses stream capture; ours records and replays."""
     rng = np.random.default_rng(1)

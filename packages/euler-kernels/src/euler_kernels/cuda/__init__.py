@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda.gemm import gemm, matmul_precision, to_bf16
+from euler_kernels.cuda.gemm import gemm, gemm_bf16, matmul_precision, to_bf16
 from euler_kernels.cuda.launch import (
     adamw_multi,
     adamw_multi_ctl,
@@ -55,6 +55,7 @@ __all__ = [
     "fused",
     "fused_cache",
     "gemm",
+    "gemm_bf16",
     "matmul_precision",
     "rmsnorm_backward",
     "rmsnorm_forward",

@@ -118,10 +118,29 @@ def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, precision
 
     precision: "fp32", "tf32", "bf16" or "bf16fast" (float32 in and out); None: `matmul_precision()`.
     """
-    import cupy
+    _check_operands(a, b)
+    precision = matmul_precision() if precision is None else precision
+    if precision == "bf16":  # round both operands to bf16 (16-bit patterns), multiply on bf16 tensor cores
+        return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b)
+    return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision])
 
+
+def gemm_bf16(a16: Any, b16: Any, trans_a: bool = False, trans_b: bool = False) -> Any:
+    """op(a16) @ op(b16) -> float32 for operands already rounded by `to_bf16` (uint16 bit patterns), so a
+    caller that uses one operand in several products rounds it once."""
+    _check_operands(a16, b16)
+    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F)
+
+
+def _check_operands(a: Any, b: Any) -> None:
     if a.ndim != 2 or b.ndim != 2 or not (a.flags.c_contiguous and b.flags.c_contiguous):
         raise ValueError(f"gemm: needs 2-D C-contiguous matrices, got {a.shape} and {b.shape}")
+
+
+def _gemm_ex(a: Any, b: Any, trans_a: bool, trans_b: bool, dtype: int, compute: int) -> Any:
+    """cublasGemmEx on the current stream: C (float32) = op(a) @ op(b), operands of cuBLAS type `dtype`."""
+    import cupy
+
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     k_b, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
     if k != k_b:
@@ -132,10 +151,6 @@ def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, precision
     if k == 0:
         out.fill(0)
         return out
-    precision = matmul_precision() if precision is None else precision
-    compute, dtype = COMPUTE_TYPES[precision], CUDA_R_32F
-    if precision == "bf16":  # round both operands to bf16 (16-bit patterns), multiply on bf16 tensor cores
-        a, b, dtype = to_bf16(a), to_bf16(b), CUDA_R_16BF
     device = cupy.cuda.Device().id
     if device not in _handles:
         _handles[device] = _Handle()

@@ -22,9 +22,13 @@ def linear_forward(x: Any, weight: Any) -> tuple[Any, tuple]:
             "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=weight
         )
     if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
-        x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
-        out = cuda.gemm(_c(x2), _c(weight), trans_b=True).reshape(*x.shape[:-1], weight.shape[0])
-        return out, (x, weight)
+        x2 = _c(x.reshape(-1, weight.shape[1]))  # (N, C_in)
+        out_shape = (*x.shape[:-1], weight.shape[0])
+        if cuda.matmul_precision() == "bf16":  # round x and weight once; the backward reuses both
+            x16, w16 = cuda.to_bf16(x2), cuda.to_bf16(_c(weight))
+            out = cuda.gemm_bf16(x16, w16, trans_b=True).reshape(out_shape)
+            return out, ("bf16", x16, w16, x.shape, weight.shape)
+        return cuda.gemm(x2, _c(weight), trans_b=True).reshape(out_shape), (x, weight)
     out = x @ weight.T  # (..., C_out)
     return out, (x, weight)
 
@@ -35,6 +39,14 @@ def _c(a: Any) -> Any:
 
 def linear_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
     """Gradients (dx (..., C_in), dweight (C_out, C_in))."""
+    if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
+        _, x16, w16, x_shape, w_shape = cache
+        if dout.shape != (*x_shape[:-1], w_shape[0]):
+            raise ValueError(
+                f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
+            )
+        d16 = cuda.to_bf16(_c(dout.reshape(-1, w_shape[0])))  # (N, C_out)
+        return cuda.gemm_bf16(d16, w16).reshape(x_shape), cuda.gemm_bf16(d16, x16, trans_a=True)
     x, weight = cache
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(
