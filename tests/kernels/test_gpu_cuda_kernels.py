@@ -254,6 +254,35 @@ def test_linear_in_bf16_mode_rounds_each_operand_once(monkeypatch):
     assert rel(dw, gr.reshape(-1, 40).T @ xr.reshape(-1, 48)) < 1e-5
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gemm_adds_into_out(precision):
+    rng = np.random.default_rng(6)
+    a, b, c = randn(rng, 33, 20), randn(rng, 20, 17), randn(rng, 33, 17)
+    out = cp.asarray(c)
+    got = kc.gemm(cp.asarray(a), cp.asarray(b), precision=precision, out=out)
+    assert got is out
+    ar, br = (bf16_round(v) if precision == "bf16" else v for v in (a, b))
+    assert rel(out, c.astype(np.float64) + ar.astype(np.float64) @ br.astype(np.float64)) < 1e-5
+
+
+def test_linear_many_in_bf16_mode_shares_one_rounded_input(monkeypatch):
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    rng = np.random.default_rng(8)
+    x = randn(rng, 2, 9, 64)
+    ws = [randn(rng, n, 64) for n in (64, 32, 32)]
+    gs = [randn(rng, 2, 9, w.shape[0]) for w in ws]
+    many = ek.linear_forward_many(cp.asarray(x), [cp.asarray(w) for w in ws])
+    assert many[0][1][1] is many[1][1][1] is many[2][1][1]  # one bf16 copy of x, shared
+    dx = None
+    for g, (_, cache) in zip(gs, many):
+        dx, _ = ek.linear_backward(cp.asarray(g), cache, dx_into=dx)
+    xr = bf16_round(x).astype(np.float64)
+    ref = sum(bf16_round(g).astype(np.float64) @ bf16_round(w).astype(np.float64) for g, w in zip(gs, ws))
+    for (out, _), w in zip(many, ws):
+        assert rel(out, xr @ bf16_round(w).astype(np.float64).T) < 1e-5
+    assert rel(dx, ref) < 1e-5
+
+
 def test_gemm_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
     """The reason gemm exists: CuPy's matmul refuses stream capture; ours records and replays."""
     rng = np.random.default_rng(1)

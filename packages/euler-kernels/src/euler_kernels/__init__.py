@@ -14,7 +14,7 @@ from euler_kernels.ops.attention import attention_backward, attention_forward
 from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
-from euler_kernels.ops.linear import linear_backward, linear_forward
+from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
 from euler_kernels.ops.residual import residual_backward, residual_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
@@ -38,6 +38,7 @@ __all__ = [
     "gradcheck_scalar",
     "linear_backward",
     "linear_forward",
+    "linear_forward_many",
     "require_cuda",
     "residual_backward",
     "residual_forward",

@@ -35,9 +35,8 @@ def attention_block_forward(
     hq, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
     offset = 0 if kv is None else kv[0].length
     h, c_norm = ek.rmsnorm_forward(x, p[prefix + "attn_norm"], config.norm_eps)  # (N, C)
-    q, c_q = ek.linear_forward(h, p[prefix + "wq"])  # (N, Hq * D)
-    k, c_k = ek.linear_forward(h, p[prefix + "wk"])  # (N, Hkv * D)
-    v, c_v = ek.linear_forward(h, p[prefix + "wv"])  # (N, Hkv * D)
+    qkv = ek.linear_forward_many(h, [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]])
+    (q, c_q), (k, c_k), (v, c_v) = qkv  # (N, Hq * D), (N, Hkv * D), (N, Hkv * D)
     q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
     k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
     v = v.reshape(b, t, hkv, d)
@@ -58,9 +57,8 @@ def attention_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any,
     dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
     dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
     dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v)
-    dh_k, dwk = ek.linear_backward(dk, c_k)
-    dh_q, dwq = ek.linear_backward(dq, c_q)
-    dh = dh + dh_k + dh_q  # h feeds three projections
+    dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh)  # h feeds three projections: their dh add up
+    dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh)
     dx_norm, dnorm = ek.rmsnorm_backward(dh, c_norm)
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
     return dx + dx_norm, {prefix + k: g for k, g in grads.items()}
@@ -69,8 +67,7 @@ def attention_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any,
 def ffn_block_forward(config: ModelConfig, p: dict[str, Any], prefix: str, x: Any) -> tuple[Any, tuple]:
     """x (N, C) -> x + w_down(silu(w_gate h) * w_up h) with h = rmsnorm(x)."""
     h, c_norm = ek.rmsnorm_forward(x, p[prefix + "ffn_norm"], config.norm_eps)  # (N, C)
-    g, c_gate = ek.linear_forward(h, p[prefix + "w_gate"])  # (N, F)
-    u, c_up = ek.linear_forward(h, p[prefix + "w_up"])  # (N, F)
+    (g, c_gate), (u, c_up) = ek.linear_forward_many(h, [p[prefix + "w_gate"], p[prefix + "w_up"]])  # (N, F)
     s, c_swi = ek.swiglu_forward(g, u)  # (N, F)
     o, c_down = ek.linear_forward(s, p[prefix + "w_down"])  # (N, C)
     out, c_res = ek.residual_forward(x, o)  # (N, C)
@@ -84,7 +81,7 @@ def ffn_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any, dict[
     ds, dw_down = ek.linear_backward(do, c_down)  # (N, F)
     dg, du = ek.swiglu_backward(ds, c_swi)
     dh, dw_up = ek.linear_backward(du, c_up)
-    dh_g, dw_gate = ek.linear_backward(dg, c_gate)
-    dx_norm, dnorm = ek.rmsnorm_backward(dh + dh_g, c_norm)
+    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh)
+    dx_norm, dnorm = ek.rmsnorm_backward(dh, c_norm)
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
     return dx + dx_norm, {prefix + k: g for k, g in grads.items()}

@@ -113,23 +113,31 @@ def matmul_precision() -> str:
     return mode
 
 
-def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, precision: str | None = None) -> Any:
-    """op(a) @ op(b) for C-contiguous float32 CuPy matrices; op transposes when asked. Returns a new array.
+def gemm(
+    a: Any,
+    b: Any,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    precision: str | None = None,
+    out: Any = None,
+) -> Any:
+    """op(a) @ op(b) for C-contiguous float32 CuPy matrices; op transposes when asked. Returns a new array,
+    or adds the product into `out` (C-contiguous float32 of the product's shape) and returns it.
 
     precision: "fp32", "tf32", "bf16" or "bf16fast" (float32 in and out); None: `matmul_precision()`.
     """
     _check_operands(a, b)
     precision = matmul_precision() if precision is None else precision
     if precision == "bf16":  # round both operands to bf16 (16-bit patterns), multiply on bf16 tensor cores
-        return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b)
-    return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision])
+        return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b, out)
+    return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision], out)
 
 
-def gemm_bf16(a16: Any, b16: Any, trans_a: bool = False, trans_b: bool = False) -> Any:
+def gemm_bf16(a16: Any, b16: Any, trans_a: bool = False, trans_b: bool = False, out: Any = None) -> Any:
     """op(a16) @ op(b16) -> float32 for operands already rounded by `to_bf16` (uint16 bit patterns), so a
-    caller that uses one operand in several products rounds it once."""
+    caller that uses one operand in several products rounds it once; `out` as in `gemm`."""
     _check_operands(a16, b16)
-    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F)
+    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, out)
 
 
 def _check_operands(a: Any, b: Any) -> None:
@@ -137,25 +145,34 @@ def _check_operands(a: Any, b: Any) -> None:
         raise ValueError(f"gemm: needs 2-D C-contiguous matrices, got {a.shape} and {b.shape}")
 
 
-def _gemm_ex(a: Any, b: Any, trans_a: bool, trans_b: bool, dtype: int, compute: int) -> Any:
-    """cublasGemmEx on the current stream: C (float32) = op(a) @ op(b), operands of cuBLAS type `dtype`."""
+def _gemm_ex(a: Any, b: Any, trans_a: bool, trans_b: bool, dtype: int, compute: int, out: Any = None) -> Any:
+    """cublasGemmEx on the current stream: C (float32) = op(a) @ op(b), or C = out + op(a) @ op(b) in place
+    (beta = 1) when `out` is given; operands of cuBLAS type `dtype`."""
     import cupy
 
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     k_b, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
     if k != k_b:
         raise ValueError(f"gemm: inner sizes differ: op(a) is ({m}, {k}), op(b) is ({k_b}, {n})")
-    out = cupy.empty((m, n), dtype=cupy.float32)
+    accumulate = out is not None
+    if accumulate and (out.shape != (m, n) or out.dtype != cupy.float32 or not out.flags.c_contiguous):
+        raise ValueError(
+            f"gemm: out must be a C-contiguous float32 ({m}, {n}) array, got {out.shape} {out.dtype}"
+        )
+    if not accumulate:
+        out = cupy.empty((m, n), dtype=cupy.float32)
     if m == 0 or n == 0:
         return out
     if k == 0:
-        out.fill(0)
+        if not accumulate:
+            out.fill(0)
         return out
     device = cupy.cuda.Device().id
     if device not in _handles:
         _handles[device] = _Handle()
     handle = _handles[device].on_stream(cupy.cuda.get_current_stream().ptr)
-    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)  # host scalars, read when the call is made
+    alpha = ctypes.c_float(1.0)  # host scalars, read when the call is made
+    beta = ctypes.c_float(1.0 if accumulate else 0.0)
     status = _cublas().cublasGemmEx(
         handle,
         CUBLAS_OP_T if trans_b else CUBLAS_OP_N,

@@ -37,27 +37,74 @@ def _c(a: Any) -> Any:
     return a if a.flags.c_contiguous else a.copy()
 
 
-def linear_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
-    """Gradients (dx (..., C_in), dweight (C_out, C_in))."""
+def linear_forward_many(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
+    """[linear_forward(x, w) for w in weights], with x rounded to bf16 once for all of them in bf16 mode
+    on the GPU (and that one copy shared by their caches), e.g. the q, k and v projections of one h.
+
+    >>> import numpy as np
+    >>> [out.tolist() for out, _ in linear_forward_many(np.array([[1.0, 2.0]]), [np.eye(2), 2 * np.eye(2)])]
+    [[[1.0, 2.0]], [[2.0, 4.0]]]
+    """
+    if not (weights and cuda.fused(x, *weights) and cuda.matmul_precision() == "bf16"):
+        return [linear_forward(x, w) for w in weights]
+    for w in weights:
+        check_float("linear_forward", x=x, weight=w)
+        if w.ndim != 2 or x.shape[-1] != w.shape[1]:
+            raise shape_error(
+                "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=w
+            )
+    x16 = cuda.to_bf16(_c(x.reshape(-1, x.shape[-1])))  # (N, C_in), rounded once
+    results = []
+    for w in weights:
+        w16 = cuda.to_bf16(_c(w))
+        out = cuda.gemm_bf16(x16, w16, trans_b=True).reshape(*x.shape[:-1], w.shape[0])
+        results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
+    return results
+
+
+def linear_backward(dout: Any, cache: tuple, dx_into: Any = None) -> tuple[Any, Any]:
+    """Gradients (dx (..., C_in), dweight (C_out, C_in)).
+
+    dx_into: an earlier dx of the same shape (say, of another projection of the same input): this dx is
+    added into it in place and it is returned, so the sum costs no extra pass (on the GPU cuBLAS adds the
+    product straight into it).
+    """
+    if dx_into is not None and not dx_into.flags.c_contiguous:
+        raise ValueError("linear_backward: dx_into must be a C-contiguous array")
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
         _, x16, w16, x_shape, w_shape = cache
         if dout.shape != (*x_shape[:-1], w_shape[0]):
             raise ValueError(
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
             )
+        _check_into(dx_into, x_shape)
         d16 = cuda.to_bf16(_c(dout.reshape(-1, w_shape[0])))  # (N, C_out)
-        return cuda.gemm_bf16(d16, w16).reshape(x_shape), cuda.gemm_bf16(d16, x16, trans_a=True)
+        into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
+        dx = cuda.gemm_bf16(d16, w16, out=into).reshape(x_shape)
+        return (dx if dx_into is None else dx_into), cuda.gemm_bf16(d16, x16, trans_a=True)
     x, weight = cache
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(
             "linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, x=x, weight=weight
         )
+    _check_into(dx_into, x.shape)
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
     x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
-    if cuda.fused(dout, x, weight):
+    if cuda.fused(dout, x, weight) and (dx_into is None or cuda.fused(dx_into)):
         d2, x2 = _c(d2), _c(x2)
-        dx = cuda.gemm(d2, _c(weight)).reshape(x.shape)  # (..., C_in)
-        return dx, cuda.gemm(d2, x2, trans_a=True)  # (C_out, C_in)
+        into = None if dx_into is None else dx_into.reshape(-1, weight.shape[1])
+        dx = cuda.gemm(d2, _c(weight), out=into).reshape(x.shape)  # (..., C_in)
+        return (dx if dx_into is None else dx_into), cuda.gemm(d2, x2, trans_a=True)  # (C_out, C_in)
     dx = dout @ weight  # (..., C_in)
+    if dx_into is not None:
+        dx_into += dx
+        dx = dx_into
     dweight = d2.T @ x2  # (C_out, C_in)
     return dx, dweight
+
+
+def _check_into(dx_into: Any, x_shape: tuple) -> None:
+    if dx_into is not None and tuple(dx_into.shape) != tuple(x_shape):
+        raise ValueError(
+            f"linear_backward: dx_into{tuple(dx_into.shape)} must have x's shape {tuple(x_shape)}"
+        )
