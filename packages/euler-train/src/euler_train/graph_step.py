@@ -89,8 +89,11 @@ class GraphStep:
     def _capture(self) -> None:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing), then the
         capture of the same work into a graph."""
+        from euler_kernels import cuda as kc
+
         cp = self.cp
-        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
+        # the graph holds the addresses of the multi-tensor tables: keep them alive as long as it lives
+        with kc.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
             self._body()
             self.stream.synchronize()
             self.stream.begin_capture()

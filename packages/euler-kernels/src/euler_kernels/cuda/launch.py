@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import blocks, get_kernel
+from euler_kernels.cuda.tables import TableCache
 
 THREADS = 256
 GRID_CAP = 132 * 32  # enough blocks to fill an H200's 132 SMs for grid-stride loops
@@ -163,24 +164,23 @@ def cross_entropy_backward(
 
 # --- multi-tensor AdamW and norms ------------------------------------------------------------------
 CHUNK = 8192  # elements per block; must match CHUNK in adamw.cu
-_tables: dict[tuple, tuple] = {}
+_tables = TableCache(capacity=32)
+keep_tables = _tables.keep  # `with keep_tables() as kept:` pins the tables a CUDA graph is captured with
 
 
 def _chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
     """Device tables (pointers, chunk->tensor, chunk->start, sizes) for tensors, cached by address."""
     import cupy
 
-    key = tuple((t.data.ptr, t.size) for t in tensors)
-    if key not in _tables:
-        if len(_tables) > 16:
-            _tables.clear()
+    def build() -> tuple[Any, Any, Any, Any]:
         sizes = np.array([t.size for t in tensors], dtype=np.int64)
         n_chunks = (sizes + CHUNK - 1) // CHUNK
         chunk_tensor = np.repeat(np.arange(len(tensors), dtype=np.int32), n_chunks)
         chunk_start = np.concatenate([np.arange(n, dtype=np.int64) * CHUNK for n in n_chunks])
         pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
-        _tables[key] = tuple(cupy.asarray(a) for a in (pointers, chunk_tensor, chunk_start, sizes))
-    return _tables[key]
+        return tuple(cupy.asarray(a) for a in (pointers, chunk_tensor, chunk_start, sizes))
+
+    return _tables.get(tuple((t.data.ptr, t.size) for t in tensors), build)
 
 
 def sum_squares_multi(tensors: list[Any]) -> Any:
