@@ -16,25 +16,14 @@ def linear_forward(x: Any, weight: Any) -> tuple[Any, tuple]:
     >>> out.tolist()
     [[1.0, 3.0, 4.0]]
     """
-    check_float("linear_forward", x=x, weight=weight)
-    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
-        raise shape_error(
-            "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=weight
-        )
+    _check(x, weight)
     if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
-        x2 = _c(x.reshape(-1, weight.shape[1]))  # (N, C_in)
-        out_shape = (*x.shape[:-1], weight.shape[0])
         if cuda.matmul_precision() == "bf16":  # round x and weight once; the backward reuses both
-            x16, w16 = cuda.to_bf16(x2), cuda.to_bf16(_c(weight))
-            out = cuda.gemm_bf16(x16, w16, trans_b=True).reshape(out_shape)
-            return out, ("bf16", x16, w16, x.shape, weight.shape)
-        return cuda.gemm(x2, _c(weight), trans_b=True).reshape(out_shape), (x, weight)
+            return _forward_bf16(x, [weight])[0]
+        out = cuda.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
+        return out.reshape(*x.shape[:-1], weight.shape[0]), (x, weight)
     out = x @ weight.T  # (..., C_out)
     return out, (x, weight)
-
-
-def _c(a: Any) -> Any:
-    return a if a.flags.c_contiguous else a.copy()
 
 
 def linear_forward_many(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
@@ -48,18 +37,31 @@ def linear_forward_many(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
     if not (weights and cuda.fused(x, *weights) and cuda.matmul_precision() == "bf16"):
         return [linear_forward(x, w) for w in weights]
     for w in weights:
-        check_float("linear_forward", x=x, weight=w)
-        if w.ndim != 2 or x.shape[-1] != w.shape[1]:
-            raise shape_error(
-                "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=w
-            )
-    x16 = cuda.to_bf16(_c(x.reshape(-1, x.shape[-1])))  # (N, C_in), rounded once
+        _check(x, w)
+    return _forward_bf16(x, weights)
+
+
+def _check(x: Any, weight: Any) -> None:
+    check_float("linear_forward", x=x, weight=weight)
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise shape_error(
+            "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=weight
+        )
+
+
+def _forward_bf16(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
+    """GPU bf16 mode: x rounded once, each weight once; the caches keep the bf16 copies for backward."""
+    x16 = cuda.to_bf16(_c(x.reshape(-1, x.shape[-1])))  # (N, C_in)
     results = []
     for w in weights:
         w16 = cuda.to_bf16(_c(w))
         out = cuda.gemm_bf16(x16, w16, trans_b=True).reshape(*x.shape[:-1], w.shape[0])
         results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
     return results
+
+
+def _c(a: Any) -> Any:
+    return a if a.flags.c_contiguous else a.copy()
 
 
 def linear_backward(dout: Any, cache: tuple, dx_into: Any = None) -> tuple[Any, Any]:
