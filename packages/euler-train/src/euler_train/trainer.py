@@ -139,7 +139,7 @@ class Trainer:
         loss, grads, ntok, counted = self.gradients(step)
         norm = ek.global_grad_norm(grads)
         loss, stop_votes = self.comm.allreduce_scalars([loss, float(stop.signum is not None)])
-        lr = lr_at(step, tcfg["lr"], tcfg["min_lr"], tcfg["warmup_steps"], tcfg["steps"])
+        lr = self._lr(step)
         row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
         if not (math.isfinite(loss) and math.isfinite(norm)):
             self._nonfinite(step, loss, norm)
@@ -153,6 +153,11 @@ class Trainer:
         self.state.step = step + 1
         self.state.tokens += ntok
         return row, stop_votes > 0
+
+    def _lr(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (warmup, then cosine to train.min_lr)."""
+        t = self.spec.cfg["train"]
+        return lr_at(step, t["lr"], t["min_lr"], t["warmup_steps"], t["steps"])
 
     def _graph_eligible(self) -> bool:
         """The captured step covers pretraining on one GPU with the fused attention kernel (head_dim 64 or
@@ -181,7 +186,7 @@ class Trainer:
                         f"step {step + 1}: {name} hold ids outside [0, {vocab}) (min {ids.min()}, max "
                         f"{ids.max()}): the dataset's tokenizer does not fit model.vocab_size"
                     )
-        lr = lr_at(step, tcfg["lr"], tcfg["min_lr"], tcfg["warmup_steps"], tcfg["steps"])
+        lr = self._lr(step)
         if self.graph is None:
             try:
                 graph = GraphStep(
