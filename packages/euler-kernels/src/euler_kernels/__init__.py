@@ -7,7 +7,8 @@ separately so that this package does not need hypothesis at run time.
 """
 
 from euler_kernels.__about__ import __version__
-from euler_kernels.backend import get_array_module, require_cuda, synchronize, to_device, to_numpy
+from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
+from euler_kernels.cuda import bf16_activations
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
 from euler_kernels.ops.adamw import adamw_update, adamw_update_many
 from euler_kernels.ops.attention import attention_backward, attention_forward
@@ -27,6 +28,7 @@ __all__ = [
     "adamw_update_many",
     "attention_backward",
     "attention_forward",
+    "bf16_activations",
     "clip_grad_norm",
     "cross_entropy_backward",
     "cross_entropy_forward",
@@ -36,6 +38,7 @@ __all__ = [
     "global_grad_norm",
     "gradcheck",
     "gradcheck_scalar",
+    "is_bf16",
     "linear_backward",
     "linear_forward",
     "linear_forward_many",

@@ -89,6 +89,27 @@ def check_float(fn: str, **arrays: Any) -> np.dtype:
     return first
 
 
+def is_bf16(x: Any) -> bool:
+    """Whether `x` is a bfloat16 activation: a uint16 CuPy array of bf16 bit patterns (the GPU bf16 path
+    makes them; NumPy arrays never are).
+
+    >>> is_bf16(np.zeros(2, dtype=np.uint16))
+    False
+    """
+    return get_array_module(x) is not np and np.dtype(x.dtype) == np.uint16
+
+
+def check_activations(fn: str, **arrays: Any) -> str:
+    """Like check_float, but all-bf16 activations (see is_bf16) pass too; returns "bf16" or the float dtype's
+    name, so an op can pick its path."""
+    if all(is_bf16(a) for a in arrays.values()):
+        return "bf16"
+    if any(is_bf16(a) for a in arrays.values()):
+        desc = ", ".join(f"{n}: {'bf16' if is_bf16(a) else np.dtype(a.dtype)}" for n, a in arrays.items())
+        raise ValueError(f"{fn}: bf16 activations cannot be mixed with float arrays, got {desc}")
+    return check_float(fn, **arrays).name
+
+
 def shape_error(fn: str, message: str, **arrays: Any) -> ValueError:
     """A ValueError naming the op, what is wrong, and the shapes of the given arrays."""
     shapes = ", ".join(f"{n}{tuple(a.shape)}" for n, a in arrays.items())

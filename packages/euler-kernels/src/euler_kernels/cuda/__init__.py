@@ -1,6 +1,7 @@
-"""Fused CUDA kernels (CuPy RawModule over the `.cu` files in this folder), float32.
+"""Fused CUDA kernels (CuPy RawModule over the `.cu` files in this folder), float32 and bfloat16.
 
-The ops in `euler_kernels.ops` dispatch here when they are given float32 CuPy arrays; every other
+The ops in `euler_kernels.ops` dispatch here when they are given float32 CuPy arrays, or bf16 activations
+(uint16 CuPy arrays of bf16 bit patterns, made by the bf16 path: see `bf16_activations`); every other
 case (NumPy arrays, float64 on the GPU) runs the NumPy-style reference code. Importing this module
 does not import CuPy: kernels are compiled on first use and cached per process.
 """
@@ -10,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda.gemm import gemm, gemm_bf16, matmul_precision, to_bf16
+from euler_kernels.backend import is_bf16
+from euler_kernels.cuda.gemm import from_bf16, gemm, gemm_bf16, matmul_precision, to_bf16
 from euler_kernels.cuda.launch import (
     adamw_multi,
     adamw_multi_ctl,
@@ -39,6 +41,14 @@ def fused(*arrays: Any) -> bool:
     return all(not isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
 
 
+def bf16_activations(*arrays: Any) -> bool:
+    """Whether the bf16 path is on for a model on these arrays: float32 CuPy arrays (see `fused`) and
+    EULER_MATMUL_PRECISION=bf16. Then norms, projections, RoPE, SwiGLU and attention store their outputs
+    as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights, softmax
+    statistics and the loss stay float32."""
+    return fused(*arrays) and matmul_precision() == "bf16"
+
+
 def fused_cache(cache: tuple) -> bool:
     """Whether a forward's cache came from the fused path (tagged "cuda" in its first slot)."""
     return isinstance(cache[0], str) and cache[0] == "cuda"
@@ -47,16 +57,19 @@ def fused_cache(cache: tuple) -> bool:
 __all__ = [
     "adamw_multi",
     "adamw_multi_ctl",
+    "bf16_activations",
     "clip_factor",
     "cross_entropy_backward",
     "cross_entropy_forward",
     "embedding_backward",
     "flash_attention_backward",
     "flash_attention_forward",
+    "from_bf16",
     "fused",
     "fused_cache",
     "gemm",
     "gemm_bf16",
+    "is_bf16",
     "keep_tables",
     "matmul_precision",
     "rmsnorm_backward",

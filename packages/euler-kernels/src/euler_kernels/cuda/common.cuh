@@ -11,3 +11,28 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
     return v;
 }
+
+// bfloat16 activations are stored as their 16-bit patterns (unsigned short): the top half of a float32.
+__device__ __forceinline__ float bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+
+// float32 -> bfloat16, round to nearest even; a NaN stays a (quiet) NaN.
+__device__ __forceinline__ unsigned short float_to_bf16(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);  // round half to even on the 16 bits dropped
+    return (unsigned short)(u >> 16);
+}
+
+// Overloads so one template body reads and writes float32 or bf16 storage.
+__device__ __forceinline__ float load_act(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load_act(const unsigned short* p, size_t i) { return bf16_to_float(p[i]); }
+__device__ __forceinline__ void store_act(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_act(unsigned short* p, size_t i, float v) { p[i] = float_to_bf16(v); }
+
+// Store four values at float4 index i4: one 16-byte store, or 4 bf16 in one 8-byte store.
+__device__ __forceinline__ void store4(float* out, size_t i4, float4 v) { reinterpret_cast<float4*>(out)[i4] = v; }
+__device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v) {
+    const unsigned lo = float_to_bf16(v.x) | ((unsigned)float_to_bf16(v.y) << 16);
+    const unsigned hi = float_to_bf16(v.z) | ((unsigned)float_to_bf16(v.w) << 16);
+    reinterpret_cast<uint2*>(out)[i4] = make_uint2(lo, hi);
+}

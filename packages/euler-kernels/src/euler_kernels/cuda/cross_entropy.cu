@@ -10,24 +10,11 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
     m = m_new;
 }
 
-// weight (N,): the row's loss weight (mask * (target != ignore)); nll (N,) = weight * (lse - logit[target]).
-// One pass over the logits: each thread keeps a running max and sum (online softmax), then the pairs are
-// merged across the warp with shuffles and across warps through shared memory.
-extern "C" __global__ void cross_entropy_forward(float* nll, float* lse, const float* logits,
-                                                 const long long* targets, const float* weight, int V) {
+// Merge every thread's (max, sum) of the block's row (shuffles within a warp, shared memory across warps),
+// then thread 0 writes lse[row] and the weighted nll of the target.
+__device__ __forceinline__ void finish_row(float* nll, float* lse, const float* l, const long long* targets,
+                                           const float* weight, size_t row, float m, float s) {
     __shared__ float warp_m[32], warp_s[32];
-    const size_t row = blockIdx.x;
-    const float* l = logits + row * V;
-    float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        const float v = l[i];
-        if (v > m) {
-            s = s * __expf(m - v) + 1.0f;
-            m = v;
-        } else {
-            s += __expf(v - m);
-        }
-    }
     for (int offset = 16; offset > 0; offset >>= 1) {
         const float m2 = __shfl_xor_sync(FULL_MASK, m, offset), s2 = __shfl_xor_sync(FULL_MASK, s, offset);
         merge_max_sum(m, s, m2, s2);
@@ -44,6 +31,26 @@ extern "C" __global__ void cross_entropy_forward(float* nll, float* lse, const f
         lse[row] = row_lse;
         nll[row] = weight[row] > 0.0f ? weight[row] * (row_lse - l[targets[row]]) : 0.0f;
     }
+}
+
+// weight (N,): the row's loss weight (mask * (target != ignore)); nll (N,) = weight * (lse - logit[target]).
+// One pass over the logits: each thread keeps a running max and sum (online softmax), then the pairs are
+// merged across the warp with shuffles and across warps through shared memory.
+extern "C" __global__ void cross_entropy_forward(float* nll, float* lse, const float* logits,
+                                                 const long long* targets, const float* weight, int V) {
+    const size_t row = blockIdx.x;
+    const float* l = logits + row * V;
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float v = l[i];
+        if (v > m) {
+            s = s * __expf(m - v) + 1.0f;
+            m = v;
+        } else {
+            s += __expf(v - m);
+        }
+    }
+    finish_row(nll, lse, l, targets, weight, row, m, s);
 }
 
 // dlogits = scale * weight * (softmax - onehot(target)); scale = dloss / sum(weight), read on device.
@@ -63,7 +70,6 @@ extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* l
 // Vectorised variants for V % 4 == 0: float4 loads and stores, four logits per step of the online pass.
 extern "C" __global__ void cross_entropy_forward_vec(float* nll, float* lse, const float* logits,
                                                      const long long* targets, const float* weight, int V) {
-    __shared__ float warp_m[32], warp_s[32];
     const size_t row = blockIdx.x;
     const float* l = logits + row * V;
     const float4* l4 = reinterpret_cast<const float4*>(l);
@@ -75,33 +81,19 @@ extern "C" __global__ void cross_entropy_forward_vec(float* nll, float* lse, con
             __expf(v.z - m_new) + __expf(v.w - m_new);
         m = m_new;
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const float m2 = __shfl_xor_sync(FULL_MASK, m, offset), s2 = __shfl_xor_sync(FULL_MASK, s, offset);
-        merge_max_sum(m, s, m2, s2);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) {
-        warp_m[warp] = m;
-        warp_s[warp] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) merge_max_sum(m, s, warp_m[w], warp_s[w]);
-        const float row_lse = m + logf(s);
-        lse[row] = row_lse;
-        nll[row] = weight[row] > 0.0f ? weight[row] * (row_lse - l[targets[row]]) : 0.0f;
-    }
+    finish_row(nll, lse, l, targets, weight, row, m, s);
 }
 
-extern "C" __global__ void cross_entropy_backward_vec(float* dlogits, const float* logits, const float* lse,
-                                                      const long long* targets, const float* weight,
-                                                      const float* scale, int V) {
+// dlogits is float32, or bf16 (unsigned short) when it only feeds the head's bf16 matrix products.
+template <typename Out>
+__device__ __forceinline__ void cross_entropy_backward_vec_body(Out* dlogits, const float* logits, const float* lse,
+                                                                const long long* targets, const float* weight,
+                                                                const float* scale, int V) {
     const size_t row = blockIdx.x;
     const float w = weight[row] * scale[0];
     const long long target = targets[row];
     const float row_lse = lse[row];
     const float4* l4 = reinterpret_cast<const float4*>(logits + row * V);
-    float4* d4 = reinterpret_cast<float4*>(dlogits + row * V);
     for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
         float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (w != 0.0f) {
@@ -109,7 +101,20 @@ extern "C" __global__ void cross_entropy_backward_vec(float* dlogits, const floa
             p = make_float4(__expf(v.x - row_lse), __expf(v.y - row_lse), __expf(v.z - row_lse), __expf(v.w - row_lse));
         }
         const long long c = 4 * (long long)i;
-        d4[i] = make_float4(w * (p.x - (c == target ? 1.0f : 0.0f)), w * (p.y - (c + 1 == target ? 1.0f : 0.0f)),
-                            w * (p.z - (c + 2 == target ? 1.0f : 0.0f)), w * (p.w - (c + 3 == target ? 1.0f : 0.0f)));
+        store4(dlogits, row * (V / 4) + i,
+               make_float4(w * (p.x - (c == target ? 1.0f : 0.0f)), w * (p.y - (c + 1 == target ? 1.0f : 0.0f)),
+                           w * (p.z - (c + 2 == target ? 1.0f : 0.0f)), w * (p.w - (c + 3 == target ? 1.0f : 0.0f))));
     }
+}
+
+extern "C" __global__ void cross_entropy_backward_vec(float* dlogits, const float* logits, const float* lse,
+                                                      const long long* targets, const float* weight,
+                                                      const float* scale, int V) {
+    cross_entropy_backward_vec_body(dlogits, logits, lse, targets, weight, scale, V);
+}
+
+extern "C" __global__ void cross_entropy_backward_vec_bf16(unsigned short* dlogits, const float* logits,
+                                                           const float* lse, const long long* targets,
+                                                           const float* weight, const float* scale, int V) {
+    cross_entropy_backward_vec_body(dlogits, logits, lse, targets, weight, scale, V);
 }

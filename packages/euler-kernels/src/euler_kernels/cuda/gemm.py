@@ -133,11 +133,16 @@ def gemm(
     return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision], out)
 
 
-def gemm_bf16(a16: Any, b16: Any, trans_a: bool = False, trans_b: bool = False, out: Any = None) -> Any:
-    """op(a16) @ op(b16) -> float32 for operands already rounded by `to_bf16` (uint16 bit patterns), so a
-    caller that uses one operand in several products rounds it once; `out` as in `gemm`."""
+def gemm_bf16(
+    a16: Any, b16: Any, trans_a: bool = False, trans_b: bool = False, out: Any = None, bf16_out: bool = False
+) -> Any:
+    """op(a16) @ op(b16) for operands already rounded by `to_bf16` (uint16 bit patterns), so a caller that
+    uses one operand in several products rounds it once; `out` as in `gemm`. The product is float32, or
+    with bf16_out the float32 sums rounded to bf16 by cuBLAS as it writes them (half the bytes, for a
+    product that only feeds bf16 kernels or another bf16 product)."""
     _check_operands(a16, b16)
-    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, out)
+    out_type = CUDA_R_16BF if bf16_out else CUDA_R_32F
+    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, out, out_type)
 
 
 def _check_operands(a: Any, b: Any) -> None:
@@ -145,9 +150,18 @@ def _check_operands(a: Any, b: Any) -> None:
         raise ValueError(f"gemm: needs 2-D C-contiguous matrices, got {a.shape} and {b.shape}")
 
 
-def _gemm_ex(a: Any, b: Any, trans_a: bool, trans_b: bool, dtype: int, compute: int, out: Any = None) -> Any:
-    """cublasGemmEx on the current stream: C (float32) = op(a) @ op(b), or C = out + op(a) @ op(b) in place
-    (beta = 1) when `out` is given; operands of cuBLAS type `dtype`."""
+def _gemm_ex(
+    a: Any,
+    b: Any,
+    trans_a: bool,
+    trans_b: bool,
+    dtype: int,
+    compute: int,
+    out: Any = None,
+    out_type: int = CUDA_R_32F,
+) -> Any:
+    """cublasGemmEx on the current stream: C = op(a) @ op(b), or C = out + op(a) @ op(b) in place
+    (beta = 1) when `out` is given; operands of cuBLAS type `dtype`, C of `out_type` (float32 or bf16)."""
     import cupy
 
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
@@ -155,12 +169,14 @@ def _gemm_ex(a: Any, b: Any, trans_a: bool, trans_b: bool, dtype: int, compute: 
     if k != k_b:
         raise ValueError(f"gemm: inner sizes differ: op(a) is ({m}, {k}), op(b) is ({k_b}, {n})")
     accumulate = out is not None
-    if accumulate and (out.shape != (m, n) or out.dtype != cupy.float32 or not out.flags.c_contiguous):
+    out_dtype = cupy.float32 if out_type == CUDA_R_32F else cupy.uint16
+    if accumulate and (out.shape != (m, n) or out.dtype != out_dtype or not out.flags.c_contiguous):
         raise ValueError(
-            f"gemm: out must be a C-contiguous float32 ({m}, {n}) array, got {out.shape} {out.dtype}"
+            f"gemm: out must be a C-contiguous {out_dtype.__name__} ({m}, {n}) array, "
+            f"got {out.shape} {out.dtype}"
         )
     if not accumulate:
-        out = cupy.empty((m, n), dtype=cupy.float32)
+        out = cupy.empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0:
         return out
     if k == 0:
@@ -189,7 +205,7 @@ def _gemm_ex(a: Any, b: Any, trans_a: bool, trans_b: bool, dtype: int, compute: 
         a.shape[1],
         ctypes.addressof(beta),
         out.data.ptr,
-        CUDA_R_32F,
+        out_type,
         n,
         compute,
         CUBLAS_GEMM_DEFAULT,
@@ -206,3 +222,10 @@ def to_bf16(x: Any) -> Any:
     grid = (min(blocks(x.size, 256), 132 * 32),)
     get_kernel("cast.cu", "float_to_bf16_kernel")(grid, (256,), (out, x, np.int64(x.size)))
     return out
+
+
+def from_bf16(x16: Any) -> Any:
+    """bfloat16 bit patterns (uint16 CuPy array) -> the float32 values they stand for (exact)."""
+    import cupy
+
+    return (x16.astype(cupy.uint32) << 16).view(cupy.float32)

@@ -30,21 +30,23 @@ def _rmsnorm_vec(C: int) -> int:
     return C // 128 if C % 128 == 0 and C <= 1024 else 0
 
 
-def rmsnorm_forward(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-    """x (..., C) -> out (..., C), rstd (N,) with N the number of rows; one warp per row."""
+def rmsnorm_forward(x: Any, weight: Any, eps: float, bf16_out: bool = False) -> tuple[Any, Any]:
+    """x (..., C) -> out (..., C), rstd (N,) with N the number of rows; one warp per row. bf16_out: out is
+    bfloat16 (uint16 bit patterns), for a norm whose output only feeds bf16 matrix products."""
     import cupy
 
     x, weight = _contiguous(x, weight)
     C = x.shape[-1]
     N = x.size // C
-    out = cupy.empty_like(x)
+    out = cupy.empty(x.shape, dtype=cupy.uint16 if bf16_out else cupy.float32)
     rstd = cupy.empty((N,), dtype=cupy.float32)
     grid = (min(blocks(N, THREADS // 32), GRID_CAP),)
+    suffix = "_bf16" if bf16_out else ""
     if vec := _rmsnorm_vec(C):
-        kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward_vec", ROW_F4=vec)
+        kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward_vec" + suffix, ROW_F4=vec)
         kernel(grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.float32(eps)))
         return out, rstd
-    get_kernel("rmsnorm.cu", "rmsnorm_forward")(
+    get_kernel("rmsnorm.cu", "rmsnorm_forward" + suffix)(
         grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.int32(C), np.float32(eps))
     )
     return out, rstd
@@ -69,13 +71,17 @@ def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, An
 
 
 # --- rope ------------------------------------------------------------------------------------------
-def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float) -> Any:
-    """Rotate x (B, T, H, D) by +angle (direction 1, forward) or -angle (direction -1, backward)."""
+def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float, bf16_out: bool = False) -> Any:
+    """Rotate x (B, T, H, D) by +angle (direction 1, forward) or -angle (direction -1, backward).
+
+    x is float32 or bfloat16 (uint16 bit patterns); out is bf16 when x is, or when bf16_out is set."""
     import cupy
 
     x, cos, sin = _contiguous(x, cos, sin)
     _, T, H, D = x.shape
-    out = cupy.empty_like(x)
+    x_bf16 = x.dtype == cupy.uint16
+    out = cupy.empty(x.shape, dtype=cupy.uint16 if x_bf16 or bf16_out else cupy.float32)
+    name = "rope_rotate_bf16" if x_bf16 else "rope_rotate_to_bf16" if bf16_out else "rope_rotate"
     n_pairs = x.size // 2
     args = (
         out,
@@ -89,28 +95,35 @@ def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float) -> An
         np.int32(offset),
         np.float32(direction),
     )
-    get_kernel("rope.cu", "rope_rotate")(_grid(n_pairs), (THREADS,), args)
+    get_kernel("rope.cu", name)(_grid(n_pairs), (THREADS,), args)
     return out
 
 
 # --- swiglu ----------------------------------------------------------------------------------------
+def _suffix(a: Any) -> str:
+    """Kernel-name suffix for the storage type: "_bf16" for uint16 (bf16 bit patterns), "" for float32."""
+    return "_bf16" if a.dtype == np.uint16 else ""
+
+
 def swiglu_forward(gate: Any, up: Any) -> Any:
+    """out = silu(gate) * up; all float32, or all bf16 (uint16 bit patterns)."""
     import cupy
 
     gate, up = _contiguous(gate, up)
     out = cupy.empty_like(gate)
     args = (out, gate, up, np.int64(gate.size))
-    get_kernel("swiglu.cu", "swiglu_forward")(_grid(gate.size), (THREADS,), args)
+    get_kernel("swiglu.cu", "swiglu_forward" + _suffix(gate))(_grid(gate.size), (THREADS,), args)
     return out
 
 
 def swiglu_backward(dout: Any, gate: Any, up: Any) -> tuple[Any, Any]:
+    """(dgate, dup) in the storage type of gate, up and dout (all float32 or all bf16)."""
     import cupy
 
     dout, gate, up = _contiguous(dout, gate, up)
     dgate, dup = cupy.empty_like(gate), cupy.empty_like(up)
     args = (dgate, dup, dout, gate, up, np.int64(gate.size))
-    get_kernel("swiglu.cu", "swiglu_backward")(_grid(gate.size), (THREADS,), args)
+    get_kernel("swiglu.cu", "swiglu_backward" + _suffix(gate))(_grid(gate.size), (THREADS,), args)
     return dgate, dup
 
 
@@ -149,16 +162,23 @@ def cross_entropy_forward(logits: Any, targets: Any, weight: Any) -> tuple[Any, 
 
 
 def cross_entropy_backward(
-    logits: Any, lse: Any, targets: Any, weight: Any, scale: Any, out: Any = None
+    logits: Any, lse: Any, targets: Any, weight: Any, scale: Any, out: Any = None, bf16_out: bool = False
 ) -> Any:
-    """dlogits (N, V) = scale * weight * (softmax - onehot); `out` may be `logits` itself (in place)."""
+    """dlogits (N, V) = scale * weight * (softmax - onehot); `out` may be `logits` itself (in place).
+    bf16_out: dlogits is bf16 (uint16 bit patterns), for a head whose products run in bf16."""
     import cupy
 
     N, V = logits.shape
-    dlogits = cupy.empty_like(logits) if out is None else out
+    if bf16_out and not _float4_rows(logits):  # no bf16 kernel for odd V: round the float32 result
+        from euler_kernels.cuda.gemm import to_bf16
+
+        return to_bf16(cross_entropy_backward(logits, lse, targets, weight, scale))
+    dtype = cupy.uint16 if bf16_out else cupy.float32
+    dlogits = cupy.empty(logits.shape, dtype=dtype) if out is None else out
     args = (dlogits, logits, lse, targets, weight, scale, np.int32(V))
-    name = "cross_entropy_backward_vec" if _float4_rows(logits, dlogits) else "cross_entropy_backward"
-    get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
+    vec = _float4_rows(logits, dlogits)
+    name = "cross_entropy_backward_vec" if vec else "cross_entropy_backward"
+    get_kernel("cross_entropy.cu", name + ("_bf16" if bf16_out else ""))((N,), (THREADS,), args)
     return dlogits
 
 

@@ -3,8 +3,10 @@
 #include "common.cuh"
 
 // x, out (N, C); rstd (N,) is saved for the backward pass. Rows are strided over all warps of the grid.
-extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int N,
-                                           int C, float eps) {
+// Out is float32, or bf16 (unsigned short) when it only feeds bf16 matrix products.
+template <typename Out>
+__device__ __forceinline__ void rmsnorm_forward_body(Out* out, float* rstd, const float* x, const float* weight,
+                                                     int N, int C, float eps) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         const float* xr = x + (size_t)row * C;
@@ -12,8 +14,18 @@ extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float*
         for (int i = lane; i < C; i += 32) ss += xr[i] * xr[i];
         const float r = rsqrtf(warp_sum(ss) / C + eps);
         if (lane == 0) rstd[row] = r;
-        for (int i = lane; i < C; i += 32) out[(size_t)row * C + i] = xr[i] * r * weight[i];  // x from L1
+        for (int i = lane; i < C; i += 32) store_act(out, (size_t)row * C + i, xr[i] * r * weight[i]);  // x from L1
     }
+}
+
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int N,
+                                           int C, float eps) {
+    rmsnorm_forward_body(out, rstd, x, weight, N, C, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_bf16(unsigned short* out, float* rstd, const float* x,
+                                                const float* weight, int N, int C, float eps) {
+    rmsnorm_forward_body(out, rstd, x, weight, N, C, eps);
 }
 
 // dx_i = rstd * (g_i w_i - x_i * rstd^2 * mean_j(g_j w_j x_j)), one warp per row; dweight = sum over rows
@@ -48,8 +60,9 @@ extern "C" __global__ void rmsnorm_backward(float* dx, float* dweight, const flo
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-extern "C" __global__ void rmsnorm_forward_vec(float* out, float* rstd, const float* x, const float* weight, int N,
-                                               float eps) {
+template <typename Out>
+__device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, const float* x, const float* weight,
+                                                         int N, float eps) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     float4 w[ROW_F4];
 #pragma unroll
@@ -65,12 +78,21 @@ extern "C" __global__ void rmsnorm_forward_vec(float* out, float* rstd, const fl
         }
         const float r = rsqrtf(warp_sum(ss) / ROW_C + eps);
         if (lane == 0) rstd[row] = r;
-        float4* o = reinterpret_cast<float4*>(out + (size_t)row * ROW_C);
 #pragma unroll
         for (int j = 0; j < ROW_F4; j++)
-            o[lane + 32 * j] = make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z,
-                                           xv[j].w * r * w[j].w);
+            store4(out, (size_t)row * (ROW_C / 4) + lane + 32 * j,
+                   make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z, xv[j].w * r * w[j].w));
     }
+}
+
+extern "C" __global__ void rmsnorm_forward_vec(float* out, float* rstd, const float* x, const float* weight, int N,
+                                               float eps) {
+    rmsnorm_forward_vec_body(out, rstd, x, weight, N, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_vec_bf16(unsigned short* out, float* rstd, const float* x,
+                                                    const float* weight, int N, float eps) {
+    rmsnorm_forward_vec_body(out, rstd, x, weight, N, eps);
 }
 
 // dweight is summed in registers per lane over the warp's rows, then over the block's warps in shared

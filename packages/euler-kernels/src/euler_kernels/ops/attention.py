@@ -14,12 +14,12 @@ import math
 from typing import Any
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import check_activations, get_array_module, is_bf16, shape_error
 
 
 def _validate(q: Any, k: Any, v: Any, block_size: int) -> None:
     fn = "attention_forward"
-    check_float(fn, q=q, k=k, v=v)
+    check_activations(fn, q=q, k=k, v=v)
     if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
         raise shape_error(fn, "q must be (B, T, Hq, D), k and v (B, S, Hkv, D)", q=q, k=k, v=v)
     (b, _, hq, d), (bk, s, hkv, dk) = q.shape, k.shape
@@ -89,6 +89,8 @@ def attention_forward(
     """Scaled dot-product attention, softmax(q k^T / sqrt(D)) v, over grouped KV heads.
 
     q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0; out (B, T, Hq, D).
+    bf16 activations (GPU, D 64 or 128) run the bf16 tensor-core kernel: out is bf16, lse float32, and
+    the gradients dq, dk, dv float32.
 
     >>> import numpy as np
     >>> q = k = v = np.ones((1, 2, 1, 2))
@@ -96,6 +98,11 @@ def attention_forward(
     [[1.0, 1.0], [1.0, 1.0]]
     """
     _validate(q, k, v, block_size)
+    if is_bf16(q):
+        if q.shape[-1] not in (64, 128):
+            raise ValueError(f"attention_forward: bf16 attention needs head_dim 64 or 128, got {q.shape[-1]}")
+        out, lse = cuda.flash_attention_forward_bf16(q, k, v, causal)  # (B, T, Hq, D) bf16, (B, Hq, T)
+        return out, ("cuda", q, k, v, out, lse, causal)
     if cuda.fused(q, k, v) and q.shape[-1] in (64, 128):  # hand-written FlashAttention kernel
         out, lse = cuda.flash_attention_forward(q, k, v, causal)  # (B, T, Hq, D), (B, Hq, T)
         return out, ("cuda", q, k, v, out, lse, causal)
@@ -147,6 +154,9 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
         _, q, k, v, out, lse, causal = cache
         if dout.shape != q.shape:
             raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)
+        if is_bf16(q):  # the bf16 kernel reads a bf16 dout
+            dout = dout if is_bf16(dout) else cuda.to_bf16(dout if dout.flags.c_contiguous else dout.copy())
+            return cuda.flash_attention_backward_bf16(dout, q, k, v, out, lse, causal)
         return cuda.flash_attention_backward(dout, q, k, v, out, lse, causal)
     qs, kt, vt, out, lse, causal, bs, t = cache
     xp = get_array_module(dout)

@@ -70,15 +70,20 @@ def cross_entropy_forward(
     return loss, (exps, total, t_safe, w, denom, logits.shape)
 
 
-def cross_entropy_backward(dloss: Any, cache: tuple) -> Any:
-    """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits."""
+def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False) -> Any:
+    """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits.
+
+    bf16_out (GPU only): dlogits is a bf16 activation, for a head whose products run in bf16.
+    """
+    if bf16_out and not cuda.fused_cache(cache):
+        raise ValueError("cross_entropy_backward: bf16_out needs float32 CuPy logits (the GPU path)")
     if cuda.fused_cache(cache):
         _, z, lse, t_safe, w, denom, shape = cache
         if isinstance(dloss, int | float):  # a host number: no host-to-device copy (graph capture)
             scale = (float(dloss) / denom).reshape(1).astype(z.dtype)
         else:
             scale = (get_array_module(z).asarray(dloss, dtype=z.dtype) / denom).reshape(1).astype(z.dtype)
-        return cuda.cross_entropy_backward(z, lse, t_safe, w, scale).reshape(shape)
+        return cuda.cross_entropy_backward(z, lse, t_safe, w, scale, bf16_out=bf16_out).reshape(shape)
     exps, total, t_safe, w, denom, shape = cache
     xp = get_array_module(exps)
     coef = w * (float(dloss) / denom)  # (N,)

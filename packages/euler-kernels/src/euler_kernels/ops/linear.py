@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, shape_error
+from euler_kernels.backend import check_float, is_bf16, shape_error
 
 
-def linear_forward(x: Any, weight: Any) -> tuple[Any, tuple]:
+def linear_forward(x: Any, weight: Any, bf16_out: bool = False) -> tuple[Any, tuple]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
+
+    On the GPU x may be a bf16 activation (backend.is_bf16): the product then runs on the bf16 tensor
+    cores whatever the matmul precision. bf16_out (GPU, bf16 products only): out is a bf16 activation.
 
     >>> import numpy as np
     >>> out, _ = linear_forward(np.array([[1.0, 2.0]]), np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]))
@@ -17,16 +20,18 @@ def linear_forward(x: Any, weight: Any) -> tuple[Any, tuple]:
     [[1.0, 3.0, 4.0]]
     """
     _check(x, weight)
+    if _bf16_product(x, weight):  # round x and weight once; the backward reuses both
+        return _forward_bf16(x, [weight], bf16_out)[0]
+    if bf16_out:
+        raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, EULER_MATMUL_PRECISION=bf16)")
     if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
-        if cuda.matmul_precision() == "bf16":  # round x and weight once; the backward reuses both
-            return _forward_bf16(x, [weight])[0]
         out = cuda.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
         return out.reshape(*x.shape[:-1], weight.shape[0]), (x, weight)
     out = x @ weight.T  # (..., C_out)
     return out, (x, weight)
 
 
-def linear_forward_many(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
+def linear_forward_many(x: Any, weights: list[Any], bf16_out: bool = False) -> list[tuple[Any, tuple]]:
     """[linear_forward(x, w) for w in weights], with x rounded to bf16 once for all of them in bf16 mode
     on the GPU (and that one copy shared by their caches), e.g. the q, k and v projections of one h.
 
@@ -34,28 +39,40 @@ def linear_forward_many(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
     >>> [out.tolist() for out, _ in linear_forward_many(np.array([[1.0, 2.0]]), [np.eye(2), 2 * np.eye(2)])]
     [[[1.0, 2.0]], [[2.0, 4.0]]]
     """
-    if not (weights and cuda.fused(x, *weights) and cuda.matmul_precision() == "bf16"):
-        return [linear_forward(x, w) for w in weights]
     for w in weights:
         _check(x, w)
-    return _forward_bf16(x, weights)
+    if not (weights and all(_bf16_product(x, w) for w in weights)):
+        return [linear_forward(x, w, bf16_out) for w in weights]
+    return _forward_bf16(x, weights, bf16_out)
+
+
+def _bf16_product(x: Any, weight: Any) -> bool:
+    """Whether x @ weight.T runs on the bf16 tensor cores: x is a bf16 activation, or both are float32
+    CuPy arrays in bf16 mode."""
+    return is_bf16(x) or (cuda.fused(x, weight) and cuda.matmul_precision() == "bf16")
 
 
 def _check(x: Any, weight: Any) -> None:
-    check_float("linear_forward", x=x, weight=weight)
+    if is_bf16(x):
+        if not cuda.fused(weight):
+            raise ValueError(f"linear_forward: a bf16 x needs a float32 CuPy weight, got {weight.dtype}")
+    else:
+        check_float("linear_forward", x=x, weight=weight)
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise shape_error(
             "linear_forward", "weight must be (C_out, C_in) with C_in = x.shape[-1]", x=x, weight=weight
         )
 
 
-def _forward_bf16(x: Any, weights: list[Any]) -> list[tuple[Any, tuple]]:
-    """GPU bf16 mode: x rounded once, each weight once; the caches keep the bf16 copies for backward."""
-    x16 = cuda.to_bf16(_c(x.reshape(-1, x.shape[-1])))  # (N, C_in)
+def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool) -> list[tuple[Any, tuple]]:
+    """GPU bf16 mode: x rounded once (unless it is bf16 already), each weight once; the caches keep the
+    bf16 copies for backward."""
+    x16 = _c(x.reshape(-1, x.shape[-1]))  # (N, C_in)
+    x16 = x16 if is_bf16(x16) else cuda.to_bf16(x16)
     results = []
     for w in weights:
         w16 = cuda.to_bf16(_c(w))
-        out = cuda.gemm_bf16(x16, w16, trans_b=True).reshape(*x.shape[:-1], w.shape[0])
+        out = cuda.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
         results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
     return results
 
@@ -64,15 +81,18 @@ def _c(a: Any) -> Any:
     return a if a.flags.c_contiguous else a.copy()
 
 
-def linear_backward(dout: Any, cache: tuple, dx_into: Any = None) -> tuple[Any, Any]:
+def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool = False) -> tuple[Any, Any]:
     """Gradients (dx (..., C_in), dweight (C_out, C_in)).
 
     dx_into: an earlier dx of the same shape (say, of another projection of the same input): this dx is
     added into it in place and it is returned, so the sum costs no extra pass (on the GPU cuBLAS adds the
     product straight into it).
+    bf16 products (GPU): dout may be a bf16 activation; bf16_dx makes dx one (not with dx_into).
     """
     if dx_into is not None and not dx_into.flags.c_contiguous:
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
+    if bf16_dx and (dx_into is not None or not isinstance(cache[0], str)):
+        raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
         _, x16, w16, x_shape, w_shape = cache
         if dout.shape != (*x_shape[:-1], w_shape[0]):
@@ -80,9 +100,10 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None) -> tuple[Any, 
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
             )
         _check_into(dx_into, x_shape)
-        d16 = cuda.to_bf16(_c(dout.reshape(-1, w_shape[0])))  # (N, C_out)
+        d16 = _c(dout.reshape(-1, w_shape[0]))  # (N, C_out)
+        d16 = d16 if is_bf16(d16) else cuda.to_bf16(d16)
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
-        dx = cuda.gemm_bf16(d16, w16, out=into).reshape(x_shape)
+        dx = cuda.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx).reshape(x_shape)
         return (dx if dx_into is None else dx_into), cuda.gemm_bf16(d16, x16, trans_a=True)
     x, weight = cache
     if dout.shape != (*x.shape[:-1], weight.shape[0]):

@@ -8,8 +8,11 @@ from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 
 
-def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5) -> tuple[Any, tuple]:
+def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False) -> tuple[Any, tuple]:
     """Normalise the last axis of `x` (..., C) by its root mean square, then scale by `weight` (C,).
+
+    bf16_out (GPU only): out is a bf16 activation (see backend.is_bf16), for a norm that only feeds bf16
+    matrix products; x, weight, rstd and the gradients stay float32.
 
     >>> import numpy as np
     >>> out, _ = rmsnorm_forward(np.array([[3.0, 4.0]]), np.ones(2), eps=0.0)
@@ -21,8 +24,10 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5) -> tuple[Any, tuple]
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if cuda.fused(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x and weight
-        out, rstd = cuda.rmsnorm_forward(x, weight, eps)
+        out, rstd = cuda.rmsnorm_forward(x, weight, eps, bf16_out)
         return out, ("cuda", x, weight, rstd)
+    if bf16_out:
+        raise ValueError("rmsnorm_forward: bf16_out needs float32 CuPy arrays (the GPU path)")
     ms = xp.einsum("...c,...c->...", x, x) / x.shape[-1]  # (...,) mean of squares
     rstd = 1.0 / xp.sqrt(ms + eps)  # (...,)
     xhat = x * rstd[..., None]  # (..., C)

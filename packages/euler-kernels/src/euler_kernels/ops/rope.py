@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
 
 
 def rope_tables(
@@ -72,11 +72,20 @@ def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, 
 
 
 def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tuple]:
-    """Rotate x (B, T, H, D) at positions offset .. offset + T - 1; out has x's shape and dtype."""
-    check_float("rope_forward", x=x, cos=cos, sin=sin)
-    if cuda.fused(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
+    """Rotate x (B, T, H, D) at positions offset .. offset + T - 1; out has x's shape and dtype.
+
+    x may be a bf16 activation (GPU, with float32 tables): out is bf16, and so is the gradient.
+    """
+    if check_activations("rope_forward", x=x) == "bf16":
+        check_float("rope_forward", cos=cos, sin=sin)
+        if not cuda.fused(cos, sin):
+            raise ValueError("rope_forward: a bf16 x needs float32 CuPy cos/sin tables")
+    else:
+        check_float("rope_forward", x=x, cos=cos, sin=sin)
+    if is_bf16(x) or cuda.fused(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
         _check_tables("rope_forward", x, cos, sin, offset)
-        return cuda.rope_rotate(x, cos, sin, offset, 1.0), ("cuda", cos, sin, offset, x.shape)
+        cache = ("cuda", cos, sin, offset, x.shape, is_bf16(x))
+        return cuda.rope_rotate(x, cos, sin, offset, 1.0), cache
     c, s = _tables_for("rope_forward", x, cos, sin, offset)
     return _rotate(x, c, s, 1.0), (c, s)
 
@@ -84,10 +93,10 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tupl
 def rope_backward(dout: Any, cache: tuple) -> Any:
     """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle."""
     if cuda.fused_cache(cache):
-        _, cos, sin, offset, shape = cache
+        _, cos, sin, offset, shape, bf16 = cache
         if dout.shape != shape:
             raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)
-        return cuda.rope_rotate(dout, cos, sin, offset, -1.0)
+        return cuda.rope_rotate(dout, cos, sin, offset, -1.0, bf16_out=bf16)  # bf16 forward: bf16 gradient
     c, s = cache
     if dout.ndim != 4 or dout.shape[1:] != c.shape:
         raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import check_activations, get_array_module, is_bf16, shape_error
 
 
 def _sigmoid(xp: Any, g: Any) -> Any:
@@ -22,16 +22,18 @@ def _sigmoid(xp: Any, g: Any) -> Any:
 def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
     """out = silu(gate) * up, elementwise, shapes equal.
 
+    gate and up may be bf16 activations (GPU): out is then bf16 too, and so are the gradients.
+
     >>> import numpy as np
     >>> out, _ = swiglu_forward(np.array([0.0, 1.0]), np.array([5.0, 2.0]))
     >>> np.round(out, 4).tolist()
     [0.0, 1.4621]
     """
     xp = get_array_module(gate)
-    check_float("swiglu_forward", gate=gate, up=up)
+    kind = check_activations("swiglu_forward", gate=gate, up=up)
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
-    if cuda.fused(gate, up):
+    if kind == "bf16" or cuda.fused(gate, up):
         return cuda.swiglu_forward(gate, up), ("cuda", gate, up)
     sig = _sigmoid(xp, gate)
     silu = gate * sig
@@ -44,6 +46,8 @@ def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
         _, gate, up = cache
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
+        if is_bf16(gate) and not is_bf16(dout):  # a float32 gradient into the bf16 kernel: round it once
+            dout = cuda.to_bf16(dout if dout.flags.c_contiguous else dout.copy())
         return cuda.swiglu_backward(dout, gate, up)
     up, sig, silu = cache
     if dout.shape != up.shape:

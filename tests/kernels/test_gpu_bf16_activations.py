@@ -1,0 +1,133 @@
+"""The bf16 activation path (uint16 CuPy arrays of bf16 bit patterns): each kernel that reads or writes
+bf16 computes in float32 exactly as its float32 twin does and rounds once, to nearest even, where it
+stores. So the bf16 results must equal the float32 kernel's results on the bf16 values, rounded: bit for
+bit for the elementwise and row kernels, within a bf16 ulp for cuBLAS (whose summation order may differ
+between output types)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import euler_kernels as ek
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+from euler_kernels import cuda as kc  # noqa: E402
+
+
+def randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def bf16_pair(rng, *shape, scale=1.0):
+    """(bf16 activation on the GPU, the float32 values it holds on the GPU)."""
+    x16 = kc.to_bf16(cp.asarray(randn(rng, *shape, scale=scale)))
+    return x16, kc.from_bf16(x16)
+
+
+def same_bits(a16, b16) -> None:
+    assert a16.dtype == cp.uint16 and b16.dtype == cp.uint16 and a16.shape == b16.shape
+    np.testing.assert_array_equal(a16.get(), b16.get())
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 70), st.sampled_from([7, 128, 768, 1000]), st.integers(0, 2**31))
+def test_rmsnorm_bf16_out_is_the_float32_output_rounded(n, c, seed):
+    rng = np.random.default_rng(seed)
+    x, w = cp.asarray(randn(rng, n, c)), cp.asarray(randn(rng, c))
+    ref, c_ref = ek.rmsnorm_forward(x, w)
+    out16, cache = ek.rmsnorm_forward(x, w, bf16_out=True)
+    same_bits(out16, kc.to_bf16(ref))
+    g = cp.asarray(randn(rng, n, c))  # the backward is the float32 one: same cache contents
+    (dx, dw), (dx_ref, dw_ref) = ek.rmsnorm_backward(g, cache), ek.rmsnorm_backward(g, c_ref)
+    np.testing.assert_array_equal(dx.get(), dx_ref.get())
+    np.testing.assert_allclose(dw.get(), dw_ref.get(), rtol=1e-5, atol=1e-5)  # atomics: order varies
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 2**31))
+def test_swiglu_bf16_is_the_float32_kernel_rounded(n, seed):
+    rng = np.random.default_rng(seed)
+    (g16, g), (u16, u), (d16, d) = (bf16_pair(rng, n, scale=3.0) for _ in range(3))
+    out16, cache = ek.swiglu_forward(g16, u16)
+    out, c32 = ek.swiglu_forward(g, u)
+    same_bits(out16, kc.to_bf16(out))
+    dg16, du16 = ek.swiglu_backward(d16, cache)
+    dg, du = ek.swiglu_backward(d, c32)
+    same_bits(dg16, kc.to_bf16(dg))
+    same_bits(du16, kc.to_bf16(du))
+    # a float32 gradient into the bf16 cache is rounded first
+    same_bits(ek.swiglu_backward(d, cache)[0], dg16)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 40),
+    st.integers(1, 5),
+    st.sampled_from([8, 64, 128]),
+    st.integers(0, 2**31),
+)
+def test_rope_bf16_forward_and_backward_round_the_float32_rotation(b, t, h, d, seed):
+    rng = np.random.default_rng(seed)
+    cos, sin = ek.rope_tables(d, 64, xp=cp)
+    x16, x = bf16_pair(rng, b, t, h, d)
+    out16, cache = ek.rope_forward(x16, cos, sin, offset=3)
+    out, c32 = ek.rope_forward(x, cos, sin, offset=3)
+    same_bits(out16, kc.to_bf16(out))
+    g = cp.asarray(randn(rng, b, t, h, d))  # attention's float32 gradient
+    dx16 = ek.rope_backward(g, cache)  # bf16 forward: the gradient comes back as bf16
+    same_bits(dx16, kc.to_bf16(ek.rope_backward(g, c32)))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 90), st.integers(0, 2**31))
+def test_linear_on_bf16_activations(n, c_out, c_in, seed):
+    """x bf16 -> bf16 or float32 out; dout bf16 -> bf16 dx, float32 dweight; all products of bf16 values
+    accumulated in float32 (a bf16 output is that sum rounded once: within half a bf16 ulp, 2**-8)."""
+    rng = np.random.default_rng(seed)
+    x16, x = bf16_pair(rng, n, c_in)
+    w = cp.asarray(randn(rng, c_out, c_in))
+    d16, d = bf16_pair(rng, n, c_out)
+    xr, wr, dr = (cp.asnumpy(a).astype(np.float64) for a in (x, kc.from_bf16(kc.to_bf16(w)), d))
+    out32, _ = ek.linear_forward(x16, w)
+    out16, cache = ek.linear_forward(x16, w, bf16_out=True)
+    assert out32.dtype == cp.float32 and ek.is_bf16(out16)
+    np.testing.assert_allclose(out32.get(), xr @ wr.T, rtol=1e-5, atol=1e-5 * np.sqrt(c_in))
+    np.testing.assert_allclose(kc.from_bf16(out16).get(), xr @ wr.T, rtol=2**-8, atol=1e-5 * np.sqrt(c_in))
+    dx16, dw = ek.linear_backward(d16, cache, bf16_dx=True)
+    assert ek.is_bf16(dx16) and dw.dtype == cp.float32
+    np.testing.assert_allclose(kc.from_bf16(dx16).get(), dr @ wr, rtol=2**-8, atol=1e-5 * np.sqrt(c_out))
+    np.testing.assert_allclose(dw.get(), dr.T @ xr, rtol=1e-5, atol=1e-5 * np.sqrt(n))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 40), st.sampled_from([5, 64, 4096]), st.integers(0, 2**31))
+def test_cross_entropy_bf16_gradient_is_the_float32_one_rounded(n, v, seed):
+    rng = np.random.default_rng(seed)
+    z = cp.asarray(randn(rng, n, v, scale=3.0))
+    tgt = cp.asarray(rng.integers(0, v, n))
+    mask = cp.asarray((rng.random(n) < 0.7).astype(np.float32))
+    _, cache = ek.cross_entropy_forward(z, tgt, mask)
+    same_bits(
+        ek.cross_entropy_backward(0.25, cache, bf16_out=True),
+        kc.to_bf16(ek.cross_entropy_backward(0.25, cache)),
+    )
+
+
+def test_bf16_misuse_is_a_clear_error():
+    rng = np.random.default_rng(0)
+    g16, _ = bf16_pair(rng, 4, 8)
+    with pytest.raises(ValueError, match="cannot be mixed"):
+        ek.swiglu_forward(g16, cp.asarray(randn(rng, 4, 8)))
+    with pytest.raises(ValueError, match="bf16_out"):
+        ek.rmsnorm_forward(randn(rng, 4, 8), randn(rng, 8), bf16_out=True)  # NumPy: no bf16 path
+    _, cache = ek.linear_forward(cp.asarray(randn(rng, 4, 8)), cp.asarray(randn(rng, 3, 8)))
+    with pytest.raises(ValueError, match="bf16_dx"):
+        ek.linear_backward(cp.asarray(randn(rng, 4, 3)), cache, bf16_dx=True)  # float32 forward
+    with pytest.raises(ValueError, match="float32 CuPy weight"):
+        ek.linear_forward(g16, randn(rng, 3, 8))
