@@ -3,8 +3,9 @@
     CUPY_TF32=0 python benchmarks/bench_kernels_gpu.py [--quick]
 
 Prints FlashAttention forward+backward time and TFLOP/s against torch's scaled_dot_product_attention
-(fp32 selects its memory-efficient kernel), and the fused rmsnorm / swiglu / cross-entropy / AdamW
-kernels' GB/s against the measured device-to-device copy bandwidth and against torch eager.
+(fp32 selects its memory-efficient kernel; bf16 its FlashAttention kernel), and the fused rmsnorm /
+swiglu / cross-entropy / AdamW kernels' GB/s against the measured device-to-device copy bandwidth and
+against torch eager.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from euler_kernels import cuda as kc
+from euler_kernels.cuda.flash_bf16 import flash_attention_backward_bf16, flash_attention_forward_bf16
 
 
 def time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -76,6 +78,55 @@ def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
     return {
         "ours_ms": ms_ours,
         "torch_ms": ms_ref,
+        "ours_tflops": flops / ms_ours / 1e9,
+        "torch_tflops": flops / ms_ref / 1e9,
+        "rel_err": err,
+    }
+
+
+def bench_attention_bf16(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
+    """Our bf16 kernel (bf16 bit patterns in, fp32 gradients out) against torch's SDPA on bf16 tensors."""
+    rng = np.random.default_rng(0)
+    q, k, v, g = (
+        cp.asarray(rng.standard_normal(s, dtype=np.float32))
+        for s in [(B, T, Hq, D), (B, T, Hkv, D), (B, T, Hkv, D), (B, T, Hq, D)]
+    )
+    q16, k16, v16, g16 = (kc.to_bf16(a) for a in (q, k, v, g))
+
+    def ours_forward():
+        return flash_attention_forward_bf16(q16, k16, v16, True)
+
+    def ours():
+        out16, lse = ours_forward()
+        flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)
+
+    def to_torch(a, expand: bool):  # (B, H, T, D) bf16 (the same rounding as to_bf16), K/V expanded untimed
+        t = torch.as_tensor(a, device="cuda").to(torch.bfloat16).transpose(1, 2)
+        return (t.repeat_interleave(Hq // Hkv, 1) if expand else t).contiguous()
+
+    tq, tk, tv = to_torch(q, False), to_torch(k, True), to_torch(v, True)
+    for t in (tq, tk, tv):
+        t.requires_grad_()
+    tg = to_torch(g, False)
+
+    def reference_forward():
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+
+    def reference():
+        F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
+
+    out16, _ = ours_forward()  # check agreement once before timing
+    out = (out16.astype(cp.uint32) << 16).view(cp.float32)
+    ref = reference_forward().transpose(1, 2).float()
+    err = float((torch.as_tensor(out, device="cuda") - ref).norm() / ref.norm())
+    flops = 3.5 * 4 * B * Hq * T * T * D / 2  # causal forward 2 matmuls, backward 2.5x forward
+    ms_ours, ms_ref = time_ms(ours), time_ms(reference)
+    return {
+        "ours_ms": ms_ours,
+        "torch_ms": ms_ref,
+        "ours_fwd_ms": time_ms(ours_forward),
+        "torch_fwd_ms": time_ms(reference_forward),
         "ours_tflops": flops / ms_ours / 1e9,
         "torch_tflops": flops / ms_ref / 1e9,
         "rel_err": err,
@@ -166,6 +217,18 @@ def main() -> None:
                 f"{B:>4} x {T:<5} {r['ours_ms']:9.3f} {r['torch_ms']:9.3f} {r['ours_tflops']:10.1f} "
                 f"{r['torch_tflops']:11.1f} {r['torch_ms'] / r['ours_ms']:6.2f}x {r['rel_err']:9.1e}"
             )
+    print("\nFlashAttention fwd+bwd in bf16, ours (mma.sync m16n8k16) vs torch SDPA; causal, 12 q / 4 kv")
+    print(
+        f"{'B x T':>10} {'ours ms':>9} {'torch ms':>9} {'ours TF/s':>10} {'torch TF/s':>11}"
+        f" {'speed':>7} {'fwd ours':>9} {'fwd torch':>10} {'rel err':>9}"
+    )
+    for B, T in shapes:
+        r = bench_attention_bf16(B, T)
+        print(
+            f"{B:>4} x {T:<5} {r['ours_ms']:9.3f} {r['torch_ms']:9.3f} {r['ours_tflops']:10.1f} "
+            f"{r['torch_tflops']:11.1f} {r['torch_ms'] / r['ours_ms']:6.2f}x {r['ours_fwd_ms']:9.3f} "
+            f"{r['torch_fwd_ms']:10.3f} {r['rel_err']:9.1e}"
+        )
     print("\nFused kernels (minimal bytes moved; GB/s as a share of the copy bandwidth)")
     print(f"{'op':>24} {'ours ms':>9} {'torch ms':>9} {'ours GB/s':>10} {'% copy':>7} {'speed':>7}")
     for name, nbytes, ours, ref in bench_fused(bandwidth):

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.backend import is_bf16
+from euler_kernels.cuda.flash_bf16 import flash_attention_backward_bf16, flash_attention_forward_bf16
 from euler_kernels.cuda.gemm import from_bf16, gemm, gemm_bf16, matmul_precision, to_bf16
 from euler_kernels.cuda.launch import (
     adamw_multi,
@@ -63,7 +64,9 @@ __all__ = [
     "cross_entropy_forward",
     "embedding_backward",
     "flash_attention_backward",
+    "flash_attention_backward_bf16",
     "flash_attention_forward",
+    "flash_attention_forward_bf16",
     "from_bf16",
     "fused",
     "fused_cache",

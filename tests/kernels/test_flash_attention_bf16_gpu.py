@@ -1,0 +1,242 @@
+"""The bf16 tensor-core FlashAttention (flash_attention_bf16.cu) against float64 NumPy attention on the same
+bf16-rounded inputs.
+
+Tolerances. Products of bf16 inputs are exact and every sum is fp32, so scores and lse are float32-accurate:
+lse within 1e-4 absolute (it is O(5); fp32 rounding gives ~1e-6). What remains are three roundings to bf16,
+each a relative error of at most 2^-9 ~ 2e-3, independent from element to element: P as the operand of P V
+and P^T dO, dS as the operand of dS^T Q and dS K, and out as it is written. So out, dq, dk and dv are off
+by about 2e-3 norm-wise (a lane-level NumPy emulation of the kernel gave 1.4e-3 to 3.0e-3 on these shapes
+and on 25 hypothesis examples), and the bounds are 1e-2: 3x headroom, while an off-by-one causal mask, a
+wrong query position or a wrong query-to-kv head map moves the float64 reference itself by 10x more
+(`test_the_bounds_catch_wrong_masks_and_head_maps`).
+
+The reference gradients take delta = rowsum(dout * out) from the kernel's bf16-rounded out, as the kernel
+does (and as its contract says). Against the exact out, a peaked softmax over a few keys cancels in
+dP - delta and the bf16 rounding of out alone moves dq and dk by up to ~1.3e-2 (emulated T = 1, S = 5,
+logits x4): a property of a bf16 output, not an error of the kernel, so it is not what these bounds judge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+try:
+    _devices = cp.cuda.runtime.getDeviceCount()
+except cp.cuda.runtime.CUDARuntimeError:
+    _devices = 0
+if _devices == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from euler_kernels import cuda as kc  # noqa: E402
+from euler_kernels.cuda.flash_bf16 import (  # noqa: E402
+    flash_attention_backward_bf16,
+    flash_attention_forward_bf16,
+)
+
+OUT_TOL, GRAD_TOL, LSE_TOL = 1e-2, 1e-2, 1e-4
+
+
+def to_bf16(x) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round half to even (finite inputs)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(b) -> np.ndarray:
+    """bfloat16 bit patterns (NumPy or CuPy uint16) -> float32 NumPy array, exactly."""
+    b = b.get() if hasattr(b, "get") else np.asarray(b)
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def rel(a, b, floor: float = 1e-2) -> float:
+    """Norm-wise relative error, against an RMS floor where the reference (nearly) cancels to zero."""
+    a = np.asarray(a.get() if hasattr(a, "get") else a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor * np.sqrt(b.size)))
+
+
+def reference(q, k, v, dout, causal, shift=0, head_map=None, delta_out=None):
+    """float64 attention and its gradients: q, dout (B, T, Hq, D), k, v (B, S, Hkv, D).
+
+    Query t sits at position S - T + t (+ shift); query head h uses kv head head_map[h] (default h // G).
+    delta = rowsum(dout * out) uses `delta_out` for out when given (the kernel's bf16-rounded output, as
+    the kernel does), else the exact out. Returns out (B, T, Hq, D), lse (B, Hq, T), dq, dk, dv.
+    """
+    _, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    heads = np.arange(Hq) // (Hq // Hkv) if head_map is None else np.asarray(head_map)
+    kk, vv = k[:, :, heads], v[:, :, heads]  # (B, S, Hq, D)
+    scale = D**-0.5
+    s = np.einsum("bthd,bshd->bhts", q, kk) * scale
+    if causal:
+        hidden = np.arange(S)[None, :] > (S - T + shift + np.arange(T))[:, None]
+        s = np.where(hidden, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    l = e.sum(-1, keepdims=True)
+    p = e / l
+    out = np.einsum("bhts,bshd->bthd", p, vv)
+    dp = np.einsum("bthd,bshd->bhts", dout, vv)
+    out_d = out if delta_out is None else delta_out
+    delta = np.einsum("bthd,bthd->bht", dout, out_d)[..., None]  # (B, Hq, T, 1)
+    ds = p * (dp - delta)
+    dq = np.einsum("bhts,bshd->bthd", ds, kk) * scale
+    dk_h = np.einsum("bhts,bthd->bshd", ds, q) * scale
+    dv_h = np.einsum("bhts,bthd->bshd", p, dout)
+    dk, dv = np.zeros(k.shape), np.zeros(v.shape)
+    for h in range(Hq):  # each kv head sums the gradients of the query heads that read it
+        dk[:, :, heads[h]] += dk_h[:, :, h]
+        dv[:, :, heads[h]] += dv_h[:, :, h]
+    return out, (m + np.log(l))[..., 0], dq, dk, dv
+
+
+def make_inputs(rng, B, T, S, Hq, Hkv, D, scale=1.0):
+    """bf16 bit patterns of q, k, v, dout (normal, q scaled) and their exact float64 values."""
+    shapes = [(B, T, Hq, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, T, Hq, D)]
+    bits = [
+        to_bf16(rng.standard_normal(s).astype(np.float32) * (scale if i == 0 else 1.0))
+        for i, s in enumerate(shapes)
+    ]
+    return bits, [from_bf16(b).astype(np.float64) for b in bits]
+
+
+def run(bits, causal):
+    q16, k16, v16, g16 = (cp.asarray(b) for b in bits)
+    out16, lse = flash_attention_forward_bf16(q16, k16, v16, causal)
+    dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, causal)
+    return out16, lse, dq, dk, dv
+
+
+def check(bits, exact, causal, label=""):
+    out16, lse, dq, dk, dv = run(bits, causal)
+    assert out16.dtype == cp.uint16 and lse.dtype == dq.dtype == dk.dtype == dv.dtype == cp.float32
+    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(*exact, causal, delta_out=from_bf16(out16))
+    errors = {
+        "out": rel(from_bf16(out16), ref_out),
+        "lse": float(np.abs(lse.get() - ref_lse).max()),
+        "dq": rel(dq, ref_dq),
+        "dk": rel(dk, ref_dk),
+        "dv": rel(dv, ref_dv),
+    }
+    print(label + " ".join(f"{name}={e:.2e}" for name, e in errors.items()))
+    assert errors["out"] < OUT_TOL and errors["lse"] < LSE_TOL, errors
+    assert max(errors["dq"], errors["dk"], errors["dv"]) < GRAD_TOL, errors
+
+
+SHAPES = [
+    # (B, T, S, Hq, Hkv)
+    (2, 77, 77, 6, 2),  # GQA; T not a multiple of the 64-row tiles
+    (2, 77, 77, 4, 4),  # MHA
+    (2, 5, 70, 6, 2),  # a chunk of 5 queries after 65 cached keys (T < S)
+    (2, 1, 77, 6, 2),  # a decode step: one query at the last position
+    (1, 256, 256, 6, 2),  # several key tiles (double buffering) and query tiles per block
+    (1, 130, 200, 4, 1),  # T < S over several tiles; all query heads on one kv head
+]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("b,t,s,hq,hkv", SHAPES)
+def test_bf16_flash_attention_matches_float64(b, t, s, hq, hkv, d, causal):
+    rng = np.random.default_rng(1000 * t + 10 * s + hq + d)
+    bits, exact = make_inputs(rng, b, t, s, hq, hkv, d)
+    check(bits, exact, causal, f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal}: ")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 150),
+    st.integers(0, 100),
+    st.sampled_from([1, 2]),
+    st.sampled_from([1, 3]),
+    st.sampled_from([64, 128]),
+    st.booleans(),
+    st.sampled_from([0.5, 1.0, 4.0]),  # 4: peaked softmax, large logits (online rescaling)
+    st.integers(0, 2**31),
+)
+def test_bf16_flash_attention_random_shapes(b, t, extra, hkv, group, d, causal, scale, seed):
+    rng = np.random.default_rng(seed)
+    bits, exact = make_inputs(rng, b, t, t + extra, hkv * group, hkv, d, scale)
+    check(bits, exact, causal)
+
+
+def test_the_bounds_catch_wrong_masks_and_head_maps():
+    """Plausible bugs move the exact result by several times the bounds, so the bounds would catch them."""
+    rng = np.random.default_rng(5)
+    for t, s in ((77, 77), (5, 70)):
+        _, exact = make_inputs(rng, 2, t, s, 6, 2, 64)
+        right = reference(*exact, causal=True)
+        with np.errstate(invalid="ignore"):  # shift = -1 leaves query 0 of a T = S sequence without keys
+            wrongs = (
+                reference(*exact, causal=True, shift=-1),  # off by one: the diagonal key hidden
+                reference(*exact, causal=True, shift=1),  # one key too many
+                reference(*exact, causal=True, head_map=np.arange(6) % 2),  # interleaved, not grouped heads
+            )
+        for wrong in wrongs:
+            errors = [np.nan_to_num(rel(w, r), nan=np.inf) for w, r in zip(wrong, right)]  # NaN: wrong
+            print(f"T={t} S={s}: " + " ".join(f"{e:.2e}" for e in errors))
+            assert errors[0] > 4 * OUT_TOL and max(errors[2:]) > 4 * GRAD_TOL, errors
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_bf16_agrees_with_the_fp32_kernel_on_the_same_rounded_inputs(d):
+    """The exact-fp32 FlashAttention on the decoded bf16 inputs: only the bf16 roundings differ."""
+    rng = np.random.default_rng(d)
+    bits, _ = make_inputs(rng, 2, 150, 150, 6, 2, d)
+    out16, lse, dq, dk, dv = run(bits, True)
+    q, k, v, g = (cp.asarray(from_bf16(x)) for x in bits)
+    out32, lse32 = kc.flash_attention_forward(q, k, v, True, tf32=False)
+    dq32, dk32, dv32 = kc.flash_attention_backward(g, q, k, v, out32, lse32, True, tf32=False)
+    assert rel(from_bf16(out16), out32.get()) < OUT_TOL
+    assert float(cp.abs(lse - lse32).max()) < LSE_TOL
+    for ours, theirs in ((dq, dq32), (dk, dk32), (dv, dv32)):  # 2x: delta from fp32 out there, bf16 here
+        assert rel(ours, theirs.get()) < 2 * GRAD_TOL
+
+
+def test_bf16_flash_attention_replays_in_a_cuda_graph():
+    """Forward + backward captured once, replayed with new inputs written into the captured arrays."""
+    rng = np.random.default_rng(7)
+    shape_q, shape_kv = (2, 77, 6, 64), (2, 77, 2, 64)
+    arrays = [
+        cp.asarray(to_bf16(rng.standard_normal(s).astype(np.float32)))
+        for s in (shape_q, shape_kv, shape_kv, shape_q)
+    ]
+    q16, k16, v16, g16 = arrays
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        run(arrays, True)  # compile the kernels and set their attributes outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        out16, lse = flash_attention_forward_bf16(q16, k16, v16, True)
+        dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)
+        graph = stream.end_capture()
+    for _ in range(2):
+        for a in arrays:
+            a[...] = cp.asarray(to_bf16(rng.standard_normal(a.shape).astype(np.float32)))
+        cp.cuda.Stream.null.synchronize()  # the new inputs are written before the replay reads them
+        graph.launch(stream=stream)
+        stream.synchronize()
+        e_out16, e_lse, e_dq, e_dk, e_dv = run(arrays, True)  # eager, on the same inputs
+        cp.cuda.Stream.null.synchronize()
+        # deterministic kernels agree bit for bit; dq is summed with atomics in any order
+        assert bool((out16 == e_out16).all()) and bool((lse == e_lse).all())
+        assert bool((dk == e_dk).all()) and bool((dv == e_dv).all())
+        assert rel(dq, e_dq.get()) < 1e-5
+        exact = [from_bf16(a).astype(np.float64) for a in arrays]
+        assert rel(from_bf16(out16), reference(*exact, True)[0]) < OUT_TOL
+
+
+def test_bad_inputs_raise():
+    q16, small = cp.zeros((1, 4, 2, 64), cp.uint16), cp.zeros((1, 4, 2, 32), cp.uint16)
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_attention_forward_bf16(small, small, small, True)
+    with pytest.raises(ValueError, match="uint16"):
+        flash_attention_forward_bf16(q16.astype(cp.float32), q16, q16, True)
+    with pytest.raises(ValueError, match="T <= S"):
+        flash_attention_forward_bf16(q16, q16[:, :3], q16[:, :3], True)
