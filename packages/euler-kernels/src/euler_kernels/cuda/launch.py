@@ -105,14 +105,23 @@ def _suffix(a: Any) -> str:
     return "_bf16" if a.dtype == np.uint16 else ""
 
 
+def _swiglu_kernel(name: str, *arrays: Any) -> tuple[Any, int]:
+    """The kernel for these arrays' storage and its element count per thread step: bf16 arrays of a size
+    divisible by 8, 16-byte aligned, take the 8-wide kernel (16-byte loads)."""
+    n = arrays[0].size
+    if arrays[0].dtype == np.uint16 and n % 8 == 0 and all(a.data.ptr % 16 == 0 for a in arrays):
+        return get_kernel("swiglu.cu", name + "_bf16x8"), n // 8
+    return get_kernel("swiglu.cu", name + _suffix(arrays[0])), n
+
+
 def swiglu_forward(gate: Any, up: Any) -> Any:
     """out = silu(gate) * up; all float32, or all bf16 (uint16 bit patterns)."""
     import cupy
 
     gate, up = _contiguous(gate, up)
     out = cupy.empty_like(gate)
-    args = (out, gate, up, np.int64(gate.size))
-    get_kernel("swiglu.cu", "swiglu_forward" + _suffix(gate))(_grid(gate.size), (THREADS,), args)
+    kernel, n = _swiglu_kernel("swiglu_forward", out, gate, up)
+    kernel(_grid(n), (THREADS,), (out, gate, up, np.int64(n)))
     return out
 
 
@@ -122,8 +131,8 @@ def swiglu_backward(dout: Any, gate: Any, up: Any) -> tuple[Any, Any]:
 
     dout, gate, up = _contiguous(dout, gate, up)
     dgate, dup = cupy.empty_like(gate), cupy.empty_like(up)
-    args = (dgate, dup, dout, gate, up, np.int64(gate.size))
-    get_kernel("swiglu.cu", "swiglu_backward" + _suffix(gate))(_grid(gate.size), (THREADS,), args)
+    kernel, n = _swiglu_kernel("swiglu_backward", dgate, dup, dout, gate, up)
+    kernel(_grid(n), (THREADS,), (dgate, dup, dout, gate, up, np.int64(n)))
     return dgate, dup
 
 
@@ -239,6 +248,16 @@ def _decay_table(weight_decays: list[float]) -> Any:
     return _decay_tables[key]
 
 
+def _adamw_tables(
+    params: list[Any], ms: list[Any], vs: list[Any], grads: list[Any], weight_decays: list[float]
+) -> tuple:
+    """The eight table arguments both AdamW kernels start with: pointers of params, m, v, grads, the
+    decays, chunk -> tensor, chunk -> start, sizes."""
+    p_ptr, chunk_tensor, chunk_start, sizes = _chunk_table(params)
+    m_ptr, v_ptr, g_ptr = (_chunk_table(ts)[0] for ts in (ms, vs, grads))
+    return (p_ptr, m_ptr, v_ptr, g_ptr, _decay_table(weight_decays), chunk_tensor, chunk_start, sizes)
+
+
 def adamw_multi(
     params: list[Any],
     ms: list[Any],
@@ -255,18 +274,10 @@ def adamw_multi(
     """One launch updates every tensor in place; grad_scale is an optional float32 device scalar."""
     import cupy
 
-    p_ptr, chunk_tensor, chunk_start, sizes = _chunk_table(params)
-    m_ptr, v_ptr, g_ptr = (_chunk_table(ts)[0] for ts in (ms, vs, grads))
+    tables = _adamw_tables(params, ms, vs, grads, weight_decays)
     scale = cupy.ones((1,), dtype=cupy.float32) if grad_scale is None else grad_scale
     args = (
-        p_ptr,
-        m_ptr,
-        v_ptr,
-        g_ptr,
-        _decay_table(weight_decays),
-        chunk_tensor,
-        chunk_start,
-        sizes,
+        *tables,
         scale,
         np.float32(lr),
         np.float32(beta1),
@@ -275,7 +286,7 @@ def adamw_multi(
         np.float32(1 - beta1**step),
         np.float32(1 - beta2**step),
     )
-    get_kernel("adamw.cu", "adamw_multi")((chunk_tensor.size,), (THREADS,), args)
+    get_kernel("adamw.cu", "adamw_multi")((tables[5].size,), (THREADS,), args)  # one block per chunk
 
 
 def step_control(sum_squares: Any, loss: Any, hyper: Any, max_norm: float, out: Any = None) -> Any:
@@ -305,23 +316,15 @@ def adamw_multi_ctl(
     eps: float,
 ) -> None:
     """`adamw_multi` with the clip factor, lr, bias corrections and a skip flag read from `control`."""
-    p_ptr, chunk_tensor, chunk_start, sizes = _chunk_table(params)
-    m_ptr, v_ptr, g_ptr = (_chunk_table(ts)[0] for ts in (ms, vs, grads))
+    tables = _adamw_tables(params, ms, vs, grads, weight_decays)
     args = (
-        p_ptr,
-        m_ptr,
-        v_ptr,
-        g_ptr,
-        _decay_table(weight_decays),
-        chunk_tensor,
-        chunk_start,
-        sizes,
+        *tables,
         control,
         np.float32(beta1),
         np.float32(beta2),
         np.float32(eps),
     )
-    get_kernel("adamw.cu", "adamw_multi_ctl")((chunk_tensor.size,), (THREADS,), args)
+    get_kernel("adamw.cu", "adamw_multi_ctl")((tables[5].size,), (THREADS,), args)  # one block per chunk
 
 
 # --- FlashAttention --------------------------------------------------------------------------------
