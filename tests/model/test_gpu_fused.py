@@ -11,12 +11,21 @@ from euler_model import init_params, loss_and_grads, preset
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("tf32, rtol", [("0", 1e-4), ("1", 2e-2)], ids=["fp32", "tf32"])
-def test_fused_gpu_gradients_match_float64_cpu(tf32, rtol, monkeypatch) -> None:
+# bf16: every matmul operand and every stored activation is rounded to bf16 (8-bit mantissa, relative
+# rounding 2**-9 per value), products of a few hundred terms: a few 1e-3 per gradient, 2e-2 with margin.
+@pytest.mark.parametrize(
+    "tf32, precision, rtol",
+    [("0", "", 1e-4), ("1", "", 2e-2), ("1", "bf16", 3e-2)],
+    ids=["fp32", "tf32", "bf16"],
+)
+def test_fused_gpu_gradients_match_float64_cpu(tf32, precision, rtol, monkeypatch) -> None:
     cp = pytest.importorskip("cupy")
+    import euler_kernels as ek
     from euler_kernels import cuda as kc
+    from euler_model.model import trunk_forward
 
     monkeypatch.setenv("CUPY_TF32", tf32)  # read per call by our attention; cuBLAS reads it at import
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
     cfg = preset("small", dim=256, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=512)  # head_dim 64
     cpu = init_params(cfg, seed=3, dtype=np.float64)
     gpu = {k: cp.asarray(v, dtype=cp.float32) for k, v in cpu.items()}
@@ -29,6 +38,8 @@ def test_fused_gpu_gradients_match_float64_cpu(tf32, rtol, monkeypatch) -> None:
         cfg, gpu, cp.asarray(tokens), cp.asarray(targets), cp.asarray(mask, dtype=cp.float32)
     )
     assert kc.fused(gpu["embed"])
+    hidden, _ = trunk_forward(cfg, gpu, cp.asarray(tokens))
+    assert ek.is_bf16(hidden) == (precision == "bf16")  # the bf16 path really stores bf16 activations
     assert l_gpu == pytest.approx(l_cpu, rel=rtol / 10)
     for name in cpu:
         got, ref = cp.asnumpy(g_gpu[name]).astype(np.float64), g_cpu[name]

@@ -39,6 +39,8 @@ def trunk_forward(
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
 
+    On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads.
+
     kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
     """
     if kv is not None and kv.length + tokens.shape[1] > config.context:
@@ -48,18 +50,19 @@ def trunk_forward(
         )
     rope = rope_for(config, params["embed"])
     b, t = tokens.shape
+    bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     x = x.reshape(b * t, config.dim)  # (N, C): the flat residual stream
     caches: list = [c_emb]
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
         layer_kv = None if kv is None else (kv, i)
-        x, c_attn = attention_block_forward(config, params, prefix, x, (b, t), rope, layer_kv)
-        x, c_ffn = ffn_block_forward(config, params, prefix, x)
+        x, c_attn = attention_block_forward(config, params, prefix, x, (b, t), rope, layer_kv, bf16)
+        x, c_ffn = ffn_block_forward(config, params, prefix, x, bf16)
         caches.append((c_attn, c_ffn))
     if kv is not None:
         kv.advance(t)
-    h, c_norm = ek.rmsnorm_forward(x, params["norm"], config.norm_eps)  # (N, C)
+    h, c_norm = ek.rmsnorm_forward(x, params["norm"], config.norm_eps, bf16_out=bf16)  # (N, C)
     caches.append((c_norm, (b, t)))
     return h.reshape(b, t, config.dim), caches
 
@@ -115,31 +118,37 @@ def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: An
         raise ValueError(f"{where}: loss_mask must have the targets' shape {want}, got {loss_mask.shape}")
 
 
-def _heads_forward(config, params, h, targets, loss_mask) -> tuple[float, list]:
-    """Mean over the K heads of each head's masked cross-entropy, and the caches for backward."""
-    b, t, c = h.shape
-    h = h.reshape(b * t, c)  # (N, C)
-    total, caches = 0.0, []
-    for k in range(config.n_mtp_heads):
-        z, c_head = ek.linear_forward(h, params[f"heads.{k}"])  # (N, V)
-        tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
-        mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
-        loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
-        total = total + loss
-        caches.append((c_head, c_ce))
-    return total / config.n_mtp_heads, caches
+def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tuple, tuple]:
+    """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches."""
+    t = h2.shape[0] // targets.shape[0]
+    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"])  # (N, V)
+    tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
+    mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
+    loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
+    return loss, c_head, c_ce
 
 
-def _heads_backward(config, h, caches) -> tuple[Any, dict[str, Any]]:
-    """Gradient of the mean head loss wrt the hidden state h and every head's weight."""
+def _heads_loss(config, params, h, targets, loss_mask) -> Any:
+    """Mean over the K heads of each head's masked cross-entropy (no gradients)."""
+    h2 = h.reshape(-1, h.shape[-1])  # (N, C)
+    losses = [_head_loss(config, params, h2, targets, loss_mask, k)[0] for k in range(config.n_mtp_heads)]
+    return sum(losses) / config.n_mtp_heads
+
+
+def _heads_loss_and_grads(config, params, h, targets, loss_mask) -> tuple[Any, Any, dict[str, Any]]:
+    """The mean head loss, its gradient wrt h (B, T, C) and every head's weight gradient, one head at a
+    time: a head's (N, V) logits are freed as soon as its gradient is taken, so only one head's logits
+    exist at once (they are the largest activation of a small-vocabulary model)."""
+    h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
-    dh, grads = None, {}
-    for k in reversed(range(config.n_mtp_heads)):
-        c_head, c_ce = caches[k]
-        dz = ek.cross_entropy_backward(dloss, c_ce)  # (N, V)
-        dh_k, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)  # (N, C)
-        dh = dh_k if dh is None else dh + dh_k
-    return dh.reshape(h.shape), grads
+    total, dh, grads = 0.0, None, {}
+    for k in range(config.n_mtp_heads):
+        loss, c_head, c_ce = _head_loss(config, params, h2, targets, loss_mask, k)
+        total = total + loss
+        dz = ek.cross_entropy_backward(dloss, c_ce, bf16_out=ek.is_bf16(h))  # (N, V), bf16 on the bf16 path
+        del c_ce  # the logits it holds can go before the next head's are made
+        dh, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, dx_into=dh)  # (N, C), summed over heads
+    return total / config.n_mtp_heads, dh.reshape(h.shape), grads
 
 
 def loss_and_grads_on_device(
@@ -150,8 +159,7 @@ def loss_and_grads_on_device(
     then not range-checked: check them before they reach the device)."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
     h, trunk_caches = trunk_forward(config, params, tokens)
-    loss, head_caches = _heads_forward(config, params, h, targets, loss_mask)
-    dh, grads = _heads_backward(config, h, head_caches)
+    loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask)
     grads.update(trunk_backward(config, dh, trunk_caches))
     return loss, {name: grads[name] for name in params}
 
@@ -180,4 +188,4 @@ def forward_loss(
     """The same loss as loss_and_grads, for evaluation: no gradients are computed."""
     _check_targets(config, tokens, targets, loss_mask, "forward_loss")
     h, _ = trunk_forward(config, params, tokens)
-    return float(_heads_forward(config, params, h, targets, loss_mask)[0])
+    return float(_heads_loss(config, params, h, targets, loss_mask))
