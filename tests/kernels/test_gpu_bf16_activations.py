@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import euler_kernels as ek
@@ -87,6 +87,7 @@ def test_rope_bf16_forward_and_backward_round_the_float32_rotation(b, t, h, d, s
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 90), st.integers(0, 2**31))
+@example(6, 10, 2, 0)  # found on the H200 before cuBLAS was told not to reduce split-K sums in bf16
 def test_linear_on_bf16_activations(n, c_out, c_in, seed):
     """x bf16 -> bf16 or float32 out; dout bf16 -> bf16 dx, float32 dweight; all products of bf16 values
     accumulated in float32 (a bf16 output is that sum rounded once: within half a bf16 ulp, 2**-8)."""

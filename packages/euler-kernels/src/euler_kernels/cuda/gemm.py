@@ -38,6 +38,9 @@ COMPUTE_TYPES = {
 }
 CUBLAS_GEMM_DEFAULT = -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+# Without this cuBLAS may reduce split-K partial sums in the output type (bf16): the sums must be float32
+# and rounded once, so a bf16 output is the float32 result rounded.
+CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
 WORKSPACE_BYTES = 32 * 2**20
 
 _lib: Any = None
@@ -72,6 +75,7 @@ def _cublas() -> Any:
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(p)]
         lib.cublasSetStream_v2.argtypes = [p, p]
         lib.cublasSetWorkspace_v2.argtypes = [p, p, ctypes.c_size_t]
+        lib.cublasSetMathMode.argtypes = [p, i]
         lib.cublasGemmEx.argtypes = [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]
         _lib = lib
     return _lib
@@ -86,6 +90,8 @@ class _Handle:
         lib = _cublas()
         self.ptr = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(self.ptr)), "cublasCreate")
+        mode = CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
+        _check(lib.cublasSetMathMode(self.ptr, mode), "cublasSetMathMode")
         self.workspace = cupy.empty((WORKSPACE_BYTES,), dtype=cupy.uint8)
         self.stream = None
 
