@@ -110,9 +110,9 @@ def flash_attention_backward_bf16(
     dk = cupy.empty(k16.shape, dtype=cupy.float32)
     dv = cupy.empty(v16.shape, dtype=cupy.float32)
     delta = cupy.empty((B, Hq, T), dtype=cupy.float32)
-    n_rows = B * T * Hq  # one warp per row
+    n_rows = B * T * Hq  # eight threads per row
     delta_args = (delta, dout16, out16, np.int32(T), np.int32(Hq), np.int64(n_rows))
-    _kernel("flash_attention_delta_bf16", D)((blocks(n_rows * 32, 256),), (256,), delta_args)
+    _kernel("flash_attention_delta_bf16", D)((blocks(n_rows * 8, 256),), (256,), delta_args)
     smem = _smem_backward(D)
     kernel = _kernel("flash_attention_backward_bf16", D, smem)
     args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *_sizes(q16, k16, causal))

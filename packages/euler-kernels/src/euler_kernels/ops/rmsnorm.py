@@ -35,21 +35,33 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = Fal
     return out, (xhat, rstd, weight)
 
 
-def rmsnorm_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
-    """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight."""
+def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple[Any, Any]:
+    """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight.
+
+    dx_add: a gradient of x's shape to add to dx (say, the residual branch's), in the same pass on the GPU;
+    dx_add itself is left unchanged.
+
+    >>> import numpy as np
+    >>> _, cache = rmsnorm_forward(np.array([[3.0, 4.0]]), np.ones(2))
+    >>> dx, _ = rmsnorm_backward(np.ones((1, 2)), cache, dx_add=np.full((1, 2), 10.0))
+    >>> np.round(dx - rmsnorm_backward(np.ones((1, 2)), cache)[0], 6).tolist()
+    [[10.0, 10.0]]
+    """
     if cuda.fused_cache(cache):
         _, x, weight, rstd = cache
-        if dout.shape != x.shape:
-            raise shape_error("rmsnorm_backward", "dout must match x", dout=dout, x=x)
-        return cuda.rmsnorm_backward(dout, x, weight, rstd)
+        if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
+            raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=x)
+        return cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add)
     xhat, rstd, weight = cache
     xp = get_array_module(dout)
-    if dout.shape != xhat.shape:
-        raise shape_error("rmsnorm_backward", "dout must match x", dout=dout, x=xhat)
+    if dout.shape != xhat.shape or (dx_add is not None and dx_add.shape != xhat.shape):
+        raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=xhat)
     c = xhat.shape[-1]
     dweight = xp.einsum("nc,nc->c", dout.reshape(-1, c), xhat.reshape(-1, c))  # (C,) over leading axes
     g = dout * weight  # (..., C) gradient w.r.t. xhat
     proj = xp.einsum("...c,...c->...", g, xhat) / c  # (...,)
     g -= xhat * proj[..., None]
     g *= rstd[..., None]
+    if dx_add is not None:
+        g += dx_add
     return g, dweight.astype(weight.dtype, copy=False)
