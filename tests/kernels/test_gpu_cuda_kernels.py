@@ -48,6 +48,38 @@ def test_rmsnorm_matches_numpy(n, c, seed):
     assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref, floor=1.0) < 1e-5 and rel(dw, dw_ref) < 1e-5
 
 
+@settings(max_examples=10, deadline=None)
+@given(rows, cols, st.booleans(), st.integers(0, 2**31))
+def test_residual_rmsnorm_fused_equals_add_then_norm(n, c, bf16_out, seed):
+    """The fused kernel computes x + branch and normalises it exactly as the two separate kernels do."""
+    rng = np.random.default_rng(seed)
+    x, branch, w = (cp.asarray(randn(rng, *shape)) for shape in ((n, c), (n, c), (c,)))
+    (s, out), cache = ek.residual_rmsnorm_forward(x, branch, w, bf16_out=bf16_out)
+    ref, ref_cache = ek.rmsnorm_forward(x + branch, w, bf16_out=bf16_out)
+    np.testing.assert_array_equal(s.get(), (x + branch).get())
+    np.testing.assert_array_equal(out.get(), ref.get())
+    g = cp.asarray(randn(rng, n, c))
+    np.testing.assert_array_equal(
+        ek.residual_rmsnorm_backward(None, g, cache)[0].get(), ek.rmsnorm_backward(g, ref_cache)[0].get()
+    )
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows, cols, st.integers(0, 2**31))
+def test_rmsnorm_backward_adds_the_residual_gradient_in_the_same_pass(n, c, seed):
+    """dx_add is summed into dx by the kernel (to float32 rounding: the sum may be fused into an fma),
+    dx_add untouched."""
+    rng = np.random.default_rng(seed)
+    x, w, g, add = (cp.asarray(randn(rng, *shape)) for shape in ((n, c), (c,), (n, c), (n, c)))
+    _, cache = ek.rmsnorm_forward(x, w)
+    before = add.copy()
+    dx_sum, dw_sum = ek.rmsnorm_backward(g, cache, dx_add=add)
+    dx, dw = ek.rmsnorm_backward(g, cache)
+    np.testing.assert_allclose(dx_sum.get(), (add + dx).get(), rtol=1e-6, atol=1e-6)  # fma contraction
+    np.testing.assert_array_equal(add.get(), before.get())
+    np.testing.assert_allclose(dw_sum.get(), dw.get(), rtol=1e-5, atol=1e-5)  # atomics: order varies
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     st.integers(1, 3),

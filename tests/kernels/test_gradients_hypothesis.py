@@ -109,6 +109,26 @@ def test_cross_entropy(data, lead, v, use_mask) -> None:
     _check(ek.cross_entropy_forward, ek.cross_entropy_backward, inputs, wrt=["logits"])
 
 
+@given(data=st.data(), shape=shapes(1, 3, 6), eps=st.sampled_from([1e-5, 1e-6]))
+def test_residual_rmsnorm(data, shape, eps) -> None:
+    # two outputs (s, out): check the gradient of <s, gs> + <out, go> for random gs, go
+    inputs = {
+        "x": data.draw(normal_arrays(shape)),
+        "branch": data.draw(normal_arrays(shape, scales=(0.1, 1.0, 10.0))),
+        "weight": data.draw(normal_arrays((shape[-1],))),
+    }
+    gs, go = data.draw(normal_arrays(shape)), data.draw(normal_arrays(shape))
+
+    def loss(p):
+        (s, out), _ = ek.residual_rmsnorm_forward(p["x"], p["branch"], p["weight"], eps)
+        return float((s * gs).sum() + (out * go).sum())
+
+    _, cache = ek.residual_rmsnorm_forward(inputs["x"], inputs["branch"], inputs["weight"], eps)
+    dx, dweight = ek.residual_rmsnorm_backward(gs, go, cache)
+    analytic = {"x": dx, "branch": dx, "weight": dweight}  # x and branch share one gradient
+    gradcheck_scalar(loss, inputs, analytic, max_samples=SAMPLES).raise_if_bad(TOL)
+
+
 @given(data=st.data(), n=st.integers(1, 3))
 def test_global_grad_norm_gradient(data, n) -> None:
     # d||g|| / dg = g / ||g||: checks the norm that clipping relies on, via gradcheck_scalar

@@ -17,6 +17,7 @@ from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
 from euler_kernels.ops.residual import residual_backward, residual_forward
+from euler_kernels.ops.residual_rmsnorm import residual_rmsnorm_backward, residual_rmsnorm_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
 from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
@@ -45,6 +46,8 @@ __all__ = [
     "require_cuda",
     "residual_backward",
     "residual_forward",
+    "residual_rmsnorm_backward",
+    "residual_rmsnorm_forward",
     "rmsnorm_backward",
     "rmsnorm_forward",
     "rope_backward",

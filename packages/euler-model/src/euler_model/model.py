@@ -17,6 +17,7 @@ from euler_model.blocks import (
     attention_block_forward,
     ffn_block_backward,
     ffn_block_forward,
+    norm_in,
 )
 from euler_model.config import ModelConfig
 
@@ -52,17 +53,17 @@ def trunk_forward(
     b, t = tokens.shape
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
-    x = x.reshape(b * t, config.dim)  # (N, C): the flat residual stream
+    stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
     caches: list = [c_emb]
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
         layer_kv = None if kv is None else (kv, i)
-        x, c_attn = attention_block_forward(config, params, prefix, x, (b, t), rope, layer_kv, bf16)
-        x, c_ffn = ffn_block_forward(config, params, prefix, x, bf16)
+        stream, c_attn = attention_block_forward(config, params, prefix, stream, (b, t), rope, layer_kv, bf16)
+        stream, c_ffn = ffn_block_forward(config, params, prefix, stream, bf16)
         caches.append((c_attn, c_ffn))
     if kv is not None:
         kv.advance(t)
-    h, c_norm = ek.rmsnorm_forward(x, params["norm"], config.norm_eps, bf16_out=bf16)  # (N, C)
+    _, h, c_norm = norm_in(config, params["norm"], stream, bf16)  # (N, C): the last block's branch added
     caches.append((c_norm, (b, t)))
     return h.reshape(b, t, config.dim), caches
 
@@ -70,7 +71,7 @@ def trunk_forward(
 def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
     """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order."""
     c_norm, (b, t) = caches[-1]
-    dx, dnorm = ek.rmsnorm_backward(dh.reshape(b * t, config.dim), c_norm)  # (N, C)
+    dx, dnorm = ek.residual_rmsnorm_backward(None, dh.reshape(b * t, config.dim), c_norm)  # (N, C)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
         c_attn, c_ffn = caches[1 + i]

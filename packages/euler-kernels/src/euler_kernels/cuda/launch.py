@@ -33,6 +33,19 @@ def _rmsnorm_vec(C: int) -> int:
 def rmsnorm_forward(x: Any, weight: Any, eps: float, bf16_out: bool = False) -> tuple[Any, Any]:
     """x (..., C) -> out (..., C), rstd (N,) with N the number of rows; one warp per row. bf16_out: out is
     bfloat16 (uint16 bit patterns), for a norm whose output only feeds bf16 matrix products."""
+    out, rstd, _ = _rmsnorm_forward(x, None, weight, eps, bf16_out)
+    return out, rstd
+
+
+def residual_rmsnorm_forward(
+    x: Any, branch: Any, weight: Any, eps: float, bf16_out: bool = False
+) -> tuple[Any, Any, Any]:
+    """s = x + branch and rmsnorm(s) in one pass: (s, out, rstd)."""
+    out, rstd, total = _rmsnorm_forward(x, branch, weight, eps, bf16_out)
+    return total, out, rstd
+
+
+def _rmsnorm_forward(x: Any, branch: Any, weight: Any, eps: float, bf16_out: bool) -> tuple[Any, Any, Any]:
     import cupy
 
     x, weight = _contiguous(x, weight)
@@ -41,18 +54,22 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float, bf16_out: bool = False) -> 
     out = cupy.empty(x.shape, dtype=cupy.uint16 if bf16_out else cupy.float32)
     rstd = cupy.empty((N,), dtype=cupy.float32)
     grid = (min(blocks(N, THREADS // 32), GRID_CAP),)
-    suffix = "_bf16" if bf16_out else ""
+    add, total = (), None
+    if branch is not None:  # the residual connection fused in front: the kernel also writes x + branch
+        total = cupy.empty_like(x)
+        add = (cupy.ascontiguousarray(branch), total)
+    name = "_add" * (branch is not None) + "_bf16" * bf16_out
     if vec := _rmsnorm_vec(C):
-        kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward_vec" + suffix, ROW_F4=vec)
-        kernel(grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.float32(eps)))
-        return out, rstd
-    get_kernel("rmsnorm.cu", "rmsnorm_forward" + suffix)(
-        grid, (THREADS,), (out, rstd, x, weight, np.int32(N), np.int32(C), np.float32(eps))
-    )
-    return out, rstd
+        kernel = get_kernel("rmsnorm.cu", "rmsnorm_forward_vec" + name, ROW_F4=vec)
+        kernel(grid, (THREADS,), (out, rstd, x, weight, *add, np.int32(N), np.float32(eps)))
+    else:
+        args = (out, rstd, x, weight, *add, np.int32(N), np.int32(C), np.float32(eps))
+        get_kernel("rmsnorm.cu", "rmsnorm_forward" + name)(grid, (THREADS,), args)
+    return out, rstd, total
 
 
-def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, Any]:
+def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = None) -> tuple[Any, Any]:
+    """(dx, dweight); dx_add (like x): a gradient added to dx in the same pass (the residual branch's)."""
     import cupy
 
     dout, x = _contiguous(dout, x)
@@ -61,12 +78,14 @@ def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, An
     dx = cupy.empty_like(x)
     dweight = cupy.zeros((C,), dtype=cupy.float32)
     grid = (min(blocks(N, THREADS // 32), 132 * 2),)  # few blocks: each adds its dweight once
+    add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
+    suffix = "" if dx_add is None else "_add"
     if vec := _rmsnorm_vec(C):
-        kernel = get_kernel("rmsnorm.cu", "rmsnorm_backward_vec", ROW_F4=vec)
-        kernel(grid, (THREADS,), (dx, dweight, dout, x, weight, rstd, np.int32(N)))
+        kernel = get_kernel("rmsnorm.cu", "rmsnorm_backward_vec" + suffix, ROW_F4=vec)
+        kernel(grid, (THREADS,), (dx, dweight, dout, x, weight, rstd, *add, np.int32(N)))
         return dx, dweight
-    args = (dx, dweight, dout, x, weight, rstd, np.int32(N), np.int32(C))
-    get_kernel("rmsnorm.cu", "rmsnorm_backward")(grid, (THREADS,), args, shared_mem=4 * C)
+    args = (dx, dweight, dout, x, weight, rstd, *add, np.int32(N), np.int32(C))
+    get_kernel("rmsnorm.cu", "rmsnorm_backward" + suffix)(grid, (THREADS,), args, shared_mem=4 * C)
     return dx, dweight
 
 
@@ -82,20 +101,13 @@ def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float, bf16_
     x_bf16 = x.dtype == cupy.uint16
     out = cupy.empty(x.shape, dtype=cupy.uint16 if x_bf16 or bf16_out else cupy.float32)
     name = "rope_rotate_bf16" if x_bf16 else "rope_rotate_to_bf16" if bf16_out else "rope_rotate"
-    n_pairs = x.size // 2
-    args = (
-        out,
-        x,
-        cos,
-        sin,
-        np.int64(n_pairs),
-        np.int32(T),
-        np.int32(H),
-        np.int32(D),
-        np.int32(offset),
-        np.float32(direction),
-    )
-    get_kernel("rope.cu", name)(_grid(n_pairs), (THREADS,), args)
+    n_rows = x.size // D  # (b, t, h) rows
+    if n_rows >= 2**31:
+        raise ValueError(f"rope_rotate: {n_rows} rows of head vectors exceed the kernel's 32-bit row index")
+    args = (out, x, cos, sin, np.int32(n_rows), np.int32(T), np.int32(H), np.int32(D), np.int32(offset))
+    rows_per_block = 8  # blocks of (32 pair lanes, 8 rows)
+    grid = (min(blocks(n_rows, rows_per_block), GRID_CAP),)
+    get_kernel("rope.cu", name)(grid, (32, rows_per_block), (*args, np.float32(direction)))
     return out
 
 

@@ -4,35 +4,55 @@
 
 // x, out (N, C); rstd (N,) is saved for the backward pass. Rows are strided over all warps of the grid.
 // Out is float32, or bf16 (unsigned short) when it only feeds bf16 matrix products.
-template <typename Out>
+// ADD (a residual connection fused in front): the row normalised is x + branch, also written to `sum`.
+template <typename Out, bool ADD>
 __device__ __forceinline__ void rmsnorm_forward_body(Out* out, float* rstd, const float* x, const float* weight,
-                                                     int N, int C, float eps) {
+                                                     const float* branch, float* sum, int N, int C, float eps) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
-        const float* xr = x + (size_t)row * C;
+        const size_t base = (size_t)row * C;
         float ss = 0.0f;
-        for (int i = lane; i < C; i += 32) ss += xr[i] * xr[i];
+        for (int i = lane; i < C; i += 32) {
+            const float v = ADD ? x[base + i] + branch[base + i] : x[base + i];
+            if (ADD) sum[base + i] = v;
+            ss += v * v;
+        }
         const float r = rsqrtf(warp_sum(ss) / C + eps);
         if (lane == 0) rstd[row] = r;
-        for (int i = lane; i < C; i += 32) store_act(out, (size_t)row * C + i, xr[i] * r * weight[i]);  // x from L1
+        const float* xr = ADD ? sum : x;  // the row again, from L1/L2 (this thread wrote its own elements)
+        for (int i = lane; i < C; i += 32) store_act(out, base + i, xr[base + i] * r * weight[i]);
     }
 }
 
 extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int N,
                                            int C, float eps) {
-    rmsnorm_forward_body(out, rstd, x, weight, N, C, eps);
+    rmsnorm_forward_body<float, false>(out, rstd, x, weight, nullptr, nullptr, N, C, eps);
 }
 
 extern "C" __global__ void rmsnorm_forward_bf16(unsigned short* out, float* rstd, const float* x,
                                                 const float* weight, int N, int C, float eps) {
-    rmsnorm_forward_body(out, rstd, x, weight, N, C, eps);
+    rmsnorm_forward_body<unsigned short, false>(out, rstd, x, weight, nullptr, nullptr, N, C, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_add(float* out, float* rstd, const float* x, const float* weight,
+                                               const float* branch, float* sum, int N, int C, float eps) {
+    rmsnorm_forward_body<float, true>(out, rstd, x, weight, branch, sum, N, C, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_add_bf16(unsigned short* out, float* rstd, const float* x,
+                                                    const float* weight, const float* branch, float* sum, int N,
+                                                    int C, float eps) {
+    rmsnorm_forward_body<unsigned short, true>(out, rstd, x, weight, branch, sum, N, C, eps);
 }
 
 // dx_i = rstd * (g_i w_i - x_i * rstd^2 * mean_j(g_j w_j x_j)), one warp per row; dweight = sum over rows
 // of g * x * rstd, summed per block in shared memory, then added once per block with atomics (no update
 // is lost; the order of the adds varies run to run).
-extern "C" __global__ void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
-                                            const float* weight, const float* rstd, int N, int C) {
+// ADD: dx = add + (the above), the residual branch's gradient summed in the same pass.
+template <bool ADD>
+__device__ __forceinline__ void rmsnorm_backward_body(float* dx, float* dweight, const float* dout, const float* x,
+                                                      const float* weight, const float* rstd, const float* add,
+                                                      int N, int C) {
     extern __shared__ float dw_block[];  // (C,)
     for (int i = threadIdx.x; i < C; i += blockDim.x) dw_block[i] = 0.0f;
     __syncthreads();
@@ -45,12 +65,24 @@ extern "C" __global__ void rmsnorm_backward(float* dx, float* dweight, const flo
         for (int i = lane; i < C; i += 32) dot += g[i] * weight[i] * xr[i];
         const float mean_gwx = warp_sum(dot) / C;
         for (int i = lane; i < C; i += 32) {
-            dx[(size_t)row * C + i] = r * (g[i] * weight[i] - xr[i] * r * r * mean_gwx);
+            const float d = r * (g[i] * weight[i] - xr[i] * r * r * mean_gwx);
+            dx[(size_t)row * C + i] = ADD ? add[(size_t)row * C + i] + d : d;
             atomicAdd(&dw_block[i], g[i] * xr[i] * r);
         }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(&dweight[i], dw_block[i]);
+}
+
+extern "C" __global__ void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
+                                            const float* weight, const float* rstd, int N, int C) {
+    rmsnorm_backward_body<false>(dx, dweight, dout, x, weight, rstd, nullptr, N, C);
+}
+
+extern "C" __global__ void rmsnorm_backward_add(float* dx, float* dweight, const float* dout, const float* x,
+                                                const float* weight, const float* rstd, const float* add, int N,
+                                                int C) {
+    rmsnorm_backward_body<true>(dx, dweight, dout, x, weight, rstd, add, N, C);
 }
 
 #ifdef ROW_F4
@@ -60,45 +92,63 @@ extern "C" __global__ void rmsnorm_backward(float* dx, float* dweight, const flo
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-template <typename Out>
+template <typename Out, bool ADD>
 __device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, const float* x, const float* weight,
-                                                         int N, float eps) {
+                                                         const float* branch, float* sum, int N, float eps) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     float4 w[ROW_F4];
 #pragma unroll
     for (int j = 0; j < ROW_F4; j++) w[j] = reinterpret_cast<const float4*>(weight)[lane + 32 * j];
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
-        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)row * ROW_C);
+        const size_t row4 = (size_t)row * (ROW_C / 4);
         float4 xv[ROW_F4];
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < ROW_F4; j++) {
-            xv[j] = xr[lane + 32 * j];
+            xv[j] = reinterpret_cast<const float4*>(x)[row4 + lane + 32 * j];
+            if (ADD) {  // the residual connection: x + branch is normalised, and kept
+                const float4 b = reinterpret_cast<const float4*>(branch)[row4 + lane + 32 * j];
+                xv[j] = make_float4(xv[j].x + b.x, xv[j].y + b.y, xv[j].z + b.z, xv[j].w + b.w);
+                reinterpret_cast<float4*>(sum)[row4 + lane + 32 * j] = xv[j];
+            }
             ss += dot4(xv[j], xv[j]);
         }
         const float r = rsqrtf(warp_sum(ss) / ROW_C + eps);
         if (lane == 0) rstd[row] = r;
 #pragma unroll
         for (int j = 0; j < ROW_F4; j++)
-            store4(out, (size_t)row * (ROW_C / 4) + lane + 32 * j,
+            store4(out, row4 + lane + 32 * j,
                    make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z, xv[j].w * r * w[j].w));
     }
 }
 
 extern "C" __global__ void rmsnorm_forward_vec(float* out, float* rstd, const float* x, const float* weight, int N,
                                                float eps) {
-    rmsnorm_forward_vec_body(out, rstd, x, weight, N, eps);
+    rmsnorm_forward_vec_body<float, false>(out, rstd, x, weight, nullptr, nullptr, N, eps);
 }
 
 extern "C" __global__ void rmsnorm_forward_vec_bf16(unsigned short* out, float* rstd, const float* x,
                                                     const float* weight, int N, float eps) {
-    rmsnorm_forward_vec_body(out, rstd, x, weight, N, eps);
+    rmsnorm_forward_vec_body<unsigned short, false>(out, rstd, x, weight, nullptr, nullptr, N, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_vec_add(float* out, float* rstd, const float* x, const float* weight,
+                                                   const float* branch, float* sum, int N, float eps) {
+    rmsnorm_forward_vec_body<float, true>(out, rstd, x, weight, branch, sum, N, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_vec_add_bf16(unsigned short* out, float* rstd, const float* x,
+                                                        const float* weight, const float* branch, float* sum, int N,
+                                                        float eps) {
+    rmsnorm_forward_vec_body<unsigned short, true>(out, rstd, x, weight, branch, sum, N, eps);
 }
 
 // dweight is summed in registers per lane over the warp's rows, then over the block's warps in shared
 // memory, then added to global memory once per block (atomics: no update is lost).
-extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const float* dout, const float* x,
-                                                const float* weight, const float* rstd, int N) {
+template <bool ADD>
+__device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dweight, const float* dout,
+                                                          const float* x, const float* weight, const float* rstd,
+                                                          const float* add, int N) {
     __shared__ float dw_block[ROW_C];
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) dw_block[i] = 0.0f;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -125,8 +175,13 @@ extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const
         float4* d = reinterpret_cast<float4*>(dx + (size_t)row * ROW_C);
 #pragma unroll
         for (int j = 0; j < ROW_F4; j++) {
-            d[lane + 32 * j] = make_float4(r * (gv[j].x * w[j].x - xv[j].x * c), r * (gv[j].y * w[j].y - xv[j].y * c),
-                                           r * (gv[j].z * w[j].z - xv[j].z * c), r * (gv[j].w * w[j].w - xv[j].w * c));
+            float4 dj = make_float4(r * (gv[j].x * w[j].x - xv[j].x * c), r * (gv[j].y * w[j].y - xv[j].y * c),
+                                    r * (gv[j].z * w[j].z - xv[j].z * c), r * (gv[j].w * w[j].w - xv[j].w * c));
+            if (ADD) {
+                const float4 a = reinterpret_cast<const float4*>(add + (size_t)row * ROW_C)[lane + 32 * j];
+                dj = make_float4(a.x + dj.x, a.y + dj.y, a.z + dj.z, a.w + dj.w);
+            }
+            d[lane + 32 * j] = dj;
             dw[j].x += gv[j].x * xv[j].x * r;
             dw[j].y += gv[j].y * xv[j].y * r;
             dw[j].z += gv[j].z * xv[j].z * r;
@@ -144,5 +199,15 @@ extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const
     }
     __syncthreads();
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) atomicAdd(&dweight[i], dw_block[i]);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const float* dout, const float* x,
+                                                const float* weight, const float* rstd, int N) {
+    rmsnorm_backward_vec_body<false>(dx, dweight, dout, x, weight, rstd, nullptr, N);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec_add(float* dx, float* dweight, const float* dout, const float* x,
+                                                    const float* weight, const float* rstd, const float* add, int N) {
+    rmsnorm_backward_vec_body<true>(dx, dweight, dout, x, weight, rstd, add, N);
 }
 #endif

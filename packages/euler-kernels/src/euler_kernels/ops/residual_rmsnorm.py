@@ -1,0 +1,53 @@
+"""A residual connection followed by RMSNorm: s = x + branch, out = rmsnorm(s) * weight.
+
+A pre-norm decoder adds each block's output to the residual stream and normalises the sum at the start
+of the next block; fused, the sum is read once instead of being written by one kernel and read back by
+the next. Backward: the gradient of s (ds, from s's other uses, and through the norm) reaches x and the
+branch unchanged, so one array serves as both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from euler_kernels import cuda
+from euler_kernels.backend import check_float, shape_error
+from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
+
+
+def residual_rmsnorm_forward(
+    x: Any, branch: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False
+) -> tuple[tuple[Any, Any], tuple]:
+    """((s, out), cache) with s = x + branch (..., C) and out = rmsnorm(s, weight, eps) (..., C).
+
+    bf16_out (GPU only): out is a bf16 activation, as in rmsnorm_forward; s stays float32.
+
+    >>> import numpy as np
+    >>> x, branch = np.array([[1.0, 4.0]]), np.array([[2.0, 0.0]])
+    >>> (s, out), _ = residual_rmsnorm_forward(x, branch, np.ones(2), eps=0.0)
+    >>> s.tolist(), np.round(out, 4).tolist()
+    ([[3.0, 4.0]], [[0.8485, 1.1314]])
+    """
+    check_float("residual_rmsnorm_forward", x=x, branch=branch, weight=weight)
+    if x.shape != branch.shape:
+        raise shape_error(
+            "residual_rmsnorm_forward", "x and branch must have the same shape", x=x, branch=branch
+        )
+    if weight.ndim != 1 or x.shape[-1] != weight.shape[0]:
+        raise shape_error(
+            "residual_rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight
+        )
+    if cuda.fused(x, branch, weight):  # one kernel: reads x and branch, writes s and out
+        s, out, rstd = cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out)
+        return (s, out), ("cuda", s, weight, rstd)  # an rmsnorm cache of s
+    s = x + branch
+    out, cache = rmsnorm_forward(s, weight, eps, bf16_out)
+    return (s, out), cache
+
+
+def residual_rmsnorm_backward(ds: Any, dout: Any, cache: tuple) -> tuple[Any, Any]:
+    """(dx, dweight): dx = ds + d rmsnorm / ds, the gradient of both x and branch (one array, not copies).
+
+    ds: the gradient reaching s from its other uses (the residual stream), or None if it has none.
+    """
+    return rmsnorm_backward(dout, cache, dx_add=ds)
