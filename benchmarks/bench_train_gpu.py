@@ -1,7 +1,7 @@
 """One full training step of the `gpu` preset on one GPU: euler (CuPy + our kernels) vs PyTorch.
 
     CUPY_TF32=1 python benchmarks/bench_train_gpu.py [--batch 32] [--steps 10] [--compile] [--profile]
-        [--precision tf32|bf16]
+        [--precision tf32|bf16] [--kernels]
 
 Both sides run forward, backward, global-norm clipping and AdamW on the same weights and batch, in the
 same process on the same GPU, TF32 matmuls on both sides. Before timing, the two losses on the same
@@ -9,7 +9,8 @@ weights are compared. Ours runs twice: launched op by op from Python (eager), an
 CUDA graph and replayed (euler-train's GraphStep, what `euler-train pretrain` uses on one GPU; its time
 includes copying each batch in and reading the loss back). Prints tokens/s, step ms, achieved TFLOP/s,
 MFU (against the H200's dense TF32 rate, 494.7 TFLOP/s) and peak GPU memory for each, and the ratios.
---profile adds a table of GPU time per op in our eager step (CUDA events around every op).
+--profile adds a table of GPU time per op in our eager step (CUDA events around every op); --kernels a
+table of GPU time per kernel of our captured step (and of torch.compile's, with --compile), from CUPTI.
 --precision bf16: ours with bf16 activations (norm outputs, projections, RoPE, SwiGLU, our bf16
 FlashAttention; matmuls on the bf16 tensor cores with float32 accumulation; float32 residual stream,
 weights, weight gradients, moments, softmax statistics and loss) against PyTorch under bf16 autocast
@@ -159,6 +160,35 @@ def torch_step_fn(cfg, params, tokens, targets, compile_: bool, bf16: bool = Fal
     return step
 
 
+def kernel_table(step, label: str, steps: int = 3, top: int = 25) -> None:
+    """GPU time per CUDA kernel of `step` (ours replayed as a CUDA graph, or PyTorch's), as CUPTI sees
+    every kernel on the device whoever launched it (torch.profiler, used here only as the measuring tool)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    cp.cuda.Device().synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        cp.cuda.Device().synchronize()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for row in prof.key_averages():  # kernels carry device time; runtime calls (cudaLaunchKernel...) none
+        us = getattr(row, "self_device_time_total", None)
+        us = row.self_cuda_time_total if us is None else us
+        if us <= 0:
+            continue
+        name = row.key if len(row.key) < 60 else row.key[:57] + "..."
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += us / 1e3 / steps  # ms per step
+        entry[1] += row.count
+    total = sum(ms for ms, _ in totals.values())
+    print(f"\nGPU kernels per step, {label} (CUPTI, {steps} steps; kernels sum to {total:.1f} ms):")
+    print(f"{'kernel':>60} {'calls':>6} {'ms/step':>8} {'share':>6}")
+    for name, (ms, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{name:>60} {calls // steps:6d} {ms:8.2f} {100 * ms / total:5.1f}%")
+
+
 def timed(step, steps: int) -> float:
     for _ in range(3):  # warm-up: compilation, allocator pools, cuBLAS handles
         step()
@@ -178,6 +208,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--profile", action="store_true", help="GPU time per op of our eager step")
+    parser.add_argument(
+        "--kernels", action="store_true", help="GPU time per kernel: our graph step and PyTorch's step"
+    )
     parser.add_argument(
         "--precision",
         choices=["tf32", "bf16"],
@@ -225,14 +258,19 @@ def main() -> None:
     sec = timed(graph_step, args.steps)
     state_bytes = 4 * sum(p.nbytes for p in params.values())  # its weights, m, v and gradient buffers
     rows.append(("euler CUDA graph", sec, state_bytes + graph.memory_bytes()))
+    if args.kernels:
+        kernel_table(graph_step, "euler CUDA graph")
     del graph_step, graph
     torch.cuda.reset_peak_memory_stats()
     sec = timed(torch_step, args.steps)
     rows.append(("PyTorch eager", sec, torch.cuda.max_memory_allocated()))
     if args.compile:
         torch.cuda.reset_peak_memory_stats()
-        sec = timed(torch_step_fn(cfg, params, tokens, targets, compile_=True, bf16=bf16), args.steps)
+        compiled = torch_step_fn(cfg, params, tokens, targets, compile_=True, bf16=bf16)
+        sec = timed(compiled, args.steps)
         rows.append(("PyTorch compile", sec, torch.cuda.max_memory_allocated()))
+        if args.kernels:
+            kernel_table(compiled, "PyTorch compile")
     tokens_per_step = args.batch * cfg.context
     print(f"{'':>26} {'tokens/s':>10} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}")
     for name, sec, mem in rows:
