@@ -121,6 +121,31 @@ def test_cross_entropy_bf16_gradient_is_the_float32_one_rounded(n, v, seed):
     )
 
 
+def test_to_bf16_many_casts_every_tensor_in_one_launch_into_kept_buffers():
+    rng = np.random.default_rng(3)
+    tensors = [cp.asarray(randn(rng, *shape, scale=10.0)) for shape in ((5000, 3), (7,), (64, 300), (1,))]
+    copies = kc.to_bf16_many(tensors)
+    for t, c in zip(tensors, copies):
+        same_bits(c, kc.to_bf16(t))
+    tensors[2] *= -3.0  # the next call rewrites the same buffers with the new values
+    again = kc.to_bf16_many(tensors)
+    assert all(a is b for a, b in zip(again, copies))
+    same_bits(again[2], kc.to_bf16(tensors[2]))
+
+
+def test_linear_with_a_bf16_weight_copy_equals_the_float32_weight_in_bf16_mode(monkeypatch):
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    rng = np.random.default_rng(5)
+    x, w, g = (cp.asarray(randn(rng, *shape)) for shape in ((33, 48), (40, 48), (33, 40)))
+    (w16,) = kc.to_bf16_many([w])
+    out, cache = ek.linear_forward(x, w16)
+    ref, ref_cache = ek.linear_forward(x, w)
+    np.testing.assert_array_equal(out.get(), ref.get())
+    for a, b in zip(ek.linear_backward(g, cache), ek.linear_backward(g, ref_cache)):
+        assert a.dtype == cp.float32
+        np.testing.assert_array_equal(a.get(), b.get())
+
+
 def test_bf16_misuse_is_a_clear_error():
     rng = np.random.default_rng(0)
     g16, _ = bf16_pair(rng, 4, 8)
@@ -131,5 +156,5 @@ def test_bf16_misuse_is_a_clear_error():
     _, cache = ek.linear_forward(cp.asarray(randn(rng, 4, 8)), cp.asarray(randn(rng, 3, 8)))
     with pytest.raises(ValueError, match="bf16_dx"):
         ek.linear_backward(cp.asarray(randn(rng, 4, 3)), cache, bf16_dx=True)  # float32 forward
-    with pytest.raises(ValueError, match="float32 CuPy weight"):
+    with pytest.raises(ValueError, match="weight must be bf16 or float32 CuPy"):
         ek.linear_forward(g16, randn(rng, 3, 8))

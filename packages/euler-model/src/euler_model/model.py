@@ -52,6 +52,10 @@ def trunk_forward(
     rope = rope_for(config, params["embed"])
     b, t = tokens.shape
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
+    if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
+        params = _with_bf16_copies(
+            params, [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
+        )
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
     caches: list = [c_emb]
@@ -81,6 +85,12 @@ def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]
         grads.update(g_attn)
     grads["embed"] = ek.embedding_backward(dx.reshape(b, t, config.dim), caches[0])
     return grads
+
+
+def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """params with the named float32 GPU matrices replaced by bf16 copies, all made in one launch (the
+    copies are rewritten by the next call with the same weights; weight gradients stay float32)."""
+    return {**params, **dict(zip(names, ek.cuda.to_bf16_many([params[n] for n in names])))}
 
 
 def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:
@@ -129,8 +139,15 @@ def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tup
     return loss, c_head, c_ce
 
 
+def _head_params(config: ModelConfig, params: dict[str, Any], h: Any) -> dict[str, Any]:
+    """The heads' weights, as bf16 copies made in one launch when h is a bf16 activation."""
+    names = [f"heads.{k}" for k in range(config.n_mtp_heads)]
+    return _with_bf16_copies(params, names) if ek.is_bf16(h) else params
+
+
 def _heads_loss(config, params, h, targets, loss_mask) -> Any:
     """Mean over the K heads of each head's masked cross-entropy (no gradients)."""
+    params = _head_params(config, params, h)
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     losses = [_head_loss(config, params, h2, targets, loss_mask, k)[0] for k in range(config.n_mtp_heads)]
     return sum(losses) / config.n_mtp_heads
@@ -140,6 +157,7 @@ def _heads_loss_and_grads(config, params, h, targets, loss_mask) -> tuple[Any, A
     """The mean head loss, its gradient wrt h (B, T, C) and every head's weight gradient, one head at a
     time: a head's (N, V) logits are freed as soon as its gradient is taken, so only one head's logits
     exist at once (they are the largest activation of a small-vocabulary model)."""
+    params = _head_params(config, params, h)
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
     total, dh, grads = 0.0, None, {}

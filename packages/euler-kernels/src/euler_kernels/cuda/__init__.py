@@ -32,6 +32,7 @@ from euler_kernels.cuda.launch import (
     sum_squares_multi,
     swiglu_backward,
     swiglu_forward,
+    to_bf16_many,
 )
 
 
@@ -85,4 +86,5 @@ __all__ = [
     "swiglu_backward",
     "swiglu_forward",
     "to_bf16",
+    "to_bf16_many",
 ]

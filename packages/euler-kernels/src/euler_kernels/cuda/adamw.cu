@@ -1,15 +1,5 @@
-// Multi-tensor kernels: one launch covers every parameter tensor. Tensors are passed as arrays of
-// device pointers; the work is cut into chunks that never straddle two tensors, one block per chunk:
-// chunk_tensor[c] names the tensor and chunk_start[c] the first element of chunk c.
-
-#define CHUNK 8192
-
-__device__ __forceinline__ void chunk_range(const int* chunk_tensor, const long long* chunk_start,
-                                            const long long* sizes, int* t, long long* begin, long long* end) {
-    *t = chunk_tensor[blockIdx.x];
-    *begin = chunk_start[blockIdx.x];
-    *end = min(*begin + CHUNK, sizes[*t]);
-}
+// Multi-tensor kernels: one launch covers every parameter tensor (chunking: see chunk_range in common.cuh).
+#include "common.cuh"
 
 // One AdamW element update: decoupled weight decay, bias correction; g already scaled by the clip factor.
 __device__ __forceinline__ void adamw_element(float* p, float* m, float* v, float g, float decay, float lr,

@@ -36,3 +36,15 @@ __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v)
     const unsigned hi = float_to_bf16(v.z) | ((unsigned)float_to_bf16(v.w) << 16);
     reinterpret_cast<uint2*>(out)[i4] = make_uint2(lo, hi);
 }
+
+// Multi-tensor kernels: tensors are passed as arrays of device pointers; the work is cut into chunks of
+// CHUNK elements that never straddle two tensors, one block per chunk: chunk_tensor[c] names the tensor
+// and chunk_start[c] the first element of chunk c (tables built by launch.py's _chunk_table).
+#define CHUNK 8192
+
+__device__ __forceinline__ void chunk_range(const int* chunk_tensor, const long long* chunk_start,
+                                            const long long* sizes, int* t, long long* begin, long long* end) {
+    *t = chunk_tensor[blockIdx.x];
+    *begin = chunk_start[blockIdx.x];
+    *end = min(*begin + CHUNK, sizes[*t]);
+}

@@ -204,7 +204,7 @@ def cross_entropy_backward(
 
 
 # --- multi-tensor AdamW and norms ------------------------------------------------------------------
-CHUNK = 8192  # elements per block; must match CHUNK in adamw.cu
+CHUNK = 8192  # elements per block; must match CHUNK in common.cuh
 _tables = TableCache(capacity=32)
 keep_tables = _tables.keep  # `with keep_tables() as kept:` pins the tables a CUDA graph is captured with
 
@@ -222,6 +222,26 @@ def _chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
         return tuple(cupy.asarray(a) for a in (pointers, chunk_tensor, chunk_start, sizes))
 
     return _tables.get(tuple((t.data.ptr, t.size) for t in tensors), build)
+
+
+def to_bf16_many(tensors: list[Any]) -> list[Any]:
+    """bf16 copies (uint16 bit patterns) of C-contiguous float32 tensors, all made in one launch.
+
+    The copies live in buffers kept per list of tensors (in the same cache as the tables, so a captured
+    graph's `keep_tables()` scope keeps them too): every call with the same tensors writes the same
+    buffers, so the copies of an earlier call are overwritten, and a CUDA graph can replay the cast.
+    """
+    import cupy
+
+    def build() -> tuple[list[Any], Any]:
+        outs = [cupy.empty(t.shape, dtype=cupy.uint16) for t in tensors]
+        return outs, cupy.asarray(np.array([o.data.ptr for o in outs], dtype=np.uint64))
+
+    outs, out_pointers = _tables.get(("bf16 copies", *((t.data.ptr, t.size) for t in tensors)), build)
+    in_pointers, chunk_tensor, chunk_start, sizes = _chunk_table(tensors)
+    args = (out_pointers, in_pointers, chunk_tensor, chunk_start, sizes)
+    get_kernel("cast.cu", "float_to_bf16_multi")((chunk_tensor.size,), (THREADS,), args)
+    return outs
 
 
 def sum_squares_multi(tensors: list[Any]) -> Any:

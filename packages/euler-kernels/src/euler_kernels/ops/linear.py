@@ -11,8 +11,9 @@ from euler_kernels.backend import check_float, is_bf16, shape_error
 def linear_forward(x: Any, weight: Any, bf16_out: bool = False) -> tuple[Any, tuple]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
 
-    On the GPU x may be a bf16 activation (backend.is_bf16): the product then runs on the bf16 tensor
-    cores whatever the matmul precision. bf16_out (GPU, bf16 products only): out is a bf16 activation.
+    On the GPU x, or the weight (a bf16 copy made once per step, e.g. by cuda.to_bf16_many), may be bf16
+    (backend.is_bf16): the product then runs on the bf16 tensor cores whatever the matmul precision, and
+    dweight is still float32. bf16_out (GPU, bf16 products only): out is a bf16 activation.
 
     >>> import numpy as np
     >>> out, _ = linear_forward(np.array([[1.0, 2.0]]), np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]))
@@ -47,15 +48,16 @@ def linear_forward_many(x: Any, weights: list[Any], bf16_out: bool = False) -> l
 
 
 def _bf16_product(x: Any, weight: Any) -> bool:
-    """Whether x @ weight.T runs on the bf16 tensor cores: x is a bf16 activation, or both are float32
-    CuPy arrays in bf16 mode."""
-    return is_bf16(x) or (cuda.fused(x, weight) and cuda.matmul_precision() == "bf16")
+    """Whether x @ weight.T runs on the bf16 tensor cores: x or weight is bf16, or both are float32 CuPy
+    arrays in bf16 mode."""
+    return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and cuda.matmul_precision() == "bf16")
 
 
 def _check(x: Any, weight: Any) -> None:
-    if is_bf16(x):
-        if not cuda.fused(weight):
-            raise ValueError(f"linear_forward: a bf16 x needs a float32 CuPy weight, got {weight.dtype}")
+    if is_bf16(x) or is_bf16(weight):  # the other one: bf16 too, or a float32 CuPy array
+        for name, a in (("x", x), ("weight", weight)):
+            if not (is_bf16(a) or cuda.fused(a)):
+                raise ValueError(f"linear_forward: with a bf16 operand, {name} must be bf16 or float32 CuPy")
     else:
         check_float("linear_forward", x=x, weight=weight)
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
@@ -71,7 +73,7 @@ def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool) -> list[tuple[Any,
     x16 = x16 if is_bf16(x16) else cuda.to_bf16(x16)
     results = []
     for w in weights:
-        w16 = cuda.to_bf16(_c(w))
+        w16 = w if is_bf16(w) else cuda.to_bf16(_c(w))
         out = cuda.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
         results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
     return results
