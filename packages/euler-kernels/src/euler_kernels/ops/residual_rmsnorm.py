@@ -28,15 +28,12 @@ def residual_rmsnorm_forward(
     >>> s.tolist(), np.round(out, 4).tolist()
     ([[3.0, 4.0]], [[0.8485, 1.1314]])
     """
-    check_float("residual_rmsnorm_forward", x=x, branch=branch, weight=weight)
+    fn = "residual_rmsnorm_forward"
+    check_float(fn, x=x, branch=branch, weight=weight)
     if x.shape != branch.shape:
-        raise shape_error(
-            "residual_rmsnorm_forward", "x and branch must have the same shape", x=x, branch=branch
-        )
-    if weight.ndim != 1 or x.shape[-1] != weight.shape[0]:
-        raise shape_error(
-            "residual_rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight
-        )
+        raise shape_error(fn, "x and branch must have the same shape", x=x, branch=branch)
+    if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
+        raise shape_error(fn, "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if cuda.fused(x, branch, weight):  # one kernel: reads x and branch, writes s and out
         s, out, rstd = cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out)
         return (s, out), ("cuda", s, weight, rstd)  # an rmsnorm cache of s
