@@ -45,12 +45,27 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes / ms / 1e6
 
 
-def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
+def attention_inputs(B: int, T: int, Hq: int, Hkv: int, D: int) -> tuple:
+    """q, dout (B, T, Hq, D) and k, v (B, T, Hkv, D): float32 normals on the GPU, seed 0."""
     rng = np.random.default_rng(0)
-    q, k, v, g = (
+    return tuple(
         cp.asarray(rng.standard_normal(s, dtype=np.float32))
         for s in [(B, T, Hq, D), (B, T, Hkv, D), (B, T, Hkv, D), (B, T, Hq, D)]
     )
+
+
+def attention_timings(ours, reference, err: float, B: int, T: int, Hq: int, D: int, **more_timers) -> dict:
+    """Times ours and the reference (fwd+bwd), then each extra timer; TFLOP/s of the fwd+bwd pair."""
+    flops = 3.5 * 4 * B * Hq * T * T * D / 2  # causal forward 2 matmuls, backward 2.5x forward
+    ms_ours, ms_ref = time_ms(ours), time_ms(reference)
+    result = {"ours_ms": ms_ours, "torch_ms": ms_ref}
+    result.update({name: time_ms(fn) for name, fn in more_timers.items()})
+    result.update(ours_tflops=flops / ms_ours / 1e9, torch_tflops=flops / ms_ref / 1e9, rel_err=err)
+    return result
+
+
+def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
+    q, k, v, g = attention_inputs(B, T, Hq, Hkv, D)
 
     def ours():
         out, lse = kc.flash_attention_forward(q, k, v, True, tf32)
@@ -73,24 +88,12 @@ def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
     with torch.no_grad():
         ref = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).transpose(1, 2)
     err = float((torch.as_tensor(out, device="cuda") - ref).norm() / ref.norm())
-    flops = 3.5 * 4 * B * Hq * T * T * D / 2  # causal forward 2 matmuls, backward 2.5x forward
-    ms_ours, ms_ref = time_ms(ours), time_ms(reference)
-    return {
-        "ours_ms": ms_ours,
-        "torch_ms": ms_ref,
-        "ours_tflops": flops / ms_ours / 1e9,
-        "torch_tflops": flops / ms_ref / 1e9,
-        "rel_err": err,
-    }
+    return attention_timings(ours, reference, err, B, T, Hq, D)
 
 
 def bench_attention_bf16(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
     """Our bf16 kernel (bf16 bit patterns in, fp32 gradients out) against torch's SDPA on bf16 tensors."""
-    rng = np.random.default_rng(0)
-    q, k, v, g = (
-        cp.asarray(rng.standard_normal(s, dtype=np.float32))
-        for s in [(B, T, Hq, D), (B, T, Hkv, D), (B, T, Hkv, D), (B, T, Hq, D)]
-    )
+    q, k, v, g = attention_inputs(B, T, Hq, Hkv, D)
     q16, k16, v16, g16 = (kc.to_bf16(a) for a in (q, k, v, g))
 
     def ours_forward():
@@ -117,20 +120,11 @@ def bench_attention_bf16(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
         F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
 
     out16, _ = ours_forward()  # check agreement once before timing
-    out = (out16.astype(cp.uint32) << 16).view(cp.float32)
     ref = reference_forward().transpose(1, 2).float()
-    err = float((torch.as_tensor(out, device="cuda") - ref).norm() / ref.norm())
-    flops = 3.5 * 4 * B * Hq * T * T * D / 2  # causal forward 2 matmuls, backward 2.5x forward
-    ms_ours, ms_ref = time_ms(ours), time_ms(reference)
-    return {
-        "ours_ms": ms_ours,
-        "torch_ms": ms_ref,
-        "ours_fwd_ms": time_ms(ours_forward),
-        "torch_fwd_ms": time_ms(reference_forward),
-        "ours_tflops": flops / ms_ours / 1e9,
-        "torch_tflops": flops / ms_ref / 1e9,
-        "rel_err": err,
-    }
+    err = float((torch.as_tensor(kc.from_bf16(out16), device="cuda") - ref).norm() / ref.norm())
+    return attention_timings(
+        ours, reference, err, B, T, Hq, D, ours_fwd_ms=ours_forward, torch_fwd_ms=reference_forward
+    )
 
 
 def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_417_280) -> list[tuple]:
