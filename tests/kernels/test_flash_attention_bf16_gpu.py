@@ -23,6 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from euler_kernels.testing import bf16_bits, bf16_values, relative_error
+
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 try:
@@ -39,25 +41,6 @@ from euler_kernels.cuda.flash_bf16 import (  # noqa: E402
 )
 
 OUT_TOL, GRAD_TOL, LSE_TOL = 1e-2, 1e-2, 1e-4
-
-
-def to_bf16(x) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round half to even (finite inputs)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16(b) -> np.ndarray:
-    """bfloat16 bit patterns (NumPy or CuPy uint16) -> float32 NumPy array, exactly."""
-    b = b.get() if hasattr(b, "get") else np.asarray(b)
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-def rel(a, b, floor: float = 1e-2) -> float:
-    """Norm-wise relative error, against an RMS floor where the reference (nearly) cancels to zero."""
-    a = np.asarray(a.get() if hasattr(a, "get") else a, np.float64)
-    b = np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor * np.sqrt(b.size)))
 
 
 def reference(q, k, v, dout, causal, shift=0, head_map=None, delta_out=None):
@@ -99,10 +82,10 @@ def make_inputs(rng, B, T, S, Hq, Hkv, D, scale=1.0):
     """bf16 bit patterns of q, k, v, dout (normal, q scaled) and their exact float64 values."""
     shapes = [(B, T, Hq, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, T, Hq, D)]
     bits = [
-        to_bf16(rng.standard_normal(s).astype(np.float32) * (scale if i == 0 else 1.0))
+        bf16_bits(rng.standard_normal(s).astype(np.float32) * (scale if i == 0 else 1.0))
         for i, s in enumerate(shapes)
     ]
-    return bits, [from_bf16(b).astype(np.float64) for b in bits]
+    return bits, [bf16_values(b).astype(np.float64) for b in bits]
 
 
 def run(bits, causal):
@@ -115,13 +98,13 @@ def run(bits, causal):
 def check(bits, exact, causal, label=""):
     out16, lse, dq, dk, dv = run(bits, causal)
     assert out16.dtype == cp.uint16 and lse.dtype == dq.dtype == dk.dtype == dv.dtype == cp.float32
-    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(*exact, causal, delta_out=from_bf16(out16))
+    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(*exact, causal, delta_out=bf16_values(out16))
     errors = {
-        "out": rel(from_bf16(out16), ref_out),
+        "out": relative_error(bf16_values(out16), ref_out),
         "lse": float(np.abs(lse.get() - ref_lse).max()),
-        "dq": rel(dq, ref_dq),
-        "dk": rel(dk, ref_dk),
-        "dv": rel(dv, ref_dv),
+        "dq": relative_error(dq, ref_dq),
+        "dk": relative_error(dk, ref_dk),
+        "dv": relative_error(dv, ref_dv),
     }
     print(label + " ".join(f"{name}={e:.2e}" for name, e in errors.items()))
     assert errors["out"] < OUT_TOL and errors["lse"] < LSE_TOL, errors
@@ -179,7 +162,8 @@ def test_the_bounds_catch_wrong_masks_and_head_maps():
                 reference(*exact, causal=True, head_map=np.arange(6) % 2),  # interleaved, not grouped heads
             )
         for wrong in wrongs:
-            errors = [np.nan_to_num(rel(w, r), nan=np.inf) for w, r in zip(wrong, right)]  # NaN: wrong
+            # NaN counts as wrong
+            errors = [np.nan_to_num(relative_error(w, r), nan=np.inf) for w, r in zip(wrong, right)]
             print(f"T={t} S={s}: " + " ".join(f"{e:.2e}" for e in errors))
             assert errors[0] > 4 * OUT_TOL and max(errors[2:]) > 4 * GRAD_TOL, errors
 
@@ -190,13 +174,13 @@ def test_bf16_agrees_with_the_fp32_kernel_on_the_same_rounded_inputs(d):
     rng = np.random.default_rng(d)
     bits, _ = make_inputs(rng, 2, 150, 150, 6, 2, d)
     out16, lse, dq, dk, dv = run(bits, True)
-    q, k, v, g = (cp.asarray(from_bf16(x)) for x in bits)
+    q, k, v, g = (cp.asarray(bf16_values(x)) for x in bits)
     out32, lse32 = kc.flash_attention_forward(q, k, v, True, tf32=False)
     dq32, dk32, dv32 = kc.flash_attention_backward(g, q, k, v, out32, lse32, True, tf32=False)
-    assert rel(from_bf16(out16), out32.get()) < OUT_TOL
+    assert relative_error(bf16_values(out16), out32.get()) < OUT_TOL
     assert float(cp.abs(lse - lse32).max()) < LSE_TOL
     for ours, theirs in ((dq, dq32), (dk, dk32), (dv, dv32)):  # 2x: delta from fp32 out there, bf16 here
-        assert rel(ours, theirs.get()) < 2 * GRAD_TOL
+        assert relative_error(ours, theirs.get()) < 2 * GRAD_TOL
 
 
 def test_bf16_flash_attention_replays_in_a_cuda_graph():
@@ -204,7 +188,7 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
     rng = np.random.default_rng(7)
     shape_q, shape_kv = (2, 77, 6, 64), (2, 77, 2, 64)
     arrays = [
-        cp.asarray(to_bf16(rng.standard_normal(s).astype(np.float32)))
+        cp.asarray(bf16_bits(rng.standard_normal(s).astype(np.float32)))
         for s in (shape_q, shape_kv, shape_kv, shape_q)
     ]
     q16, k16, v16, g16 = arrays
@@ -218,7 +202,7 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
         graph = stream.end_capture()
     for _ in range(2):
         for a in arrays:
-            a[...] = cp.asarray(to_bf16(rng.standard_normal(a.shape).astype(np.float32)))
+            a[...] = cp.asarray(bf16_bits(rng.standard_normal(a.shape).astype(np.float32)))
         cp.cuda.Stream.null.synchronize()  # the new inputs are written before the replay reads them
         graph.launch(stream=stream)
         stream.synchronize()
@@ -227,9 +211,9 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
         # deterministic kernels agree bit for bit; dq is summed with atomics in any order
         assert bool((out16 == e_out16).all()) and bool((lse == e_lse).all())
         assert bool((dk == e_dk).all()) and bool((dv == e_dv).all())
-        assert rel(dq, e_dq.get()) < 1e-5
-        exact = [from_bf16(a).astype(np.float64) for a in arrays]
-        assert rel(from_bf16(out16), reference(*exact, True)[0]) < OUT_TOL
+        assert relative_error(dq, e_dq.get()) < 1e-5
+        exact = [bf16_values(a).astype(np.float64) for a in arrays]
+        assert relative_error(bf16_values(out16), reference(*exact, True)[0]) < OUT_TOL
 
 
 def test_bad_inputs_raise():

@@ -12,19 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import euler_kernels as ek
+from euler_kernels.testing import bf16_bits, bf16_values, relative_error
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 from euler_kernels import cuda as kc  # noqa: E402
 
-
-def rel(a, b, floor: float = 1e-2) -> float:
-    """Norm-wise relative error. Inputs are O(1) normals, so rounding is judged against the size of the
-    terms summed: a result that cancels to (nearly) zero in exact arithmetic (attention with T = S = 1,
-    rmsnorm with C = 1) is measured against an RMS floor instead of against its own rounding noise."""
-    a, b = np.asarray(ek.to_numpy(a), np.float64), np.asarray(ek.to_numpy(b), np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor * np.sqrt(b.size)))
+# Inputs are O(1) normals, so rounding is judged against the size of the terms summed: a result that
+# cancels to (nearly) zero in exact arithmetic (attention with T = S = 1, rmsnorm with C = 1) is measured
+# against an RMS floor instead of against its own rounding noise.
+rel = relative_error
 
 
 def randn(rng, *shape, scale=1.0):
@@ -231,8 +229,7 @@ def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, seed):
 
 def bf16_round(x):
     """float32 rounded to bfloat16, round half to even, as float32 (the reference for the cast kernel)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
+    return bf16_values(bf16_bits(x))
 
 
 def test_bf16_cast_rounds_to_nearest_even():

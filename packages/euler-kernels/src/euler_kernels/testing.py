@@ -1,4 +1,5 @@
-"""Hypothesis strategies for shapes and arrays, reusable in any project's tests.
+"""Hypothesis strategies for shapes and arrays, and host-side references (bf16 rounding, a norm-wise
+relative error), reusable in any project's tests.
 
 Needs hypothesis (`pip install euler-kernels[testing]`); `import euler_kernels` alone does not.
 
@@ -13,7 +14,7 @@ Needs hypothesis (`pip install euler-kernels[testing]`); `import euler_kernels` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from hypothesis import strategies as st
@@ -135,3 +136,32 @@ def loss_masks(shape: Shape | st.SearchStrategy[Shape], dtype: type = np.float64
     zeros = hnp.arrays(np.dtype(dtype), shape, elements=st.just(0.0))
     mixed = hnp.arrays(np.dtype(dtype), shape, elements=st.sampled_from([0.0, 1.0]))
     return st.one_of(zeros, ones, mixed)
+
+
+def bf16_bits(x: Any) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16) on the host, round half to even: the NumPy reference for
+    the GPU's cast (finite and infinite inputs; NaN payloads are not handled).
+
+    >>> bf16_bits(np.array([1.0, 1.0 + 2.0**-8, -2.0], np.float32)).tolist()  # halfway goes to even
+    [16256, 16256, 49152]
+    """
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits: Any) -> np.ndarray:
+    """bfloat16 bit patterns (NumPy or CuPy uint16) -> the float32 values they stand for, on the host."""
+    bits = bits.get() if hasattr(bits, "get") else np.asarray(bits)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def relative_error(a: Any, b: Any, floor: float = 1e-2) -> float:
+    """Norm-wise relative error of a against the reference b (NumPy or CuPy). A reference that cancels
+    to (nearly) zero is judged against an RMS floor of its size instead of against its own rounding noise.
+
+    >>> relative_error(np.array([1.0, 2.0]), np.array([1.0, 2.0]))
+    0.0
+    """
+    a = np.asarray(a.get() if hasattr(a, "get") else a, np.float64)
+    b = np.asarray(b.get() if hasattr(b, "get") else b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor * np.sqrt(b.size)))
