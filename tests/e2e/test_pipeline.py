@@ -146,30 +146,10 @@ def test_data_to_chat_on_the_cpu(tmp_path, mirror) -> None:
 
 
 def test_quickstart_prepares_trains_and_prints_samples(tmp_path, mirror) -> None:
-    proc = run(
-        "euler-train",
-        "quickstart",
-        "--out",
-        str(tmp_path / "qs"),
-        "--mirror",
-        str(mirror),
-        "--preset",
-        "tiny",
-        "--steps",
-        "12",
-    )
+    args = ("euler-train", "quickstart", "--out", str(tmp_path / "qs"), "--mirror", str(mirror))
+    args += ("--preset", "tiny", "--steps", "12")
+    proc = run(*args)
     assert proc.stdout.count("--- sample") == 3 and "ROMEO:" in proc.stdout
     assert (tmp_path / "qs" / "run" / "checkpoints" / "step_12").is_dir()
-    again = run(
-        "euler-train",
-        "quickstart",
-        "--out",
-        str(tmp_path / "qs"),
-        "--mirror",
-        str(mirror),
-        "--preset",
-        "tiny",
-        "--steps",
-        "12",
-    )
+    again = run(*args)  # the same command: the dataset is reused
     assert "reusing the dataset" in again.stdout and again.stdout.count("--- sample") == 3

@@ -32,6 +32,12 @@ LONG = [
 ]
 
 
+def long_run_cmd(dataset: Path, run: Path) -> list[str]:
+    """The LONG pretrain as a subprocess command line (to be killed or signalled mid-run)."""
+    cli = [sys.executable, "-m", "euler_train.cli"]
+    return [*cli, "pretrain", "--data", str(dataset), "--out", str(run), *LONG]
+
+
 def weights(run: Path, step: int) -> dict[str, np.ndarray]:
     return load_file(str(run / "checkpoints" / f"step_{step}" / "model.safetensors"))
 
@@ -82,17 +88,7 @@ def test_bits_per_byte_follows_from_the_next_token_loss(tiny_run, dataset) -> No
 @pytest.mark.slow
 def test_kill_9_then_resume_is_bitwise_identical(tmp_path, dataset, reference_run) -> None:
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "euler_train.cli",
-        "pretrain",
-        "--data",
-        str(dataset),
-        "--out",
-        str(run),
-        *LONG,
-    ]
+    cmd = long_run_cmd(dataset, run)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rng = np.random.default_rng()
     target = run / "checkpoints" / f"step_{int(rng.integers(2, 8)) * 10}"  # a random checkpoint step
@@ -120,17 +116,7 @@ def test_kill_9_then_resume_is_bitwise_identical(tmp_path, dataset, reference_ru
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, dataset, reference_run, signum) -> None:
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "euler_train.cli",
-        "pretrain",
-        "--data",
-        str(dataset),
-        "--out",
-        str(run),
-        *LONG,
-    ]
+    cmd = long_run_cmd(dataset, run)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not (run / "checkpoints" / "step_20").is_dir() and proc.poll() is None:
         time.sleep(0.01)
