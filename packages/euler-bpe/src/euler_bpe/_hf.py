@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from euler_bpe._bytes import bytes_to_chars
 from euler_bpe._gpt2 import build_from_strings, read_merge_lines
+from euler_bpe._io import read_json
 from euler_bpe._pretokenize import GPT2_PATTERN
 from euler_bpe.errors import TokenizerFileError
 
@@ -87,11 +88,7 @@ def from_hf_dict(data: dict[str, Any]) -> Tokenizer:
 
 
 def from_hf(path: str | os.PathLike) -> Tokenizer:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TokenizerFileError(f"from_hf: {path} is not valid JSON (truncated?): {err}") from None
+    data = read_json(path, "from_hf")
     if not isinstance(data, dict):
         raise TokenizerFileError(f"from_hf: {path} does not hold a JSON object")
     return from_hf_dict(data)

@@ -85,13 +85,18 @@ def save(tok: Tokenizer, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str | os.PathLike) -> Tokenizer:
-    """Read an euler-bpe file, or a Hugging Face tokenizer.json (recognised by its "model" field)."""
+def read_json(path: str | os.PathLike, where: str) -> Any:
+    """The parsed JSON of a tokenizer file; invalid JSON or text is a TokenizerFileError naming `where`."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TokenizerFileError(f"load: {path} is not valid JSON (truncated?): {err}") from None
+        raise TokenizerFileError(f"{where}: {path} is not valid JSON (truncated?): {err}") from None
+
+
+def load(path: str | os.PathLike) -> Tokenizer:
+    """Read an euler-bpe file, or a Hugging Face tokenizer.json (recognised by its "model" field)."""
+    data = read_json(path, "load")
     if isinstance(data, dict) and "model" in data and "format" not in data:
         from euler_bpe._hf import from_hf_dict
 
