@@ -26,6 +26,16 @@ def final(run, step):
     return load_file(str(run / "checkpoints" / f"step_{step}" / "model.safetensors"))
 
 
+def assert_runs_match(ref, run, loss_rtol: float, rtol: float, atol: float) -> list[dict]:
+    """run's per-step losses and final (step 6) weights equal ref's within the tolerances; run's metrics."""
+    want, got = read_metrics(ref / "metrics.jsonl"), read_metrics(run / "metrics.jsonl")
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=loss_rtol)
+    a, b = final(ref, 6), final(run, 6)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=rtol, atol=atol, err_msg=name)
+    return got
+
+
 def train(dataset, run, *extra):
     argv = [
         "pretrain",
@@ -50,14 +60,7 @@ def train(dataset, run, *extra):
 def test_gpu_training_matches_cpu(tmp_path, dataset) -> None:
     train(dataset, tmp_path / "cpu", "--device", "cpu")
     train(dataset, tmp_path / "gpu", "--device", "gpu", "--precision", "fp32")
-    cpu, gpu = (
-        read_metrics(tmp_path / "cpu" / "metrics.jsonl"),
-        read_metrics(tmp_path / "gpu" / "metrics.jsonl"),
-    )
-    np.testing.assert_allclose([r["loss"] for r in gpu], [r["loss"] for r in cpu], rtol=1e-4)
-    a, b = final(tmp_path / "cpu", 6), final(tmp_path / "gpu", 6)
-    for name in a:
-        np.testing.assert_allclose(b[name], a[name], rtol=1e-3, atol=1e-5, err_msg=name)
+    gpu = assert_runs_match(tmp_path / "cpu", tmp_path / "gpu", 1e-4, 1e-3, 1e-5)
     assert all("mfu" in r and 0 < r["mfu"] < 1 for r in gpu)
 
 
@@ -158,11 +161,4 @@ def test_two_gpus_equal_one_gpu_with_twice_the_batch(tmp_path, dataset) -> None:
         pytest.skip("needs two GPUs")
     train(dataset, tmp_path / "one", "--device", "gpu", "--gpus", "1", "--batch-size", "4")
     train(dataset, tmp_path / "two", "--device", "gpu", "--gpus", "2", "--batch-size", "2")
-    one, two = (
-        read_metrics(tmp_path / "one" / "metrics.jsonl"),
-        read_metrics(tmp_path / "two" / "metrics.jsonl"),
-    )
-    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-5)
-    a, b = final(tmp_path / "one", 6), final(tmp_path / "two", 6)
-    for name in a:
-        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_runs_match(tmp_path / "one", tmp_path / "two", 1e-5, 1e-4, 1e-6)
