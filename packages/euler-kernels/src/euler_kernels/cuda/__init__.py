@@ -13,7 +13,7 @@ import numpy as np
 
 from euler_kernels.backend import is_bf16
 from euler_kernels.cuda.flash_bf16 import flash_attention_backward_bf16, flash_attention_forward_bf16
-from euler_kernels.cuda.gemm import from_bf16, gemm, gemm_bf16, matmul_precision, to_bf16
+from euler_kernels.cuda.gemm import as_bf16, from_bf16, gemm, gemm_bf16, matmul_precision, to_bf16
 from euler_kernels.cuda.launch import (
     adamw_multi,
     adamw_multi_ctl,
@@ -60,6 +60,7 @@ def fused_cache(cache: tuple) -> bool:
 __all__ = [
     "adamw_multi",
     "adamw_multi_ctl",
+    "as_bf16",
     "bf16_activations",
     "clip_factor",
     "cross_entropy_backward",

@@ -230,6 +230,13 @@ def to_bf16(x: Any) -> Any:
     return out
 
 
+def as_bf16(x: Any) -> Any:
+    """x as a C-contiguous bf16 array (uint16 bit patterns): itself if it is one already, else rounded by
+    `to_bf16` (a float32 CuPy array, copied to C order first if it is not)."""
+    x = x if x.flags.c_contiguous else x.copy()
+    return x if x.dtype == np.uint16 else to_bf16(x)
+
+
 def from_bf16(x16: Any) -> Any:
     """bfloat16 bit patterns (uint16 CuPy array) -> the float32 values they stand for (exact)."""
     import cupy

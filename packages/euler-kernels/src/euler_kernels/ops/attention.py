@@ -155,8 +155,7 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
         if dout.shape != q.shape:
             raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)
         if is_bf16(q):  # the bf16 kernel reads a bf16 dout
-            dout = dout if is_bf16(dout) else cuda.to_bf16(dout if dout.flags.c_contiguous else dout.copy())
-            return cuda.flash_attention_backward_bf16(dout, q, k, v, out, lse, causal)
+            return cuda.flash_attention_backward_bf16(cuda.as_bf16(dout), q, k, v, out, lse, causal)
         return cuda.flash_attention_backward(dout, q, k, v, out, lse, causal)
     qs, kt, vt, out, lse, causal, bs, t = cache
     xp = get_array_module(dout)

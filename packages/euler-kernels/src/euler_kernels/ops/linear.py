@@ -40,10 +40,10 @@ def linear_forward_many(x: Any, weights: list[Any], bf16_out: bool = False) -> l
     >>> [out.tolist() for out, _ in linear_forward_many(np.array([[1.0, 2.0]]), [np.eye(2), 2 * np.eye(2)])]
     [[[1.0, 2.0]], [[2.0, 4.0]]]
     """
+    if not (weights and all(_bf16_product(x, w) for w in weights)):
+        return [linear_forward(x, w, bf16_out) for w in weights]  # each call checks its weight
     for w in weights:
         _check(x, w)
-    if not (weights and all(_bf16_product(x, w) for w in weights)):
-        return [linear_forward(x, w, bf16_out) for w in weights]
     return _forward_bf16(x, weights, bf16_out)
 
 
@@ -69,11 +69,10 @@ def _check(x: Any, weight: Any) -> None:
 def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool) -> list[tuple[Any, tuple]]:
     """GPU bf16 mode: x rounded once (unless it is bf16 already), each weight once; the caches keep the
     bf16 copies for backward."""
-    x16 = _c(x.reshape(-1, x.shape[-1]))  # (N, C_in)
-    x16 = x16 if is_bf16(x16) else cuda.to_bf16(x16)
+    x16 = cuda.as_bf16(x.reshape(-1, x.shape[-1]))  # (N, C_in)
     results = []
     for w in weights:
-        w16 = w if is_bf16(w) else cuda.to_bf16(_c(w))
+        w16 = cuda.as_bf16(w)
         out = cuda.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
         results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
     return results
@@ -102,8 +101,7 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool 
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
             )
         _check_into(dx_into, x_shape)
-        d16 = _c(dout.reshape(-1, w_shape[0]))  # (N, C_out)
-        d16 = d16 if is_bf16(d16) else cuda.to_bf16(d16)
+        d16 = cuda.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
         dx = cuda.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx).reshape(x_shape)
         return (dx if dx_into is None else dx_into), cuda.gemm_bf16(d16, x16, trans_a=True)

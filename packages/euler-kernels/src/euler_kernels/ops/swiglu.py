@@ -46,8 +46,8 @@ def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
         _, gate, up = cache
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
-        if is_bf16(gate) and not is_bf16(dout):  # a float32 gradient into the bf16 kernel: round it once
-            dout = cuda.to_bf16(dout if dout.flags.c_contiguous else dout.copy())
+        if is_bf16(gate):  # the bf16 kernel reads a bf16 gradient (a float32 one is rounded once)
+            dout = cuda.as_bf16(dout)
         return cuda.swiglu_backward(dout, gate, up)
     up, sig, silu = cache
     if dout.shape != up.shape:
