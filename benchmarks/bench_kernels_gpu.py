@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from euler_kernels import cuda as kc
-from euler_kernels.cuda.flash_bf16 import flash_attention_backward_bf16, flash_attention_forward_bf16
+from euler_kernels.cuda import cast, cross_entropy, flash_attention, multi_tensor, rmsnorm, swiglu
+from euler_kernels.cuda.flash_attention import flash_attention_backward_bf16, flash_attention_forward_bf16
 
 
 def time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -68,8 +68,8 @@ def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
     q, k, v, g = attention_inputs(B, T, Hq, Hkv, D)
 
     def ours():
-        out, lse = kc.flash_attention_forward(q, k, v, True, tf32)
-        kc.flash_attention_backward(g, q, k, v, out, lse, True, tf32)
+        out, lse = flash_attention.flash_attention_forward(q, k, v, True, tf32)
+        flash_attention.flash_attention_backward(g, q, k, v, out, lse, True, tf32)
 
     # torch reference: (B, H, T, D) layout, K/V expanded to the query heads beforehand (not timed)
     tq = torch.as_tensor(q, device="cuda").transpose(1, 2).contiguous().requires_grad_()
@@ -84,7 +84,7 @@ def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
         out.backward(tg)
 
     # check agreement once before timing
-    out, _ = kc.flash_attention_forward(q, k, v, True, tf32)
+    out, _ = flash_attention.flash_attention_forward(q, k, v, True, tf32)
     with torch.no_grad():
         ref = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).transpose(1, 2)
     err = float((torch.as_tensor(out, device="cuda") - ref).norm() / ref.norm())
@@ -94,7 +94,7 @@ def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
 def bench_attention_bf16(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
     """Our bf16 kernel (bf16 bit patterns in, fp32 gradients out) against torch's SDPA on bf16 tensors."""
     q, k, v, g = attention_inputs(B, T, Hq, Hkv, D)
-    q16, k16, v16, g16 = (kc.to_bf16(a) for a in (q, k, v, g))
+    q16, k16, v16, g16 = (cast.to_bf16(a) for a in (q, k, v, g))
 
     def ours_forward():
         return flash_attention_forward_bf16(q16, k16, v16, True)
@@ -121,7 +121,7 @@ def bench_attention_bf16(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
 
     out16, _ = ours_forward()  # check agreement once before timing
     ref = reference_forward().transpose(1, 2).float()
-    err = float((torch.as_tensor(kc.from_bf16(out16), device="cuda") - ref).norm() / ref.norm())
+    err = float((torch.as_tensor(cast.from_bf16(out16), device="cuda") - ref).norm() / ref.norm())
     return attention_timings(
         ours, reference, err, B, T, Hq, D, ours_fwd_ms=ours_forward, torch_fwd_ms=reference_forward
     )
@@ -134,8 +134,8 @@ def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_
     tx, tw, tg = (torch.as_tensor(a, device="cuda").clone().requires_grad_(a is not g) for a in (x, w, g))
 
     def rms_ours():
-        _, rstd = kc.rmsnorm_forward(x, w, 1e-5)
-        kc.rmsnorm_backward(g, x, w, rstd)
+        _, rstd = rmsnorm.rmsnorm_forward(x, w, 1e-5)
+        rmsnorm.rmsnorm_backward(g, x, w, rstd)
 
     def rms_torch():
         F.rms_norm(tx, (C,), tw, 1e-5).backward(tg)
@@ -147,8 +147,8 @@ def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_
     tdy = torch.as_tensor(dy, device="cuda")
 
     def swiglu_ours():
-        kc.swiglu_forward(gate, up)
-        kc.swiglu_backward(dy, gate, up)
+        swiglu.swiglu_forward(gate, up)
+        swiglu.swiglu_backward(dy, gate, up)
 
     def swiglu_torch():
         (F.silu(tgate) * tup).backward(tdy)
@@ -163,8 +163,8 @@ def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_
     ttargets = torch.as_tensor(targets, device="cuda")
 
     def ce_ours():
-        _, lse = kc.cross_entropy_forward(logits, targets, weight)
-        kc.cross_entropy_backward(logits, lse, targets, weight, scale)
+        _, lse = cross_entropy.cross_entropy_forward(logits, targets, weight)
+        cross_entropy.cross_entropy_backward(logits, lse, targets, weight, scale)
 
     def ce_torch():
         F.cross_entropy(tlogits, ttargets).backward()
@@ -183,7 +183,11 @@ def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_
         (
             "AdamW (116M params)",
             7 * n_params * 4,
-            time_ms(lambda: kc.adamw_multi(params, ms, vs, grads, [0.1] * 100, 10, 1e-4, 0.9, 0.95, 1e-8)),
+            time_ms(
+                lambda: multi_tensor.adamw_multi(
+                    params, ms, vs, grads, [0.1] * 100, 10, 1e-4, 0.9, 0.95, 1e-8
+                )
+            ),
             time_ms(opt.step),
         )
     )

@@ -29,7 +29,7 @@ import cupy as cp
 import numpy as np
 import torch
 
-from euler_kernels import cuda as kc
+from euler_kernels.cuda import multi_tensor
 from euler_model import count_params, init_params, loss_and_grads, preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,9 +57,11 @@ def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0):
     def step():
         loss, grads = loss_and_grads(cfg, params, tokens, targets)
         glist = [grads[n] for n in names]
-        factor, _ = kc.clip_factor(kc.sum_squares_multi(glist), max_norm)
+        factor, _ = multi_tensor.clip_factor(multi_tensor.sum_squares_multi(glist), max_norm)
         state["step"] += 1
-        kc.adamw_multi(plist, ms, vs, glist, decay, state["step"], lr, 0.9, 0.95, 1e-8, grad_scale=factor)
+        multi_tensor.adamw_multi(
+            plist, ms, vs, glist, decay, state["step"], lr, 0.9, 0.95, 1e-8, grad_scale=factor
+        )
         return loss
 
     return step
@@ -108,7 +110,7 @@ def profile_ops(step, steps: int = 3) -> None:
     for name in names:
         wrap(ek, name)
     for name in ("sum_squares_multi", "clip_factor", "adamw_multi"):
-        wrap(kc, name)
+        wrap(multi_tensor, name)
     try:
         step()  # warm-up
         cp.cuda.Device().synchronize()

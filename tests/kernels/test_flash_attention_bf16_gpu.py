@@ -34,8 +34,8 @@ except cp.cuda.runtime.CUDARuntimeError:
 if _devices == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from euler_kernels import cuda as kc  # noqa: E402
-from euler_kernels.cuda.flash_bf16 import (  # noqa: E402
+from euler_kernels.cuda import flash_attention  # noqa: E402
+from euler_kernels.cuda.flash_attention import (  # noqa: E402
     flash_attention_backward_bf16,
     flash_attention_forward_bf16,
 )
@@ -175,8 +175,8 @@ def test_bf16_agrees_with_the_fp32_kernel_on_the_same_rounded_inputs(d):
     bits, _ = make_inputs(rng, 2, 150, 150, 6, 2, d)
     out16, lse, dq, dk, dv = run(bits, True)
     q, k, v, g = (cp.asarray(bf16_values(x)) for x in bits)
-    out32, lse32 = kc.flash_attention_forward(q, k, v, True, tf32=False)
-    dq32, dk32, dv32 = kc.flash_attention_backward(g, q, k, v, out32, lse32, True, tf32=False)
+    out32, lse32 = flash_attention.flash_attention_forward(q, k, v, True, tf32=False)
+    dq32, dk32, dv32 = flash_attention.flash_attention_backward(g, q, k, v, out32, lse32, True, tf32=False)
     assert relative_error(bf16_values(out16), out32.get()) < OUT_TOL
     assert float(cp.abs(lse - lse32).max()) < LSE_TOL
     for ours, theirs in ((dq, dq32), (dk, dk32), (dv, dv32)):  # 2x: delta from fp32 out there, bf16 here

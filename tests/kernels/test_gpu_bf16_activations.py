@@ -16,7 +16,7 @@ import euler_kernels as ek
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from euler_kernels import cuda as kc  # noqa: E402
+from euler_kernels.cuda import cast  # noqa: E402
 
 
 def randn(rng, *shape, scale=1.0):
@@ -25,8 +25,8 @@ def randn(rng, *shape, scale=1.0):
 
 def bf16_pair(rng, *shape, scale=1.0):
     """(bf16 activation on the GPU, the float32 values it holds on the GPU)."""
-    x16 = kc.to_bf16(cp.asarray(randn(rng, *shape, scale=scale)))
-    return x16, kc.from_bf16(x16)
+    x16 = cast.to_bf16(cp.asarray(randn(rng, *shape, scale=scale)))
+    return x16, cast.from_bf16(x16)
 
 
 def same_bits(a16, b16) -> None:
@@ -41,7 +41,7 @@ def test_rmsnorm_bf16_out_is_the_float32_output_rounded(n, c, seed):
     x, w = cp.asarray(randn(rng, n, c)), cp.asarray(randn(rng, c))
     ref, c_ref = ek.rmsnorm_forward(x, w)
     out16, cache = ek.rmsnorm_forward(x, w, bf16_out=True)
-    same_bits(out16, kc.to_bf16(ref))
+    same_bits(out16, cast.to_bf16(ref))
     g = cp.asarray(randn(rng, n, c))  # the backward is the float32 one: same cache contents
     (dx, dw), (dx_ref, dw_ref) = ek.rmsnorm_backward(g, cache), ek.rmsnorm_backward(g, c_ref)
     np.testing.assert_array_equal(dx.get(), dx_ref.get())
@@ -56,11 +56,11 @@ def test_swiglu_bf16_is_the_float32_kernel_rounded(n, seed):
     (g16, g), (u16, u), (d16, d) = (bf16_pair(rng, n, scale=3.0) for _ in range(3))
     out16, cache = ek.swiglu_forward(g16, u16)
     out, c32 = ek.swiglu_forward(g, u)
-    same_bits(out16, kc.to_bf16(out))
+    same_bits(out16, cast.to_bf16(out))
     dg16, du16 = ek.swiglu_backward(d16, cache)
     dg, du = ek.swiglu_backward(d, c32)
-    same_bits(dg16, kc.to_bf16(dg))
-    same_bits(du16, kc.to_bf16(du))
+    same_bits(dg16, cast.to_bf16(dg))
+    same_bits(du16, cast.to_bf16(du))
     # a float32 gradient into the bf16 cache is rounded first
     same_bits(ek.swiglu_backward(d, cache)[0], dg16)
 
@@ -79,10 +79,10 @@ def test_rope_bf16_forward_and_backward_round_the_float32_rotation(b, t, h, d, s
     x16, x = bf16_pair(rng, b, t, h, d)
     out16, cache = ek.rope_forward(x16, cos, sin, offset=3)
     out, c32 = ek.rope_forward(x, cos, sin, offset=3)
-    same_bits(out16, kc.to_bf16(out))
+    same_bits(out16, cast.to_bf16(out))
     g = cp.asarray(randn(rng, b, t, h, d))  # attention's float32 gradient
     dx16 = ek.rope_backward(g, cache)  # bf16 forward: the gradient comes back as bf16
-    same_bits(dx16, kc.to_bf16(ek.rope_backward(g, c32)))
+    same_bits(dx16, cast.to_bf16(ek.rope_backward(g, c32)))
 
 
 @settings(max_examples=15, deadline=None)
@@ -95,15 +95,15 @@ def test_linear_on_bf16_activations(n, c_out, c_in, seed):
     x16, x = bf16_pair(rng, n, c_in)
     w = cp.asarray(randn(rng, c_out, c_in))
     d16, d = bf16_pair(rng, n, c_out)
-    xr, wr, dr = (cp.asnumpy(a).astype(np.float64) for a in (x, kc.from_bf16(kc.to_bf16(w)), d))
+    xr, wr, dr = (cp.asnumpy(a).astype(np.float64) for a in (x, cast.from_bf16(cast.to_bf16(w)), d))
     out32, _ = ek.linear_forward(x16, w)
     out16, cache = ek.linear_forward(x16, w, bf16_out=True)
     assert out32.dtype == cp.float32 and ek.is_bf16(out16)
     np.testing.assert_allclose(out32.get(), xr @ wr.T, rtol=1e-5, atol=1e-5 * np.sqrt(c_in))
-    np.testing.assert_allclose(kc.from_bf16(out16).get(), xr @ wr.T, rtol=2**-8, atol=1e-5 * np.sqrt(c_in))
+    np.testing.assert_allclose(cast.from_bf16(out16).get(), xr @ wr.T, rtol=2**-8, atol=1e-5 * np.sqrt(c_in))
     dx16, dw = ek.linear_backward(d16, cache, bf16_dx=True)
     assert ek.is_bf16(dx16) and dw.dtype == cp.float32
-    np.testing.assert_allclose(kc.from_bf16(dx16).get(), dr @ wr, rtol=2**-8, atol=1e-5 * np.sqrt(c_out))
+    np.testing.assert_allclose(cast.from_bf16(dx16).get(), dr @ wr, rtol=2**-8, atol=1e-5 * np.sqrt(c_out))
     np.testing.assert_allclose(dw.get(), dr.T @ xr, rtol=1e-5, atol=1e-5 * np.sqrt(n))
 
 
@@ -117,27 +117,27 @@ def test_cross_entropy_bf16_gradient_is_the_float32_one_rounded(n, v, seed):
     _, cache = ek.cross_entropy_forward(z, tgt, mask)
     same_bits(
         ek.cross_entropy_backward(0.25, cache, bf16_out=True),
-        kc.to_bf16(ek.cross_entropy_backward(0.25, cache)),
+        cast.to_bf16(ek.cross_entropy_backward(0.25, cache)),
     )
 
 
 def test_to_bf16_many_casts_every_tensor_in_one_launch_into_kept_buffers():
     rng = np.random.default_rng(3)
     tensors = [cp.asarray(randn(rng, *shape, scale=10.0)) for shape in ((5000, 3), (7,), (64, 300), (1,))]
-    copies = kc.to_bf16_many(tensors)
+    copies = cast.to_bf16_many(tensors)
     for t, c in zip(tensors, copies):
-        same_bits(c, kc.to_bf16(t))
+        same_bits(c, cast.to_bf16(t))
     tensors[2] *= -3.0  # the next call rewrites the same buffers with the new values
-    again = kc.to_bf16_many(tensors)
+    again = cast.to_bf16_many(tensors)
     assert all(a is b for a, b in zip(again, copies))
-    same_bits(again[2], kc.to_bf16(tensors[2]))
+    same_bits(again[2], cast.to_bf16(tensors[2]))
 
 
 def test_linear_with_a_bf16_weight_copy_equals_the_float32_weight_in_bf16_mode(monkeypatch):
     monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     rng = np.random.default_rng(5)
     x, w, g = (cp.asarray(randn(rng, *shape)) for shape in ((33, 48), (40, 48), (33, 40)))
-    (w16,) = kc.to_bf16_many([w])
+    (w16,) = cast.to_bf16_many([w])
     out, cache = ek.linear_forward(x, w16)
     ref, ref_cache = ek.linear_forward(x, w)
     np.testing.assert_array_equal(out.get(), ref.get())

@@ -18,6 +18,17 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 from euler_kernels import cuda as kc  # noqa: E402
+from euler_kernels.cuda import (  # noqa: E402
+    cast,
+    cross_entropy,
+    embedding,
+    flash_attention,
+    gemm,
+    multi_tensor,
+    rmsnorm,
+    rope,
+    swiglu,
+)
 
 # Inputs are O(1) normals, so rounding is judged against the size of the terms summed: a result that
 # cancels to (nearly) zero in exact arithmetic (attention with T = S = 1, rmsnorm with C = 1) is measured
@@ -40,8 +51,8 @@ def test_rmsnorm_matches_numpy(n, c, seed):
     x, w, g = randn(rng, n, c), randn(rng, c), randn(rng, n, c)
     out_ref, cache = ek.rmsnorm_forward(x.astype(np.float64), w.astype(np.float64))
     dx_ref, dw_ref = ek.rmsnorm_backward(g.astype(np.float64), cache)
-    out, rstd = kc.rmsnorm_forward(cp.asarray(x), cp.asarray(w), 1e-5)
-    dx, dw = kc.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
+    out, rstd = rmsnorm.rmsnorm_forward(cp.asarray(x), cp.asarray(w), 1e-5)
+    dx, dw = rmsnorm.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
     # dx = rstd * (g w - x rstd^2 mean(g w x)) cancels when C = 1: judge it against its O(1) terms
     assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref, floor=1.0) < 1e-5 and rel(dw, dw_ref) < 1e-5
 
@@ -93,8 +104,8 @@ def test_rope_matches_numpy(b, t, h, d, offset, seed):
     cos, sin = ek.rope_tables(d, t + offset, dtype=np.float32)
     out_ref, cache = ek.rope_forward(x, cos, sin, offset)
     dx_ref = ek.rope_backward(g, cache)
-    out = kc.rope_rotate(cp.asarray(x), cp.asarray(cos), cp.asarray(sin), offset, 1.0)
-    dx = kc.rope_rotate(cp.asarray(g), cp.asarray(cos), cp.asarray(sin), offset, -1.0)
+    out = rope.rope_rotate(cp.asarray(x), cp.asarray(cos), cp.asarray(sin), offset, 1.0)
+    dx = rope.rope_rotate(cp.asarray(g), cp.asarray(cos), cp.asarray(sin), offset, -1.0)
     assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref) < 1e-5
 
 
@@ -105,8 +116,8 @@ def test_swiglu_matches_numpy(n, c, seed):
     gate, up, g = randn(rng, n, c, scale=3.0), randn(rng, n, c), randn(rng, n, c)
     out_ref, cache = ek.swiglu_forward(gate, up)
     dgate_ref, dup_ref = ek.swiglu_backward(g, cache)
-    out = kc.swiglu_forward(cp.asarray(gate), cp.asarray(up))
-    dgate, dup = kc.swiglu_backward(cp.asarray(g), cp.asarray(gate), cp.asarray(up))
+    out = swiglu.swiglu_forward(cp.asarray(gate), cp.asarray(up))
+    dgate, dup = swiglu.swiglu_backward(cp.asarray(g), cp.asarray(gate), cp.asarray(up))
     assert rel(out, out_ref) < 1e-5 and rel(dgate, dgate_ref) < 1e-5 and rel(dup, dup_ref) < 1e-5
 
 
@@ -119,7 +130,7 @@ def test_embedding_backward_loses_no_update(b, t, vocab, seed):
     g = randn(rng, b, t, c)
     _, cache = ek.embedding_forward(weight, tokens)
     ref = ek.embedding_backward(g, cache)
-    got = kc.embedding_backward(cp.asarray(g), cp.asarray(tokens), vocab)
+    got = embedding.embedding_backward(cp.asarray(g), cp.asarray(tokens), vocab)
     assert rel(got, ref) < 1e-5
 
 
@@ -140,11 +151,11 @@ def test_cross_entropy_matches_numpy(n, v, scale, seed):
     dl_ref = ek.cross_entropy_backward(np.float64(1.5), cache)
     weight = cp.asarray(mask * (targets != -100))
     t_safe = cp.asarray(np.where(targets == -100, 0, targets))
-    nll, lse = kc.cross_entropy_forward(cp.asarray(logits), t_safe, weight)
+    nll, lse = cross_entropy.cross_entropy_forward(cp.asarray(logits), t_safe, weight)
     denom = max(float(weight.sum()), 1.0)
     assert abs(float(nll.sum()) / denom - float(loss_ref)) <= 1e-5 * max(1.0, abs(float(loss_ref)))
     scale_dev = cp.asarray([1.5 / denom], dtype=cp.float32)
-    dl = kc.cross_entropy_backward(cp.asarray(logits), lse, t_safe, weight, scale_dev)
+    dl = cross_entropy.cross_entropy_backward(cp.asarray(logits), lse, t_safe, weight, scale_dev)
     # float32 spacing at |logit| ~ scale is ~6e-8 * scale: so is the error of logit - lse, hence of p
     tol = 1e-5 * max(1.0, scale / 10)
     assert rel(dl, dl_ref) < tol if np.abs(dl_ref).max() > 0 else float(cp.abs(dl).max()) == 0.0
@@ -159,11 +170,11 @@ def test_adamw_multi_and_norm_match_per_tensor_numpy():
     vs = [np.abs(randn(rng, *s, scale=0.1)) for s in shapes]
     wds = [0.0, 0.1, 0.1, 0.0]
     dev = [[cp.asarray(a) for a in group] for group in (params, ms, vs, grads)]
-    sq = kc.sum_squares_multi(dev[3])
+    sq = multi_tensor.sum_squares_multi(dev[3])
     assert abs(float(sq[0]) ** 0.5 - ek.global_grad_norm(grads)) < 1e-5 * ek.global_grad_norm(grads)
     for p, m, v, g, wd in zip(params, ms, vs, grads, wds):
         ek.adamw_update(p, m, v, g, step=3, lr=1e-2, weight_decay=wd)
-    kc.adamw_multi(*dev, wds, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
+    multi_tensor.adamw_multi(*dev, wds, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
     for ref, got in zip(params + ms + vs, dev[0] + dev[1] + dev[2]):
         assert rel(got, ref) < 1e-6
 
@@ -174,9 +185,10 @@ def test_sum_squares_over_many_chunks_is_exact_and_deterministic():
     host = [randn(rng, 1300 * 8192 - 5), randn(rng, 3, 7), randn(rng, 1)]
     dev = [cp.asarray(a) for a in host]
     ref = sum(float((a.astype(np.float64) ** 2).sum()) for a in host)
-    first = float(kc.sum_squares_multi(dev)[0])
+    first = float(multi_tensor.sum_squares_multi(dev)[0])
     assert abs(first - ref) < 1e-10 * ref
-    assert all(float(kc.sum_squares_multi(dev)[0]) == first for _ in range(3))  # bit-identical reruns
+    reruns = [float(multi_tensor.sum_squares_multi(dev)[0]) for _ in range(3)]
+    assert all(r == first for r in reruns)  # bit-identical reruns
 
 
 @pytest.mark.parametrize("loss", [2.5, float("nan")], ids=["finite", "nan-loss"])
@@ -191,10 +203,10 @@ def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):
     host = [[cp.asarray(a) for a in group] for group in groups]
     ctl = [[cp.asarray(a) for a in group] for group in groups]
     wds, step, lr = [0.0, 0.1, 0.0], 4, 2e-3
-    sq = kc.sum_squares_multi(ctl[3])
+    sq = multi_tensor.sum_squares_multi(ctl[3])
     hyper = cp.asarray(np.array([lr, 1 - 0.9**step, 1 - 0.95**step, 1.0], np.float32))
-    control = kc.step_control(sq, cp.asarray(np.float32(loss)), hyper, max_norm)
-    kc.adamw_multi_ctl(*ctl, wds, control, 0.9, 0.95, 1e-8)
+    control = multi_tensor.step_control(sq, cp.asarray(np.float32(loss)), hyper, max_norm)
+    multi_tensor.adamw_multi_ctl(*ctl, wds, control, 0.9, 0.95, 1e-8)
     norm = float(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in groups[3])))
     assert abs(float(control[5]) - norm) < 1e-5 * norm
     if np.isnan(loss):
@@ -202,8 +214,8 @@ def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):
         for got, ref in zip(ctl[0] + ctl[1] + ctl[2], groups[0] + groups[1] + groups[2]):
             assert np.array_equal(ek.to_numpy(got), ref)
         return
-    factor, _ = kc.clip_factor(kc.sum_squares_multi(host[3]), max_norm)
-    kc.adamw_multi(*host, wds, step, lr, 0.9, 0.95, 1e-8, grad_scale=factor)
+    factor, _ = multi_tensor.clip_factor(multi_tensor.sum_squares_multi(host[3]), max_norm)
+    multi_tensor.adamw_multi(*host, wds, step, lr, 0.9, 0.95, 1e-8, grad_scale=factor)
     assert float(control[0]) == pytest.approx(float(factor[0]), rel=1e-6)
     for got, ref in zip(ctl[0] + ctl[1] + ctl[2], host[0] + host[1] + host[2]):
         assert rel(got, ref) < 1e-6
@@ -222,7 +234,7 @@ def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, seed):
     a = randn(rng, *((k, m) if trans_a else (m, k)))
     b = randn(rng, *((n, k) if trans_b else (k, n)))
     ref = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
-    got = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="fp32")
+    got = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="fp32")
     assert got.shape == (m, n)
     assert rel(got, ref) < 1e-5 if k else float(cp.abs(got).max()) == 0.0
 
@@ -239,10 +251,10 @@ def test_bf16_cast_rounds_to_nearest_even():
         [randn(rng, 5000, scale=100.0), [halfway, -halfway, 0.0, -0.0, 3.4e38, np.inf, -np.inf]]
     )
     x = x.astype(np.float32)
-    bits = kc.to_bf16(cp.asarray(x)).get().astype(np.uint32) << 16
+    bits = cast.to_bf16(cp.asarray(x)).get().astype(np.uint32) << 16
     np.testing.assert_array_equal(bits.view(np.float32), bf16_round(x))
     assert bits.view(np.float32)[5000] == 1.0
-    nan = kc.to_bf16(cp.asarray(np.array([np.nan], np.float32))).get().astype(np.uint32) << 16
+    nan = cast.to_bf16(cp.asarray(np.array([np.nan], np.float32))).get().astype(np.uint32) << 16
     assert np.isnan(nan.view(np.float32)[0])
 
 
@@ -262,9 +274,9 @@ def test_gemm_bf16_is_the_exact_product_of_bf16_rounded_operands(m, n, k, trans_
     b = randn(rng, *((n, k) if trans_b else (k, n)))
     op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
     exact_of_rounded = bf16_round(op_a).astype(np.float64) @ bf16_round(op_b).astype(np.float64)
-    got = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16")
+    got = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16")
     assert rel(got, exact_of_rounded) < 1e-5
-    fast = kc.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16fast")
+    fast = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16fast")
     assert rel(fast, op_a.astype(np.float64) @ op_b.astype(np.float64)) < 2e-2
 
 
@@ -288,7 +300,7 @@ def test_gemm_adds_into_out(precision):
     rng = np.random.default_rng(6)
     a, b, c = randn(rng, 33, 20), randn(rng, 20, 17), randn(rng, 33, 17)
     out = cp.asarray(c)
-    got = kc.gemm(cp.asarray(a), cp.asarray(b), precision=precision, out=out)
+    got = gemm.gemm(cp.asarray(a), cp.asarray(b), precision=precision, out=out)
     assert got is out
     ar, br = (bf16_round(v) if precision == "bf16" else v for v in (a, b))
     assert rel(out, c.astype(np.float64) + ar.astype(np.float64) @ br.astype(np.float64)) < 1e-5
@@ -318,10 +330,10 @@ def test_gemm_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
     a, b = cp.asarray(randn(rng, 64, 48)), cp.asarray(randn(rng, 32, 48))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        kc.gemm(a, b, trans_b=True, precision="fp32")  # handle and workspace made outside the capture
+        gemm.gemm(a, b, trans_b=True, precision="fp32")  # handle and workspace made outside the capture
         stream.synchronize()
         stream.begin_capture()
-        out = kc.gemm(a, b, trans_b=True, precision="fp32")
+        out = gemm.gemm(a, b, trans_b=True, precision="fp32")
         graph = stream.end_capture()
     for _ in range(2):
         a[...] = cp.asarray(randn(rng, 64, 48))
@@ -356,8 +368,10 @@ def test_flash_attention_matches_cpu_reference(b, t, s, hq, hkv, d, causal, tf32
     to64 = [a.astype(np.float64) for a in (q, k, v, g)]
     out_ref, cache = ek.attention_forward(*to64[:3], causal=causal)
     dq_ref, dk_ref, dv_ref = ek.attention_backward(to64[3], cache)
-    out, lse = kc.flash_attention_forward(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal, tf32)
-    dq, dk, dv = kc.flash_attention_backward(
+    out, lse = flash_attention.flash_attention_forward(
+        cp.asarray(q), cp.asarray(k), cp.asarray(v), causal, tf32
+    )
+    dq, dk, dv = flash_attention.flash_attention_backward(
         cp.asarray(g), cp.asarray(q), cp.asarray(k), cp.asarray(v), out, lse, causal, tf32
     )
     floor = 0.1 if tf32 else 1e-2  # TF32 rounds operands to 10 mantissa bits

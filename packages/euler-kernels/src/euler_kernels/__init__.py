@@ -9,6 +9,9 @@ separately so that this package does not need hypothesis at run time.
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
 from euler_kernels.cuda import bf16_activations
+from euler_kernels.cuda.cast import to_bf16_many
+from euler_kernels.cuda.flash_attention import flash_attention_supports
+from euler_kernels.cuda.multi_tensor import adamw_multi_ctl, keep_tables, step_control, sum_squares_multi
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
 from euler_kernels.ops.adamw import adamw_update, adamw_update_many
 from euler_kernels.ops.attention import attention_backward, attention_forward
@@ -25,6 +28,7 @@ from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
 __all__ = [
     "GradcheckReport",
     "__version__",
+    "adamw_multi_ctl",
     "adamw_update",
     "adamw_update_many",
     "attention_backward",
@@ -35,11 +39,13 @@ __all__ = [
     "cross_entropy_forward",
     "embedding_backward",
     "embedding_forward",
+    "flash_attention_supports",
     "get_array_module",
     "global_grad_norm",
     "gradcheck",
     "gradcheck_scalar",
     "is_bf16",
+    "keep_tables",
     "linear_backward",
     "linear_forward",
     "linear_forward_many",
@@ -53,9 +59,12 @@ __all__ = [
     "rope_backward",
     "rope_forward",
     "rope_tables",
+    "step_control",
+    "sum_squares_multi",
     "swiglu_backward",
     "swiglu_forward",
     "synchronize",
+    "to_bf16_many",
     "to_device",
     "to_numpy",
 ]

@@ -90,7 +90,7 @@ def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]
 def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """params with the named float32 GPU matrices replaced by bf16 copies, all made in one launch (the
     copies are rewritten by the next call with the same weights; weight gradients stay float32)."""
-    return {**params, **dict(zip(names, ek.cuda.to_bf16_many([params[n] for n in names])))}
+    return {**params, **dict(zip(names, ek.to_bf16_many([params[n] for n in names])))}
 
 
 def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:

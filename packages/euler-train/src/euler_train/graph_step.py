@@ -56,7 +56,7 @@ class GraphStep:
     # --- the captured work ----------------------------------------------------------------------------
     def _body(self) -> None:
         """One step from the static buffers to updated weights; no host read-back, no host-to-device copy."""
-        from euler_kernels import cuda as kc
+        import euler_kernels as ek
         from euler_model import loss_and_grads_on_device
 
         cp, share = self.cp, 1.0 / self.grad_accum
@@ -73,8 +73,8 @@ class GraphStep:
             loss_sum = loss * share if loss_sum is None else loss_sum + loss * share
         self.loss[...] = loss_sum
         glist = [self.grads[n] for n in self.names]
-        kc.step_control(kc.sum_squares_multi(glist), self.loss, self.hyper, self.max_norm, out=self.control)
-        kc.adamw_multi_ctl(
+        ek.step_control(ek.sum_squares_multi(glist), self.loss, self.hyper, self.max_norm, out=self.control)
+        ek.adamw_multi_ctl(
             [self.params[n] for n in self.names],
             [self.opt.m[n] for n in self.names],
             [self.opt.v[n] for n in self.names],
@@ -89,11 +89,11 @@ class GraphStep:
     def _capture(self) -> None:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing), then the
         capture of the same work into a graph."""
-        from euler_kernels import cuda as kc
+        import euler_kernels as ek
 
         cp = self.cp
         # the graph holds the addresses of the multi-tensor tables: keep them alive as long as it lives
-        with kc.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
+        with ek.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
             self._body()
             self.stream.synchronize()
             self.stream.begin_capture()

@@ -2,8 +2,15 @@
 
 The ops in `euler_kernels.ops` dispatch here when they are given float32 CuPy arrays, or bf16 activations
 (uint16 CuPy arrays of bf16 bit patterns, made by the bf16 path: see `bf16_activations`); every other
-case (NumPy arrays, float64 on the GPU) runs the NumPy-style reference code. Importing this module
-does not import CuPy: kernels are compiled on first use and cached per process.
+case (NumPy arrays, float64 on the GPU) runs the NumPy-style reference code. Importing this package or
+any module in it does not import CuPy: kernels are compiled on first use and cached per process.
+
+The route from an op to its kernel is `ops/X.py` -> `cuda/X.py` (its launcher: shapes, grid, kernel
+choice) -> `cuda/X.cu` (rmsnorm, rope, swiglu, embedding, cross_entropy; attention's launchers are all in
+flash_attention.py, over flash_attention*.cu). Shared plumbing: `_module` (compiling and loading the
+`.cu` files, launch sizes), `multi_tensor` (the multi-tensor tables and the kernels over many tensors:
+AdamW, sum of squares, clip), `tables` (their cache), `cast` (float32 <-> bf16), `gemm` (cuBLAS). This
+module holds only the predicates that pick the fused path.
 """
 
 import os
@@ -11,29 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.backend import is_bf16
-from euler_kernels.cuda.flash_bf16 import flash_attention_backward_bf16, flash_attention_forward_bf16
-from euler_kernels.cuda.gemm import as_bf16, from_bf16, gemm, gemm_bf16, matmul_precision, to_bf16
-from euler_kernels.cuda.launch import (
-    adamw_multi,
-    adamw_multi_ctl,
-    clip_factor,
-    cross_entropy_backward,
-    cross_entropy_forward,
-    embedding_backward,
-    flash_attention_backward,
-    flash_attention_forward,
-    keep_tables,
-    residual_rmsnorm_forward,
-    rmsnorm_backward,
-    rmsnorm_forward,
-    rope_rotate,
-    step_control,
-    sum_squares_multi,
-    swiglu_backward,
-    swiglu_forward,
-    to_bf16_many,
-)
+from euler_kernels.cuda.gemm import matmul_precision
 
 
 def fused(*arrays: Any) -> bool:
@@ -57,35 +42,4 @@ def fused_cache(cache: tuple) -> bool:
     return isinstance(cache[0], str) and cache[0] == "cuda"
 
 
-__all__ = [
-    "adamw_multi",
-    "adamw_multi_ctl",
-    "as_bf16",
-    "bf16_activations",
-    "clip_factor",
-    "cross_entropy_backward",
-    "cross_entropy_forward",
-    "embedding_backward",
-    "flash_attention_backward",
-    "flash_attention_backward_bf16",
-    "flash_attention_forward",
-    "flash_attention_forward_bf16",
-    "from_bf16",
-    "fused",
-    "fused_cache",
-    "gemm",
-    "gemm_bf16",
-    "is_bf16",
-    "keep_tables",
-    "matmul_precision",
-    "residual_rmsnorm_forward",
-    "rmsnorm_backward",
-    "rmsnorm_forward",
-    "rope_rotate",
-    "step_control",
-    "sum_squares_multi",
-    "swiglu_backward",
-    "swiglu_forward",
-    "to_bf16",
-    "to_bf16_many",
-]
+__all__ = ["bf16_activations", "fused", "fused_cache"]

@@ -21,9 +21,7 @@ import ctypes
 import os
 from typing import Any
 
-import numpy as np
-
-from euler_kernels.cuda._module import blocks, get_kernel
+from euler_kernels.cuda.cast import to_bf16
 
 CUDA_R_32F = 0
 CUDA_R_16BF = 14
@@ -218,27 +216,3 @@ def _gemm_ex(
     )
     _check(status, "cublasGemmEx")
     return out
-
-
-def to_bf16(x: Any) -> Any:
-    """A C-contiguous float32 CuPy array rounded to bfloat16 (nearest even), as uint16 bit patterns."""
-    import cupy
-
-    out = cupy.empty(x.shape, dtype=cupy.uint16)
-    grid = (min(blocks(x.size, 256), 132 * 32),)
-    get_kernel("cast.cu", "float_to_bf16_kernel")(grid, (256,), (out, x, np.int64(x.size)))
-    return out
-
-
-def as_bf16(x: Any) -> Any:
-    """x as a C-contiguous bf16 array (uint16 bit patterns): itself if it is one already, else rounded by
-    `to_bf16` (a float32 CuPy array, copied to C order first if it is not)."""
-    x = x if x.flags.c_contiguous else x.copy()
-    return x if x.dtype == np.uint16 else to_bf16(x)
-
-
-def from_bf16(x16: Any) -> Any:
-    """bfloat16 bit patterns (uint16 CuPy array) -> the float32 values they stand for (exact)."""
-    import cupy
-
-    return (x16.astype(cupy.uint32) << 16).view(cupy.float32)

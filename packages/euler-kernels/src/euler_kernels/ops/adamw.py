@@ -6,6 +6,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
+from euler_kernels.cuda import multi_tensor
 
 
 def _check(param: Any, m: Any, v: Any, grad: Any, step: int) -> None:
@@ -94,7 +95,7 @@ def adamw_update_many(
     if params and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors):
         for p, m, v, g in zip(params, ms, vs, grads):
             _check(p, m, v, g, step)
-        cuda.adamw_multi(params, ms, vs, grads, decays, step, lr, beta1, beta2, eps)
+        multi_tensor.adamw_multi(params, ms, vs, grads, decays, step, lr, beta1, beta2, eps)
         return
     for p, m, v, g, wd in zip(params, ms, vs, grads, decays):
         adamw_update(p, m, v, g, step, lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd)

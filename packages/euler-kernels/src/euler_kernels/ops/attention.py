@@ -15,6 +15,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_activations, get_array_module, is_bf16, shape_error
+from euler_kernels.cuda import cast, flash_attention
 
 
 def _validate(q: Any, k: Any, v: Any, block_size: int) -> None:
@@ -99,12 +100,11 @@ def attention_forward(
     """
     _validate(q, k, v, block_size)
     if is_bf16(q):
-        if q.shape[-1] not in (64, 128):
-            raise ValueError(f"attention_forward: bf16 attention needs head_dim 64 or 128, got {q.shape[-1]}")
-        out, lse = cuda.flash_attention_forward_bf16(q, k, v, causal)  # (B, T, Hq, D) bf16, (B, Hq, T)
+        flash_attention.check_head_dim("attention_forward", q.shape[-1])  # bf16 has no other path
+        out, lse = flash_attention.flash_attention_forward_bf16(q, k, v, causal)  # bf16 (B, T, Hq, D), lse
         return out, ("cuda", q, k, v, out, lse, causal)
-    if cuda.fused(q, k, v) and q.shape[-1] in (64, 128):  # hand-written FlashAttention kernel
-        out, lse = cuda.flash_attention_forward(q, k, v, causal)  # (B, T, Hq, D), (B, Hq, T)
+    if cuda.fused(q, k, v) and flash_attention.flash_attention_supports(q.shape[-1]):  # hand-written kernel
+        out, lse = flash_attention.flash_attention_forward(q, k, v, causal)  # (B, T, Hq, D), (B, Hq, T)
         return out, ("cuda", q, k, v, out, lse, causal)
     xp = get_array_module(q)
     (_, t, hq, d), hkv = q.shape, k.shape[2]
@@ -155,8 +155,9 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
         if dout.shape != q.shape:
             raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)
         if is_bf16(q):  # the bf16 kernel reads a bf16 dout
-            return cuda.flash_attention_backward_bf16(cuda.as_bf16(dout), q, k, v, out, lse, causal)
-        return cuda.flash_attention_backward(dout, q, k, v, out, lse, causal)
+            dout = cast.as_bf16(dout)
+            return flash_attention.flash_attention_backward_bf16(dout, q, k, v, out, lse, causal)
+        return flash_attention.flash_attention_backward(dout, q, k, v, out, lse, causal)
     qs, kt, vt, out, lse, causal, bs, t = cache
     xp = get_array_module(dout)
     b, hkv, rows, d = qs.shape

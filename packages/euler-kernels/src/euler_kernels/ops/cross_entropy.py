@@ -10,6 +10,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, is_capturing, shape_error
+from euler_kernels.cuda import cross_entropy as cross_entropy_cuda
 
 
 def _weights(xp: Any, logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> Any:
@@ -56,7 +57,7 @@ def cross_entropy_forward(
     t_safe = xp.where(t == ignore_index, 0, t)  # ignored rows read column 0, weighted by 0
     if cuda.fused(z):  # one kernel per pass; only the log-sum-exp per row is kept, no host sync
         t_safe = t_safe.astype(xp.int64, copy=False)
-        nll, lse = cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
+        nll, lse = cross_entropy_cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
         denom = xp.maximum(w.sum(), 1.0)  # device scalar
         return (nll.sum() / denom).astype(z.dtype), ("cuda", z, lse, t_safe, w, denom, logits.shape)
     rows = xp.arange(z.shape[0])
@@ -83,7 +84,8 @@ def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False) -> 
             scale = (float(dloss) / denom).reshape(1).astype(z.dtype)
         else:
             scale = (get_array_module(z).asarray(dloss, dtype=z.dtype) / denom).reshape(1).astype(z.dtype)
-        return cuda.cross_entropy_backward(z, lse, t_safe, w, scale, bf16_out=bf16_out).reshape(shape)
+        dlogits = cross_entropy_cuda.cross_entropy_backward(z, lse, t_safe, w, scale, bf16_out=bf16_out)
+        return dlogits.reshape(shape)
     exps, total, t_safe, w, denom, shape = cache
     xp = get_array_module(exps)
     coef = w * (float(dloss) / denom)  # (N,)

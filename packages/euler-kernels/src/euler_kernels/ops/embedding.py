@@ -8,6 +8,7 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, is_capturing, shape_error
+from euler_kernels.cuda import embedding as embedding_cuda
 
 
 def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
@@ -43,7 +44,7 @@ def embedding_backward(dout: Any, cache: tuple) -> Any:
             "embedding_backward", f"dout must be tokens.shape + ({wshape[1]},)", dout=dout, tokens=tokens
         )
     if cuda.fused(dout) and dtype == np.float32:  # one kernel, atomics: no update is lost
-        return cuda.embedding_backward(dout, tokens, wshape[0])
+        return embedding_cuda.embedding_backward(dout, tokens, wshape[0])
     flat = tokens.reshape(-1)  # (N,)
     rows = dout.reshape(-1, wshape[1]).astype(dtype, copy=False)  # (N, C)
     dweight = xp.zeros(wshape, dtype=dtype)  # (V, C)

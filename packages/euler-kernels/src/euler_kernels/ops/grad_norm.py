@@ -8,6 +8,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
+from euler_kernels.cuda import multi_tensor
 
 
 def _as_list(grads: Iterable[Any] | Mapping[str, Any]) -> list[Any]:
@@ -23,7 +24,7 @@ def global_grad_norm(grads: Iterable[Any] | Mapping[str, Any]) -> float:
     """
     arrays = _as_list(grads)
     if arrays and cuda.fused(*arrays) and all(g.flags.c_contiguous for g in arrays):
-        return math.sqrt(float(cuda.sum_squares_multi(arrays)[0]))  # one launch, float64 sums
+        return math.sqrt(float(multi_tensor.sum_squares_multi(arrays)[0]))  # one launch, float64 sums
     total = None
     for g in arrays:
         xp = get_array_module(g)

@@ -6,12 +6,13 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, is_bf16, shape_error
+from euler_kernels.cuda import cast, gemm
 
 
 def linear_forward(x: Any, weight: Any, bf16_out: bool = False) -> tuple[Any, tuple]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
 
-    On the GPU x, or the weight (a bf16 copy made once per step, e.g. by cuda.to_bf16_many), may be bf16
+    On the GPU x, or the weight (a bf16 copy made once per step, e.g. by to_bf16_many), may be bf16
     (backend.is_bf16): the product then runs on the bf16 tensor cores whatever the matmul precision, and
     dweight is still float32. bf16_out (GPU, bf16 products only): out is a bf16 activation.
 
@@ -26,7 +27,7 @@ def linear_forward(x: Any, weight: Any, bf16_out: bool = False) -> tuple[Any, tu
     if bf16_out:
         raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, EULER_MATMUL_PRECISION=bf16)")
     if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
-        out = cuda.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
+        out = gemm.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
         return out.reshape(*x.shape[:-1], weight.shape[0]), (x, weight)
     out = x @ weight.T  # (..., C_out)
     return out, (x, weight)
@@ -50,7 +51,7 @@ def linear_forward_many(x: Any, weights: list[Any], bf16_out: bool = False) -> l
 def _bf16_product(x: Any, weight: Any) -> bool:
     """Whether x @ weight.T runs on the bf16 tensor cores: x or weight is bf16, or both are float32 CuPy
     arrays in bf16 mode."""
-    return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and cuda.matmul_precision() == "bf16")
+    return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and gemm.matmul_precision() == "bf16")
 
 
 def _check(x: Any, weight: Any) -> None:
@@ -69,11 +70,11 @@ def _check(x: Any, weight: Any) -> None:
 def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool) -> list[tuple[Any, tuple]]:
     """GPU bf16 mode: x rounded once (unless it is bf16 already), each weight once; the caches keep the
     bf16 copies for backward."""
-    x16 = cuda.as_bf16(x.reshape(-1, x.shape[-1]))  # (N, C_in)
+    x16 = cast.as_bf16(x.reshape(-1, x.shape[-1]))  # (N, C_in)
     results = []
     for w in weights:
-        w16 = cuda.as_bf16(w)
-        out = cuda.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
+        w16 = cast.as_bf16(w)
+        out = gemm.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
         results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
     return results
 
@@ -101,10 +102,10 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool 
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
             )
         _check_into(dx_into, x_shape)
-        d16 = cuda.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
+        d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
-        dx = cuda.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx).reshape(x_shape)
-        return (dx if dx_into is None else dx_into), cuda.gemm_bf16(d16, x16, trans_a=True)
+        dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx).reshape(x_shape)
+        return (dx if dx_into is None else dx_into), gemm.gemm_bf16(d16, x16, trans_a=True)
     x, weight = cache
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(
@@ -116,8 +117,8 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool 
     if cuda.fused(dout, x, weight) and (dx_into is None or cuda.fused(dx_into)):
         d2, x2 = _c(d2), _c(x2)
         into = None if dx_into is None else dx_into.reshape(-1, weight.shape[1])
-        dx = cuda.gemm(d2, _c(weight), out=into).reshape(x.shape)  # (..., C_in)
-        return (dx if dx_into is None else dx_into), cuda.gemm(d2, x2, trans_a=True)  # (C_out, C_in)
+        dx = gemm.gemm(d2, _c(weight), out=into).reshape(x.shape)  # (..., C_in)
+        return (dx if dx_into is None else dx_into), gemm.gemm(d2, x2, trans_a=True)  # (C_out, C_in)
     dx = dout @ weight  # (..., C_in)
     if dx_into is not None:
         dx_into += dx

@@ -12,6 +12,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, shape_error
+from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 
@@ -35,7 +36,7 @@ def residual_rmsnorm_forward(
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error(fn, "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if cuda.fused(x, branch, weight):  # one kernel: reads x and branch, writes s and out
-        s, out, rstd = cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out)
+        s, out, rstd = rmsnorm_cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out)
         return (s, out), ("cuda", s, weight, rstd)  # an rmsnorm cache of s
     s = x + branch
     out, cache = rmsnorm_forward(s, weight, eps, bf16_out)

@@ -6,6 +6,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
 
 
 def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False) -> tuple[Any, tuple]:
@@ -24,7 +25,7 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = Fal
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if cuda.fused(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x and weight
-        out, rstd = cuda.rmsnorm_forward(x, weight, eps, bf16_out)
+        out, rstd = rmsnorm_cuda.rmsnorm_forward(x, weight, eps, bf16_out)
         return out, ("cuda", x, weight, rstd)
     if bf16_out:
         raise ValueError("rmsnorm_forward: bf16_out needs float32 CuPy arrays (the GPU path)")
@@ -51,7 +52,7 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple[Any, 
         _, x, weight, rstd = cache
         if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
             raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=x)
-        return cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add)
+        return rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add)
     xhat, rstd, weight = cache
     xp = get_array_module(dout)
     if dout.shape != xhat.shape or (dx_add is not None and dx_add.shape != xhat.shape):

@@ -13,6 +13,7 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
+from euler_kernels.cuda import rope as rope_cuda
 
 
 def rope_tables(
@@ -85,7 +86,7 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tupl
     if is_bf16(x) or cuda.fused(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
         _check_tables("rope_forward", x, cos, sin, offset)
         cache = ("cuda", cos, sin, offset, x.shape, is_bf16(x))
-        return cuda.rope_rotate(x, cos, sin, offset, 1.0), cache
+        return rope_cuda.rope_rotate(x, cos, sin, offset, 1.0), cache
     c, s = _tables_for("rope_forward", x, cos, sin, offset)
     return _rotate(x, c, s, 1.0), (c, s)
 
@@ -96,7 +97,7 @@ def rope_backward(dout: Any, cache: tuple) -> Any:
         _, cos, sin, offset, shape, bf16 = cache
         if dout.shape != shape:
             raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)
-        return cuda.rope_rotate(dout, cos, sin, offset, -1.0, bf16_out=bf16)  # bf16 forward: bf16 gradient
+        return rope_cuda.rope_rotate(dout, cos, sin, offset, -1.0, bf16_out=bf16)  # a bf16 x: a bf16 dx
     c, s = cache
     if dout.ndim != 4 or dout.shape[1:] != c.shape:
         raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)

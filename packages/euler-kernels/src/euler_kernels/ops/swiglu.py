@@ -8,6 +8,8 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_activations, get_array_module, is_bf16, shape_error
+from euler_kernels.cuda import cast
+from euler_kernels.cuda import swiglu as swiglu_cuda
 
 
 def _sigmoid(xp: Any, g: Any) -> Any:
@@ -34,7 +36,7 @@ def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
     if kind == "bf16" or cuda.fused(gate, up):
-        return cuda.swiglu_forward(gate, up), ("cuda", gate, up)
+        return swiglu_cuda.swiglu_forward(gate, up), ("cuda", gate, up)
     sig = _sigmoid(xp, gate)
     silu = gate * sig
     return silu * up, (up, sig, silu)
@@ -47,8 +49,8 @@ def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
         if is_bf16(gate):  # the bf16 kernel reads a bf16 gradient (a float32 one is rounded once)
-            dout = cuda.as_bf16(dout)
-        return cuda.swiglu_backward(dout, gate, up)
+            dout = cast.as_bf16(dout)
+        return swiglu_cuda.swiglu_backward(dout, gate, up)
     up, sig, silu = cache
     if dout.shape != up.shape:
         raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)

@@ -1,0 +1,58 @@
+"""Launchers of cast.cu: float32 -> bfloat16 rounding (nearest even), one array or many in one launch;
+and the way back.
+
+bf16 tensors are uint16 CuPy arrays of bf16 bit patterns. The bf16 matmul mode rounds operands with
+`to_bf16`; ops that take bf16 activations round a float32 gradient once with `as_bf16`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import THREADS, get_kernel, grid
+from euler_kernels.cuda.multi_tensor import chunk_table, table_cache
+
+
+def to_bf16(x: Any) -> Any:
+    """A C-contiguous float32 CuPy array rounded to bfloat16 (nearest even), as uint16 bit patterns."""
+    import cupy
+
+    out = cupy.empty(x.shape, dtype=cupy.uint16)
+    get_kernel("cast.cu", "float_to_bf16_kernel")(grid(x.size), (THREADS,), (out, x, np.int64(x.size)))
+    return out
+
+
+def as_bf16(x: Any) -> Any:
+    """x as a C-contiguous bf16 array (uint16 bit patterns): itself if it is one already, else rounded by
+    `to_bf16` (a float32 CuPy array, copied to C order first if it is not)."""
+    x = x if x.flags.c_contiguous else x.copy()
+    return x if x.dtype == np.uint16 else to_bf16(x)
+
+
+def from_bf16(x16: Any) -> Any:
+    """bfloat16 bit patterns (uint16 CuPy array) -> the float32 values they stand for (exact)."""
+    import cupy
+
+    return (x16.astype(cupy.uint32) << 16).view(cupy.float32)
+
+
+def to_bf16_many(tensors: list[Any]) -> list[Any]:
+    """bf16 copies (uint16 bit patterns) of C-contiguous float32 tensors, all made in one launch.
+
+    The copies live in buffers kept per list of tensors (in the same cache as the multi-tensor tables, so
+    a captured graph's `keep_tables()` scope keeps them too): every call with the same tensors writes the
+    same buffers, so the copies of an earlier call are overwritten, and a CUDA graph can replay the cast.
+    """
+    import cupy
+
+    def build() -> tuple[list[Any], Any]:
+        outs = [cupy.empty(t.shape, dtype=cupy.uint16) for t in tensors]
+        return outs, cupy.asarray(np.array([o.data.ptr for o in outs], dtype=np.uint64))
+
+    outs, out_pointers = table_cache.get(("bf16 copies", *((t.data.ptr, t.size) for t in tensors)), build)
+    in_pointers, chunk_tensor, chunk_start, sizes = chunk_table(tensors)
+    args = (out_pointers, in_pointers, chunk_tensor, chunk_start, sizes)
+    get_kernel("cast.cu", "float_to_bf16_multi")((chunk_tensor.size,), (THREADS,), args)
+    return outs

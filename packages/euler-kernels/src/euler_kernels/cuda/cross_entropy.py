@@ -1,0 +1,56 @@
+"""Launchers of cross_entropy.cu: one block per row; forward is a single online pass for max and sum that
+keeps only the log-sum-exp, backward writes dlogits directly (float32, or bf16 for a bf16 head). Rows
+that can be read as float4 take the `_vec` kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import THREADS, contiguous, get_kernel
+from euler_kernels.cuda.cast import to_bf16
+
+# (float4 rows, bf16 dlogits) -> backward kernel; bf16 dlogits exist only for float4 rows
+_BACKWARD = {
+    (False, False): "cross_entropy_backward",
+    (True, False): "cross_entropy_backward_vec",
+    (True, True): "cross_entropy_backward_vec_bf16",
+}
+
+
+def _float4_rows(*arrays: Any) -> bool:
+    """Whether every (N, V) array can be read as float4: V % 4 == 0 and 16-byte aligned data."""
+    return all(a.shape[-1] % 4 == 0 and a.data.ptr % 16 == 0 for a in arrays)
+
+
+def cross_entropy_forward(logits: Any, targets: Any, weight: Any) -> tuple[Any, Any]:
+    """logits (N, V), targets (N,) int64, weight (N,) float32 -> per-row weighted nll (N,), lse (N,)."""
+    import cupy
+
+    logits, targets, weight = contiguous(logits, targets, weight)
+    N, V = logits.shape
+    nll = cupy.empty((N,), dtype=cupy.float32)
+    lse = cupy.empty((N,), dtype=cupy.float32)
+    args = (nll, lse, logits, targets, weight, np.int32(V))
+    name = "cross_entropy_forward_vec" if _float4_rows(logits) else "cross_entropy_forward"
+    get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
+    return nll, lse
+
+
+def cross_entropy_backward(
+    logits: Any, lse: Any, targets: Any, weight: Any, scale: Any, out: Any = None, bf16_out: bool = False
+) -> Any:
+    """dlogits (N, V) = scale * weight * (softmax - onehot); `out` may be `logits` itself (in place).
+    bf16_out: dlogits is bf16 (uint16 bit patterns), for a head whose products run in bf16."""
+    import cupy
+
+    N, V = logits.shape
+    if bf16_out and not _float4_rows(logits):  # no bf16 kernel for odd V: round the float32 result
+        return to_bf16(cross_entropy_backward(logits, lse, targets, weight, scale))
+    dtype = cupy.uint16 if bf16_out else cupy.float32
+    dlogits = cupy.empty(logits.shape, dtype=dtype) if out is None else out
+    args = (dlogits, logits, lse, targets, weight, scale, np.int32(V))
+    name = _BACKWARD[_float4_rows(logits, dlogits), bool(bf16_out)]
+    get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
+    return dlogits

@@ -1,0 +1,155 @@
+"""Launchers of multi_tensor.cu: kernels that cover a whole list of tensors in one launch (AdamW, the sum
+of squares of every gradient, the clip factor, the device-side step control), and the device tables
+they read.
+
+A multi-tensor kernel runs one block per chunk of CHUNK elements; it finds its tensor and range in small
+device tables (pointers, chunk -> tensor, chunk -> start, sizes), built once per list of tensors and kept
+in a bounded cache keyed by the tensors' addresses and sizes (`table_cache`; `keep_tables()` pins the
+tables a CUDA graph is captured with).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import THREADS, get_kernel
+from euler_kernels.cuda.tables import TableCache
+
+CHUNK = 8192  # elements per block; must match CHUNK in common.cuh
+table_cache = TableCache(capacity=32)
+keep_tables = table_cache.keep  # `with keep_tables() as kept:` pins the tables a CUDA graph is captured with
+
+
+def chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
+    """Device tables (pointers, chunk->tensor, chunk->start, sizes) for tensors, cached by address."""
+    import cupy
+
+    def build() -> tuple[Any, Any, Any, Any]:
+        sizes = np.array([t.size for t in tensors], dtype=np.int64)
+        n_chunks = (sizes + CHUNK - 1) // CHUNK
+        chunk_tensor = np.repeat(np.arange(len(tensors), dtype=np.int32), n_chunks)
+        chunk_start = np.concatenate([np.arange(n, dtype=np.int64) * CHUNK for n in n_chunks])
+        pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
+        return tuple(cupy.asarray(a) for a in (pointers, chunk_tensor, chunk_start, sizes))
+
+    return table_cache.get(tuple((t.data.ptr, t.size) for t in tensors), build)
+
+
+def sum_squares_multi(tensors: list[Any]) -> Any:
+    """Sum of squares of all elements of all float32 tensors, as a float64 device scalar (shape (1,))."""
+    import cupy
+
+    pointers, chunk_tensor, chunk_start, sizes = chunk_table(tensors)
+    partials = cupy.empty((chunk_tensor.size,), dtype=cupy.float64)  # one per chunk
+    args = (partials, pointers, chunk_tensor, chunk_start, sizes)
+    get_kernel("multi_tensor.cu", "sum_squares_multi")((chunk_tensor.size,), (THREADS,), args)
+    out = cupy.empty((1,), dtype=cupy.float64)
+    get_kernel("multi_tensor.cu", "sum_partials")((1,), (1024,), (out, partials, np.int32(partials.size)))
+    return out
+
+
+def clip_factor(sum_squares: Any, max_norm: float) -> tuple[Any, Any]:
+    """Device scalars (factor, norm): factor = min(1, max_norm / norm), computed without a host sync."""
+    import cupy
+
+    factor = cupy.empty((1,), dtype=cupy.float32)
+    norm = cupy.empty((1,), dtype=cupy.float32)
+    args = (factor, norm, sum_squares, np.float32(max_norm))
+    get_kernel("multi_tensor.cu", "clip_factor")((1,), (1,), args)
+    return factor, norm
+
+
+_decay_tables: dict[tuple, Any] = {}
+
+
+def _decay_table(weight_decays: list[float]) -> Any:
+    """The per-tensor weight decays as a float32 device array, made once per list (no copy per step)."""
+    import cupy
+
+    key = tuple(float(d) for d in weight_decays)
+    if key not in _decay_tables:
+        _decay_tables[key] = cupy.asarray(np.asarray(key, dtype=np.float32))
+    return _decay_tables[key]
+
+
+def _adamw_tables(
+    params: list[Any], ms: list[Any], vs: list[Any], grads: list[Any], weight_decays: list[float]
+) -> tuple:
+    """The eight table arguments both AdamW kernels start with: pointers of params, m, v, grads, the
+    decays, chunk -> tensor, chunk -> start, sizes."""
+    p_ptr, chunk_tensor, chunk_start, sizes = chunk_table(params)
+    m_ptr, v_ptr, g_ptr = (chunk_table(ts)[0] for ts in (ms, vs, grads))
+    return (p_ptr, m_ptr, v_ptr, g_ptr, _decay_table(weight_decays), chunk_tensor, chunk_start, sizes)
+
+
+def adamw_multi(
+    params: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    grads: list[Any],
+    weight_decays: list[float],
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    grad_scale: Any = None,
+) -> None:
+    """One launch updates every tensor in place; grad_scale is an optional float32 device scalar."""
+    import cupy
+
+    tables = _adamw_tables(params, ms, vs, grads, weight_decays)
+    scale = cupy.ones((1,), dtype=cupy.float32) if grad_scale is None else grad_scale
+    args = (
+        *tables,
+        scale,
+        np.float32(lr),
+        np.float32(beta1),
+        np.float32(beta2),
+        np.float32(eps),
+        np.float32(1 - beta1**step),
+        np.float32(1 - beta2**step),
+    )
+    grid = (tables[5].size,)  # one block per chunk
+    get_kernel("multi_tensor.cu", "adamw_multi")(grid, (THREADS,), args)
+
+
+def step_control(sum_squares: Any, loss: Any, hyper: Any, max_norm: float, out: Any = None) -> Any:
+    """Device control vector [grad_scale, apply, lr, bc1, bc2, norm] for `adamw_multi_ctl`.
+
+    sum_squares: float64 (1,) from `sum_squares_multi`; loss: float32 device scalar; hyper: float32 (4,)
+    device array [lr, 1 - beta1**t, 1 - beta2**t, enable] written by the host before each step.
+    Nothing is read back to the host, so a CUDA graph can replay it with new `hyper` values.
+    """
+    import cupy
+
+    control = cupy.empty((6,), dtype=cupy.float32) if out is None else out
+    args = (control, sum_squares, loss, hyper, np.float32(max_norm))
+    get_kernel("multi_tensor.cu", "step_control")((1,), (1,), args)
+    return control
+
+
+def adamw_multi_ctl(
+    params: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    grads: list[Any],
+    weight_decays: list[float],
+    control: Any,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """`adamw_multi` with the clip factor, lr, bias corrections and a skip flag read from `control`."""
+    tables = _adamw_tables(params, ms, vs, grads, weight_decays)
+    args = (
+        *tables,
+        control,
+        np.float32(beta1),
+        np.float32(beta2),
+        np.float32(eps),
+    )
+    grid = (tables[5].size,)  # one block per chunk
+    get_kernel("multi_tensor.cu", "adamw_multi_ctl")(grid, (THREADS,), args)

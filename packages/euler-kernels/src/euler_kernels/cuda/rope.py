@@ -1,0 +1,30 @@
+"""Launcher of rope.cu: rotate head vectors by their position's angles, reading the (P, D/2) tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import GRID_CAP, blocks, contiguous, get_kernel
+
+
+def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float, bf16_out: bool = False) -> Any:
+    """Rotate x (B, T, H, D) by +angle (direction 1, forward) or -angle (direction -1, backward).
+
+    x is float32 or bfloat16 (uint16 bit patterns); out is bf16 when x is, or when bf16_out is set."""
+    import cupy
+
+    x, cos, sin = contiguous(x, cos, sin)
+    _, T, H, D = x.shape
+    x_bf16 = x.dtype == cupy.uint16
+    out = cupy.empty(x.shape, dtype=cupy.uint16 if x_bf16 or bf16_out else cupy.float32)
+    name = "rope_rotate_bf16" if x_bf16 else "rope_rotate_to_bf16" if bf16_out else "rope_rotate"
+    n_rows = x.size // D  # (b, t, h) rows
+    if n_rows >= 2**31:
+        raise ValueError(f"rope_rotate: {n_rows} rows of head vectors exceed the kernel's 32-bit row index")
+    args = (out, x, cos, sin, np.int32(n_rows), np.int32(T), np.int32(H), np.int32(D), np.int32(offset))
+    rows_per_block = 8  # blocks of (32 pair lanes, 8 rows)
+    grid = (min(blocks(n_rows, rows_per_block), GRID_CAP),)
+    get_kernel("rope.cu", name)(grid, (32, rows_per_block), (*args, np.float32(direction)))
+    return out
