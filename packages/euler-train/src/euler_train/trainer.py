@@ -164,13 +164,15 @@ class Trainer:
         128); SFT weighs micro-batches by their masks, data parallelism all-reduces between backward and
         update, and other head sizes attend through CuPy's matmul, which cannot be captured: all of these
         run the eager step."""
+        import euler_kernels as ek
+
         return (
             self.spec.cfg["train"]["cuda_graph"]
             and not self.graph_failed
             and self.device.kind == "gpu"
             and self.spec.mode == "pretrain"
             and self.comm.world_size == 1
-            and self.spec.mcfg.head_dim in (64, 128)
+            and ek.flash_attention_supports(self.spec.mcfg.head_dim)
         )
 
     def _graph_step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool] | None:
