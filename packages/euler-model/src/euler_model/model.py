@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_kernels.heap import keep_freed_memory
 from euler_model.blocks import (
     attention_block_backward,
     attention_block_forward,
@@ -50,6 +51,8 @@ def trunk_forward(
             f"exceed the context {config.context}"
         )
     rope = rope_for(config, params["embed"])
+    if ek.get_array_module(params["embed"]) is np:  # CPU: each step reuses the last one's freed memory
+        keep_freed_memory()
     b, t = tokens.shape
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
     if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
