@@ -5,7 +5,7 @@
 """
 
 from euler_data.__about__ import __version__
-from euler_data.chat import alpaca_messages, encode_chat, render_chat
+from euler_data.chat import CHAT_TEMPLATE, alpaca_messages, encode_chat, render_chat
 from euler_data.errors import DataError
 from euler_data.loaders import PretrainLoader, SFTLoader
 from euler_data.meta import read_meta
@@ -27,6 +27,7 @@ def build_sft(*args, **kwargs):
 
 
 __all__ = [
+    "CHAT_TEMPLATE",
     "DataError",
     "FilterConfig",
     "PretrainLoader",

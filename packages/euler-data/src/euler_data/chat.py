@@ -6,6 +6,7 @@ Every turn is ``<|role|>`` newline content ``<|end|>``, turns are joined by a ne
 
 A generation prompt appends ``\\n<|assistant|>\\n``; the model then writes the answer and ``<|end|>``.
 The loss mask is 1 exactly on the assistant's content tokens and its closing ``<|end|>``.
+``CHAT_TEMPLATE`` is the same format in Jinja, for Hugging Face's ``apply_chat_template``.
 
 >>> render_chat([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
 '<|user|>\\nHi<|end|>\\n<|assistant|>\\n'
@@ -34,6 +35,23 @@ def render_chat(messages: Sequence[dict], add_generation_prompt: bool = False) -
     if add_generation_prompt:
         text += ("\n" if messages else "") + "<|assistant|>\n"
     return text
+
+
+# render_chat in Jinja, for Hugging Face's `apply_chat_template` (it goes in tokenizer_config.json).
+# Every newline is an expression ({{ '\\n' }}), so the text is the same with or without Jinja's
+# trim_blocks / lstrip_blocks (transformers turns both on). Tests pin it to render_chat.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in " + repr(list(ROLES)) + " or m['content'] is not string %}"
+    "{{ raise_exception('each message must be {role: user|assistant, content: str}') }}"
+    "{% endif %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<|' + m['role'] + '|>\\n' + m['content'] + '" + END + "' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{% if messages %}{{ '\\n' }}{% endif %}{{ '<|assistant|>\\n' }}"
+    "{% endif %}"
+)
 
 
 def _segments(messages: Sequence[dict], add_generation_prompt: bool) -> list[tuple[str, bool, bool]]:
