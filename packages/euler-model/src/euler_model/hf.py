@@ -1,10 +1,12 @@
 """Hugging Face interop: write and read `LlamaForCausalLM` folders.
 
-A folder written by save_hf holds
+A folder written by save_hf holds (every file mode 0644)
     config.json             a LlamaConfig (model_type "llama"), plus "euler_mtp_heads": K
     model.safetensors       the Llama weights; head 0 is lm_head.weight
     mtp_heads.safetensors   heads 1..K-1 as "mtp_heads.{k}.weight" (only when K > 1; transformers ignores it)
-    tokenizer.json          when a tokenizer is given
+    tokenizer.json          when a tokenizer is given, with
+    tokenizer_config.json   its eos / pad / other special tokens and the chat template (hf_tokenizer.py)
+    generation_config.json  the ids that stop `generate` (eos_token_id, one id or a list) and the pad id
 Our RoPE is the rotate-half layout of HF Llama, so q/k projections are stored as they are (no permutation).
 load_hf reads such a folder back, or any Llama-architecture folder: without mtp_heads.safetensors the
 model has K = 1; a tied model (tie_word_embeddings, or no lm_head.weight) gets head 0 = a copy of the
@@ -14,7 +16,9 @@ embedding.
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +27,12 @@ from safetensors.numpy import save_file
 
 from euler_model.checkpoint import to_host
 from euler_model.config import ModelConfig
+from euler_model.hf_tokenizer import TokenizerMeta, added_tokens, generation_config, tokenizer_config
 from euler_model.params import check_params, param_shapes
 from euler_model.safetensors_io import read_safetensors
 
 MTP_FILE = "mtp_heads.safetensors"
+FILE_MODE = 0o644  # readable by everyone, whatever the umask or safetensors' own mode (0600)
 _LAYER_NAMES = {  # ours -> Hugging Face, inside model.layers.{i}.
     "attn_norm": "input_layernorm.weight",
     "wq": "self_attn.q_proj.weight",
@@ -90,37 +96,71 @@ def save_hf(
     folder: str | Path,
     tokenizer: Any = None,
     dtype: Any = np.float32,
+    *,
+    eos_tokens: Sequence[str] = (),
+    pad_token: str | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a LlamaForCausalLM folder for params (or any params-shaped dict, e.g. gradients).
 
     tokenizer: None, a path to a tokenizer.json to copy, or an object with .to_hf(path) (euler-bpe's
-    Tokenizer). Returns the folder.
+    Tokenizer). eos_tokens: names of the special tokens that end a generation (the first is the
+    tokenizer's eos_token); pad_token: the padding token's name; chat_template: a Jinja chat template.
+    These need a tokenizer, and each name must be one of its special tokens. Returns the folder.
     """
     check_params(config, params, "save_hf")
+    meta = None
+    if tokenizer is not None:
+        tok_text = _tokenizer_text(tokenizer)
+        meta = TokenizerMeta.resolve(
+            added_tokens(tok_text), eos_tokens, pad_token, chat_template, config.vocab_size
+        )
+    elif eos_tokens or pad_token is not None or chat_template is not None:
+        raise ValueError("save_hf: eos_tokens, pad_token and chat_template need a tokenizer")
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        folder.chmod(0o755)
     tensors = {hf_name(n): to_host(v).astype(dtype) for n, v in params.items()}
     main = {n: t for n, t in tensors.items() if not n.startswith("mtp_heads.")}
-    save_file(main, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    written = [_save_tensors(main, folder / "model.safetensors")]
     extra = {n: t for n, t in tensors.items() if n.startswith("mtp_heads.")}
     if extra:
-        save_file(extra, str(folder / MTP_FILE), metadata={"format": "pt"})
+        written.append(_save_tensors(extra, folder / MTP_FILE))
+    elif (folder / MTP_FILE).is_file():  # left by an earlier export with K > 1: load_hf would read it
+        (folder / MTP_FILE).unlink()
     cfg = hf_config(config) | {"dtype": np.dtype(dtype).name}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    if tokenizer is not None:
-        _write_tokenizer(tokenizer, folder / "tokenizer.json")
+    if meta is not None:
+        cfg |= {"eos_token_id": meta.eos_token_id(), "pad_token_id": meta.pad_id}
+        (folder / "tokenizer.json").write_text(tok_text, encoding="utf-8")
+        written.append(folder / "tokenizer.json")
+        written.append(_write_json(folder / "tokenizer_config.json", tokenizer_config(meta, config.context)))
+        written.append(_write_json(folder / "generation_config.json", generation_config(meta)))
+    written.append(_write_json(folder / "config.json", cfg))
+    for path in written:
+        path.chmod(FILE_MODE)
     return folder
 
 
-def _write_tokenizer(tokenizer: Any, path: Path) -> None:
+def _save_tensors(tensors: dict[str, np.ndarray], path: Path) -> Path:
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _tokenizer_text(tokenizer: Any) -> str:
+    """The tokenizer.json text of a tokenizer.json path or of an object with .to_hf(path)."""
     if hasattr(tokenizer, "to_hf"):
-        tokenizer.to_hf(path)
-    elif isinstance(tokenizer, str | Path) and Path(tokenizer).is_file():
-        shutil.copyfile(tokenizer, path)
-    else:
-        raise ValueError(
-            f"save_hf: tokenizer must be a tokenizer.json path or have .to_hf(), got {tokenizer!r}"
-        )
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer.to_hf(Path(tmp) / "tokenizer.json")
+            return (Path(tmp) / "tokenizer.json").read_text(encoding="utf-8")
+    if isinstance(tokenizer, str | os.PathLike) and Path(tokenizer).is_file():
+        return Path(tokenizer).read_text(encoding="utf-8")
+    raise ValueError(f"save_hf: tokenizer must be a tokenizer.json path or have .to_hf(), got {tokenizer!r}")
 
 
 def config_from_hf(cfg: dict[str, Any], n_mtp_heads: int = 1) -> ModelConfig:
