@@ -96,13 +96,30 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_export_hf(args: argparse.Namespace) -> int:
+    """A LlamaForCausalLM folder with the tokenizer, euler-data's chat template and the stop tokens.
+
+    An SFT checkpoint stops `generate` at <|end|> or <|endoftext|> (eos_token <|end|>, as `chat` does); a
+    pretrained one at <|endoftext|>. The pad token is <|endoftext|>.
+    """
     import euler_model
     from euler_bpe import Tokenizer
+    from euler_data import CHAT_TEMPLATE
+    from euler_train.chat import ASSISTANT, END, EOT, USER
+    from euler_train.checkpoint import read_state
     from euler_train.modelio import TOKENIZER, load_model
 
     mcfg, params, _, folder = load_model(args.checkpoint)
-    tok = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
-    euler_model.save_hf(mcfg, params, args.out, tokenizer=tok)
+    tok, meta = None, {}
+    if (folder / TOKENIZER).is_file():
+        tok = Tokenizer.load(folder / TOKENIZER)
+        names = tok.special_tokens
+        stops = (END, EOT) if read_state(folder).get("mode") == "sft" else (EOT,)
+        meta = {
+            "eos_tokens": [n for n in stops if n in names],
+            "pad_token": EOT if EOT in names else None,
+            "chat_template": CHAT_TEMPLATE if {USER, ASSISTANT, END} <= names.keys() else None,
+        }
+    euler_model.save_hf(mcfg, params, args.out, tokenizer=tok, **meta)
     print(f"euler-train export-hf: {folder} -> {args.out}")
     return 0
 
