@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from euler_kernels import gradcheck_scalar
-from euler_model import forward_loss, init_params, logits, loss_and_grads, preset
+from euler_model import forward_loss, gradcheck_params, init_params, logits, loss_and_grads, preset
 
 
 def batch(cfg, b, t, seed, partial_mask=True):
@@ -17,19 +17,10 @@ def batch(cfg, b, t, seed, partial_mask=True):
     return tokens, targets, mask
 
 
-def random_params(cfg, seed):
-    """Larger-than-init weights (and non-unit norms) so that every path carries a visible gradient."""
-    rng = np.random.default_rng(seed)
-    p = init_params(cfg, seed=seed, dtype=np.float64)
-    return {
-        k: (1.0 + 0.3 * rng.standard_normal(v.shape) if k.endswith("norm") else v * 10) for k, v in p.items()
-    }
-
-
 @pytest.mark.slow
 def test_whole_model_gradcheck_every_tensor() -> None:
     cfg = preset("tiny")
-    params = random_params(cfg, seed=3)
+    params = gradcheck_params(cfg, seed=3)
     tokens, targets, mask = batch(cfg, 2, 7, seed=4)
     loss, grads = loss_and_grads(cfg, params, tokens, targets, mask)
     assert sorted(grads) == sorted(params)
@@ -49,7 +40,7 @@ def log_softmax(z):
 @pytest.mark.parametrize("use_mask", [False, True])
 def test_mtp_loss_is_mean_over_heads_of_masked_cross_entropy(use_mask) -> None:
     cfg = preset("tiny")
-    params = random_params(cfg, seed=0)
+    params = gradcheck_params(cfg, seed=0)
     tokens, targets, mask = batch(cfg, 3, 9, seed=1, partial_mask=use_mask)
     z = logits(cfg, params, tokens, all_heads=True)  # (K, B, T, V)
     t = tokens.shape[1]
@@ -66,7 +57,7 @@ def test_mtp_loss_is_mean_over_heads_of_masked_cross_entropy(use_mask) -> None:
 
 def test_single_head_uses_next_tokens_and_masked_positions_have_no_gradient() -> None:
     cfg = preset("tiny", n_mtp_heads=1)
-    params = random_params(cfg, seed=2)
+    params = gradcheck_params(cfg, seed=2)
     tokens, targets, _ = batch(cfg, 2, 6, seed=3)
     mask = np.ones(targets.shape)
     mask[1] = 0.0  # the second sequence does not count
@@ -80,7 +71,7 @@ def test_single_head_uses_next_tokens_and_masked_positions_have_no_gradient() ->
 
 def test_float32_matches_float64() -> None:
     cfg = preset("tiny")
-    p64 = random_params(cfg, seed=7)
+    p64 = gradcheck_params(cfg, seed=7)
     p32 = {k: v.astype(np.float32) for k, v in p64.items()}
     tokens, targets, mask = batch(cfg, 2, 16, seed=8)
     l64, g64 = loss_and_grads(cfg, p64, tokens, targets, mask)

@@ -13,6 +13,7 @@ from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
 from euler_kernels.cuda.multi_tensor import adamw_multi_ctl, keep_tables, step_control, sum_squares_multi
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
+from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
 from euler_kernels.ops.adamw import adamw_update, adamw_update_many
 from euler_kernels.ops.attention import attention_backward, attention_forward
 from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -43,6 +44,8 @@ __all__ = [
     "get_array_module",
     "global_grad_norm",
     "gradcheck",
+    "gradcheck_cases",
+    "gradcheck_ops",
     "gradcheck_scalar",
     "is_bf16",
     "keep_tables",

@@ -15,7 +15,7 @@ from euler_model.generate import GenerationStats, generate
 from euler_model.hf import load_hf, save_hf
 from euler_model.kv_cache import KVCache
 from euler_model.model import forward_loss, logits, loss_and_grads, loss_and_grads_on_device
-from euler_model.params import count_params, describe_params, init_params, param_shapes
+from euler_model.params import count_params, describe_params, gradcheck_params, init_params, param_shapes
 
 __all__ = [
     "FORMAT_VERSION",
@@ -28,6 +28,7 @@ __all__ = [
     "describe_params",
     "forward_loss",
     "generate",
+    "gradcheck_params",
     "init_params",
     "load_checkpoint",
     "load_hf",
