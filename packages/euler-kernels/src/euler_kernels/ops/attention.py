@@ -76,6 +76,13 @@ def _batch_chunks(xp: Any, b: int, hkv: int, rows: int, cols: int, itemsize: int
         yield slice(b0, min(b0 + step, b))
 
 
+def _query_block(xp: Any, block_size: int, causal: bool) -> int:
+    """Query positions per block: block_size, or on NumPy with the causal mask a quarter of it. Each
+    query block reads keys only up to its own last position, so narrower blocks skip most of the masked
+    part of the diagonal tiles: 62.5 % of a T = block_size causal square is computed instead of all of it."""
+    return max(1, block_size // 4) if causal and xp.__name__ == "numpy" else block_size
+
+
 def _key_blocks(t0: int, t1: int, s: int, shift: int, causal: bool, bs: int):
     """Key blocks (s0, s1, needs_mask) visible to queries t0..t1."""
     last = min(s, t1 - 1 + shift + 1) if causal else s  # keys beyond this are masked for every row
@@ -114,10 +121,11 @@ def attention_forward(
     vt = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
     out = xp.empty_like(qs)
     lse = xp.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, T*G)
-    tile_rows, tile_cols = min(block_size, t) * g, min(block_size, k.shape[1])
+    qb = _query_block(xp, block_size, causal)
+    tile_rows, tile_cols = min(qb, t) * g, min(block_size, k.shape[1])
     for bi in _batch_chunks(xp, q.shape[0], hkv, tile_rows, tile_cols, q.dtype.itemsize):
-        for t0 in range(0, t, block_size):
-            t1 = min(t0 + block_size, t)
+        for t0 in range(0, t, qb):
+            t1 = min(t0 + qb, t)
             r = slice(t0 * g, t1 * g)  # this query block's rows
             o, lse[bi, :, r] = _forward_rows(
                 xp, qs[bi, :, r], kt[bi], vt[bi], t0, t1, g, shift, causal, block_size
@@ -170,9 +178,10 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
     dk = xp.zeros_like(kt)
     dv = xp.zeros_like(vt)
     saved, grads = (qs, kt, vt, do, lse, delta), (dq, dk, dv)
-    for bi in _batch_chunks(xp, b, hkv, min(bs, t) * g, min(bs, s), qs.dtype.itemsize):
-        for t0 in range(0, t, bs):
-            t1 = min(t0 + bs, t)
+    qb = _query_block(xp, bs, causal)
+    for bi in _batch_chunks(xp, b, hkv, min(qb, t) * g, min(bs, s), qs.dtype.itemsize):
+        for t0 in range(0, t, qb):
+            t1 = min(t0 + qb, t)
             qi = (bi, slice(None), slice(t0 * g, t1 * g))  # this query block's rows
             for s0, s1, masked in _key_blocks(t0, t1, s, s - t, causal, bs):
                 ki = (bi, slice(None), slice(s0, s1))  # this key block's rows
