@@ -104,18 +104,26 @@ def merge_long_word(ids: list[int], merges: Merges) -> list[int]:
     return [t for t, keep in zip(tok, alive) if keep]
 
 
-def word_bytes(word: str, raw: bool) -> bytes:
-    """UTF-8 of a word; lone surrogates are raw bytes when `raw` (surrogateescape), else U+FFFD."""
+def exact_bytes(text: str, raw: bool) -> bytes | None:
+    """UTF-8 of `text`, with lone surrogates as the bytes they escape when `raw`; None if some cannot be."""
     try:
-        return word.encode("utf-8")
+        return text.encode("utf-8")
     except UnicodeEncodeError:
         if raw:
             try:
-                return word.encode("utf-8", "surrogateescape")
+                return text.encode("utf-8", "surrogateescape")
             except UnicodeEncodeError:
                 pass
-        # What tiktoken does: every lone surrogate becomes U+FFFD.
-        return word.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+    return None
+
+
+def word_bytes(word: str, raw: bool) -> bytes:
+    """UTF-8 of a word; lone surrogates are raw bytes when `raw` (surrogateescape), else U+FFFD."""
+    data = exact_bytes(word, raw)
+    if data is not None:
+        return data
+    # What tiktoken does: every lone surrogate becomes U+FFFD.
+    return word.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
 
 class WordEncoder:
@@ -170,6 +178,9 @@ class WordEncoder:
 
     def encode(self, text: str, raw: bool = False) -> list[int]:
         """Token ids of `text`; `raw` means lone surrogates stand for raw bytes (see `word_bytes`)."""
+        data = None if self.merges else exact_bytes(text, raw)
+        if data is not None:  # nothing to merge (the byte tokenizer): the ids are the bytes, no words
+            return list(map(self.byte_ids.__getitem__, data))
         get, miss, out = self.cache.get, self._miss, []
         for word in self.findall(text):
             ids = get(word)

@@ -1,10 +1,12 @@
 """euler-bpe's own file format: versioned JSON with a content hash.
 
-    {"format": "euler-bpe", "version": 1, "pattern": "...", "tokens": ["68", "6869", ...],
+    {"format": "euler-bpe", "version": 1, "kind": "bpe", "pattern": "...", "tokens": ["68", "6869", ...],
      "merges": [[104, 105], ...], "special_tokens": {"<|endoftext|>": 4095}, "fingerprint": "..."}
 
 `tokens[i]` is the hex of token i's bytes; `merges` are in rank order; `fingerprint` is the SHA-256 of
-the canonical JSON of the other content fields, checked on load.
+the canonical JSON of the content fields (pattern, tokens, merges, special_tokens), checked on load.
+`kind` is "bytes" for the byte tokenizer (`Tokenizer.byte_level`) and "bpe" otherwise; it follows from
+the content, so load checks it against the content too (files without it are read as well).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def fingerprint(fields: dict[str, Any]) -> str:
 
 def to_dict(tok: Tokenizer) -> dict[str, Any]:
     fields = content(tok)
-    return {"format": FORMAT, "version": VERSION, **fields, "fingerprint": fingerprint(fields)}
+    head = {"format": FORMAT, "version": VERSION, "kind": tok.kind}
+    return {**head, **fields, "fingerprint": fingerprint(fields)}
 
 
 def _field(data: dict, key: str, kind: type) -> Any:
@@ -74,6 +77,8 @@ def from_dict(data: Any, check_fingerprint: bool = True) -> Tokenizer:
         raise TokenizerFileError(
             "load: the fingerprint does not match the content (file corrupted or edited)"
         )
+    if data.get("kind", tok.kind) != tok.kind:
+        raise TokenizerFileError(f'load: "kind": {data["kind"]!r} does not match the content ({tok.kind!r})')
     return tok
 
 

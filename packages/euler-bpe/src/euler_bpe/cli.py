@@ -79,6 +79,7 @@ def _info(args: argparse.Namespace) -> None:
     tok = Tokenizer.load(args.tokenizer)
     print(f"vocab_size      {tok.vocab_size}")
     print(f"merges          {len(tok.merges)}")
+    print(f"kind            {tok.kind}")
     print(f"special_tokens  {tok.special_tokens}")
     print(f"fingerprint     {tok.fingerprint}")
     print(f"pattern         {tok.pattern}")

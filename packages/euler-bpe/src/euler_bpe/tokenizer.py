@@ -180,7 +180,8 @@ class Tokenizer:
                 raise OverflowError(
                     f"encode_batch: ids up to {self.vocab_size - 1} do not fit array typecode {typecode!r}"
                 ) from None
-        if workers <= 1 or len(texts) < 2 or sum(map(len, texts)) < 1 << 16:
+        small = len(texts) < 2 or sum(map(len, texts)) < 1 << 16
+        if workers <= 1 or small or not self.merges:  # no merges: encoding is one str.encode per text
             encoded = (self._encode(t, allowed, raw) for t in texts)
             return [array(typecode, ids) for ids in encoded] if typecode else list(encoded)
         if self._pool is None or self._pool.workers != workers:
@@ -226,6 +227,22 @@ class Tokenizer:
         return len(self.tokens)
 
     @cached_property
+    def is_byte_level(self) -> bool:
+        """True for the byte tokenizer (`byte_level`): no merges, id b is the byte b, specials after.
+
+        >>> Tokenizer.byte_level(["<|endoftext|>"]).is_byte_level
+        True
+        """
+        specials = set(self.special_tokens.values())
+        bytes_in_order = all(self.tokens[b] == bytes([b]) and b not in specials for b in range(256))
+        return not self.merges and bytes_in_order and specials == set(range(256, len(self.tokens)))
+
+    @property
+    def kind(self) -> str:
+        """The kind: "bytes" for the byte tokenizer (`is_byte_level`), else "bpe"; saved files record it."""
+        return "bytes" if self.is_byte_level else "bpe"
+
+    @cached_property
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the tokenizer's content: equal fingerprints mean equal encodings."""
         return _io.fingerprint(_io.content(self))
@@ -241,7 +258,14 @@ class Tokenizer:
 
     @classmethod
     def byte_level(cls, special_tokens: Sequence[str] = ()) -> Tokenizer:
-        """The 256-byte tokenizer with no merges (ids are byte values), plus specials after them."""
+        """The byte tokenizer: ids 0-255 are the byte values, no merges, the special tokens after them.
+
+        Any byte string is `encode_bytes`-ed to its own bytes as ids; `encode` gives the UTF-8 bytes.
+
+        >>> tok = Tokenizer.byte_level(["<|endoftext|>"])
+        >>> tok.encode("é"), tok.encode_bytes(b"\\xff\\x00"), tok.special_tokens
+        ([195, 169], [255, 0], {'<|endoftext|>': 256})
+        """
         specials = {s: 256 + k for k, s in enumerate(special_tokens)}
         return cls([bytes([b]) for b in range(256)] + [s.encode() for s in special_tokens], [], specials)
 
