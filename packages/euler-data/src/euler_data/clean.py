@@ -2,7 +2,7 @@
 
 Line endings to ``\\n``, control characters (all but tab and newline) and the byte-order mark removed,
 Unicode NFC, the Project Gutenberg header (up to ``*** START OF ... ***``) and footer (from
-``*** END OF ...``) cut, surrounding whitespace trimmed.
+``*** END OF ...``) cut, surrounding whitespace trimmed. Raw sources (``::raw``) are left as they are.
 
 >>> clean_text(con, "\\ufeffa\\r\\nb\\x00")  # doctest: +SKIP
 'a\\nb'
@@ -34,9 +34,9 @@ def clean_sql(column: str) -> str:
 def clean(con: duckdb.DuckDBPyConnection) -> int:
     """Stage 2: ``clean(doc_id, source, text, score, reason)``; returns the number of rows."""
     con.execute(
-        f"CREATE OR REPLACE TABLE clean AS SELECT doc_id, source, "
-        f"CASE WHEN reason IS NULL THEN {clean_sql('text')} END AS text, score, reason "
-        "FROM raw ORDER BY doc_id"
+        f"CREATE OR REPLACE TABLE clean AS SELECT r.doc_id, r.source, CASE WHEN r.reason IS NOT NULL "
+        f"THEN NULL WHEN s.raw THEN r.text ELSE {clean_sql('r.text')} END AS text, r.score, r.reason "
+        "FROM raw r JOIN sources s USING (source) ORDER BY r.doc_id"
     )
     return con.execute("SELECT count(*) FROM clean").fetchone()[0]
 

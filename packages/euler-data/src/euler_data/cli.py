@@ -15,7 +15,7 @@ from pathlib import Path
 
 from euler_data.errors import DataError
 from euler_data.network import resolve_mirror
-from euler_data.recipe import SPLIT_MODES, Recipe, SourceSpec, load_recipe
+from euler_data.recipe import BYTE_TOKENIZER, SPLIT_MODES, Recipe, SourceSpec, check_vocab_size, load_recipe
 
 
 def source_from_cli(spec: str) -> SourceSpec:
@@ -50,6 +50,7 @@ def _weights(pairs: list[str]) -> dict[str, float]:
 def recipe_from_args(args: argparse.Namespace) -> Recipe:
     """The recipe file (if any) with the flags given on top of it."""
     recipe = load_recipe(args.recipe) if args.recipe else Recipe()
+    check_vocab_size(args.tokenizer or recipe.tokenizer, args.vocab_size, "--vocab-size")
     sources = list(recipe.sources) + [source_from_cli(s) for s in args.source]
     weights = _weights(args.weight)
     sources = [dataclasses.replace(s, weight=weights.pop(s.label, s.weight)) for s in sources]
@@ -95,10 +96,10 @@ def cmd_sft(args: argparse.Namespace) -> None:
     from euler_data.tokenizer import load_tokenizer
 
     out = Path(args.out)
-    tok_path = Path(args.tokenizer) if args.tokenizer else out / "tokenizer.json"
-    if not tok_path.is_file():
+    tok_path = args.tokenizer or out / "tokenizer.json"
+    if tok_path != BYTE_TOKENIZER and not Path(tok_path).is_file():
         raise DataError(
-            str(tok_path), "no tokenizer: pass --tokenizer FILE or run `prepare` into --out first"
+            str(tok_path), "no tokenizer: pass --tokenizer FILE|bytes or run `prepare` into --out first"
         )
     tok = load_tokenizer(tok_path)
     mirror = resolve_mirror(args.mirror)
@@ -116,12 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="sources -> clean -> filter -> dedup -> split -> mix -> token shards")
     p.add_argument("--source", action="append", default=[], help="[NAME=]SPEC: file/folder "
-                   "(PATH::line|paragraph|eot) or gutenberg:ID,..., fineweb-edu[:ROWS], alpaca, "
+                   "(PATH::line|paragraph|eot|raw) or gutenberg:ID,..., fineweb-edu[:ROWS], alpaca, "
                    "tinyshakespeare")  # fmt: skip
     p.add_argument("--recipe", help="a .toml or .json recipe (flags override it)")
     p.add_argument("--out", required=True, help="dataset folder to write")
-    p.add_argument("--vocab-size", type=int)
-    p.add_argument("--tokenizer", help="use this tokenizer.json instead of training one")
+    p.add_argument("--vocab-size", type=int, help="train a tokenizer of this many tokens (default 4096)")
+    p.add_argument("--tokenizer", help="FILE: use this tokenizer.json instead of training one; bytes: "
+                   "the byte tokenizer (ids 0-255 are the bytes, then the special tokens)")  # fmt: skip
     p.add_argument("--val-fraction", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--mirror", help="local mirror folder instead of the network (or EULER_DATA_MIRROR)")
@@ -139,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="build an SFT set (chat template, loss mask) from Alpaca-style records")
     s.add_argument("--source", action="append", required=True, help="alpaca, or a .json/.jsonl file")
     s.add_argument("--out", required=True)
-    s.add_argument("--tokenizer", help="tokenizer.json (default: OUT/tokenizer.json)")
+    s.add_argument("--tokenizer", help="tokenizer.json or bytes (default: OUT/tokenizer.json)")
     s.add_argument("--context", type=int, default=512, help="drop examples longer than this many tokens")
     s.add_argument("--val-fraction", type=float, default=0.05)
     s.add_argument("--seed", type=int, default=0)

@@ -5,6 +5,7 @@ collapsing every run of non-letters/digits to one space (md5 of that normal form
 (``minhash_threshold``), also "similar": a bottom-k MinHash sketch (the 64 smallest hashes of each
 document's 5-word shingles) estimates the Jaccard similarity of every pair sharing a sketch hash as
 ``shared / (2 * 64 - shared)``; the later document of a pair at or above the threshold is dropped.
+Raw sources (``::raw``: bytes, not prose) are only deduplicated exactly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ def dedup(con: duckdb.DuckDBPyConnection, near: bool = True) -> int:
     con.execute(
         f"""CREATE OR REPLACE TABLE deduped AS
         WITH h AS (
-            SELECT *, md5(text) AS hash, md5({NORMAL_FORM}) AS norm FROM filtered WHERE reason IS NULL
+            SELECT f.*, md5(text) AS hash,
+                CASE WHEN s.raw THEN 'raw:' || md5(text) ELSE md5({NORMAL_FORM}) END AS norm
+            FROM filtered f JOIN sources s USING (source) WHERE reason IS NULL
         ), ranked AS (
             SELECT doc_id, source, text, hash, CASE
                 WHEN row_number() OVER (PARTITION BY hash ORDER BY doc_id) > 1 THEN 'duplicate'
@@ -37,7 +40,8 @@ def dedup(con: duckdb.DuckDBPyConnection, near: bool = True) -> int:
 SKETCH = 64  # hashes kept per document
 SIMILAR_PAIRS = f"""
 WITH kept AS (
-    SELECT doc_id, string_split({NORMAL_FORM}, ' ') AS w FROM deduped WHERE reason IS NULL
+    SELECT doc_id, string_split({NORMAL_FORM}, ' ') AS w FROM deduped
+    WHERE reason IS NULL AND source NOT IN (SELECT source FROM sources WHERE raw)
 ), words AS (
     SELECT doc_id, unnest(w) AS word, generate_subscripts(w, 1) AS pos FROM kept
 ), shingles AS (

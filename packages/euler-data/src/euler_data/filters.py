@@ -1,8 +1,9 @@
 """Stage 3, filter: ``clean`` -> ``filtered``, each document kept (reason NULL) or dropped for one reason.
 
-Reasons, first match wins: the ingest reason, "empty", "too_short", "too_long", "low_score" (the
+Reasons, first match wins: the ingest reason, "empty", "too_long", "too_short", "low_score" (the
 source's ``min_score``), "too_few_words", "not_prose" (letters and spaces over all characters below
-``min_alpha_ratio``: tables, code dumps, binary junk).
+``min_alpha_ratio``: tables, code dumps, binary junk). A raw source's files (``::raw``, where a
+character is a byte) are dropped only when empty or longer than ``max_chars`` bytes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def reason_sql(f: FilterConfig) -> str:
     return f"""CASE
         WHEN c.reason IS NOT NULL THEN c.reason
         WHEN length(c.text) = 0 THEN 'empty'
-        WHEN length(c.text) < {int(f.min_chars)} THEN 'too_short'
         WHEN length(c.text) > {int(f.max_chars)} THEN 'too_long'
+        WHEN s.raw THEN NULL
+        WHEN length(c.text) < {int(f.min_chars)} THEN 'too_short'
         WHEN s.min_score IS NOT NULL AND coalesce(c.score, -1e300) < s.min_score THEN 'low_score'
         WHEN {words} < {int(f.min_words)} THEN 'too_few_words'
         WHEN {letters} < {float(f.min_alpha_ratio)} * length(c.text) THEN 'not_prose'

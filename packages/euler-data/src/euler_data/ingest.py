@@ -1,7 +1,9 @@
 """Stage 1, ingest: every source's records into the ``raw`` table, unreadable ones kept with a reason.
 
 ``raw(doc_id, source, file, text, score, reason)``: one row per document in; ``reason`` is NULL when
-the text was read, else why not (the document is counted as dropped for that reason).
+the text was read, else why not (the document is counted as dropped for that reason). A raw source
+(``::raw``, bytes mode) gives one row per file, its bytes stored as ``raw_bytes`` says, and
+``sources.raw`` is true for it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import duckdb
 
 from euler_data.errors import DataError
-from euler_data.readers import Record, read_json_file, read_txt
+from euler_data.readers import Record, read_json_file, read_raw, read_txt
 from euler_data.recipe import Recipe, SourceSpec
 from euler_data.sources import Input
 
@@ -33,18 +35,23 @@ def create_tables(con: duckdb.DuckDBPyConnection, recipe: Recipe) -> None:
     con.execute(f"CREATE OR REPLACE TABLE raw ({_SCHEMA})")
     con.execute(
         "CREATE OR REPLACE TABLE sources (source VARCHAR PRIMARY KEY, spec VARCHAR, weight DOUBLE, "
-        "split_mode VARCHAR, min_score DOUBLE)"
+        "split_mode VARCHAR, min_score DOUBLE, raw BOOLEAN)"
     )
     for s in recipe.sources:
-        row = [s.label, s.spec, s.weight, s.split_mode, s.min_score]
-        con.execute("INSERT INTO sources VALUES (?, ?, ?, ?, ?)", row)
+        row = [s.label, s.spec, s.weight, s.split_mode, s.min_score, s.docs == "raw"]
+        con.execute("INSERT INTO sources VALUES (?, ?, ?, ?, ?, ?)", row)
 
 
-def python_records(item: Input, source: SourceSpec, max_bytes: int) -> Iterator[Record]:
-    """Records of a text-like input, read in Python so that bad lines are counted one by one."""
+def python_records(item: Input, source: SourceSpec, max_chars: int) -> Iterator[Record]:
+    """Records of a text-like input, read in Python so that bad lines are counted one by one; a raw
+    source's input is one record of its bytes (a byte is a character there)."""
     path = Path(item.location)
+    if source.docs == "raw":
+        if "://" in item.location:
+            raise DataError(source.spec, f"::raw reads local files only, not {item.location}")
+        return iter([read_raw(path, max_chars)])
     if item.fmt == "txt":
-        return read_txt(path, source.docs, max_bytes)
+        return read_txt(path, source.docs, max_chars * 4)  # a UTF-8 character is at most 4 bytes
     return read_json_file(path, source.text_field, source.score_field)
 
 
@@ -102,14 +109,14 @@ def ingest(con, recipe: Recipe, inputs: dict[str, list[Input]], workdir: Path, p
     """Stage 1: fill ``raw`` from every source's inputs; returns the number of documents in."""
     create_tables(con, recipe)
     staging = workdir / "raw_staging.jsonl"
-    next_id, max_bytes = 0, recipe.filter.max_chars * 4  # a UTF-8 character is at most 4 bytes
+    next_id = 0
     with open(staging, "w", encoding="utf-8") as out:
         for source in recipe.sources:
             for item in inputs[source.label]:
-                if item.fmt == "parquet":
+                if item.fmt == "parquet" and source.docs != "raw":
                     next_id = ingest_parquet(con, item, source, next_id)
                 else:
-                    records = python_records(item, source, max_bytes)
+                    records = python_records(item, source, recipe.filter.max_chars)
                     next_id = write_staging(out, records, source.label, item.location, next_id)
                 if progress is not None:
                     progress.update(1)

@@ -1,7 +1,8 @@
 """``meta.json``: what a dataset folder holds, counted by SQL over the pipeline tables.
 
 Bits per byte of a split: ``mean_loss_nats * tokens[split] / (ln 2 * bytes[split])``; ``tokens`` include
-the ``<|endoftext|>`` after each document, ``bytes`` are the UTF-8 bytes of the documents' text.
+the ``<|endoftext|>`` after each document, ``bytes`` are the UTF-8 bytes of the documents' text (of a
+raw source, the files' bytes).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import duckdb
 import numpy as np
 
 from euler_data.errors import DataError
+from euler_data.raw_bytes import bytes_sql
 
 META_NAME = "meta.json"
 
@@ -42,9 +44,9 @@ def per_source(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
     ).fetchall():
         out[source]["dropped"][reason] = n
     for source, split, docs, nbytes, tokens in con.execute(
-        """SELECT p.source, m.split, count(*), sum(strlen(p.text)), sum(t.tokens + 1)
+        f"""SELECT p.source, m.split, count(*), sum({bytes_sql("p.text", "s.raw")}), sum(t.tokens + 1)
         FROM mixed m JOIN pieces p USING (doc_id, part) JOIN tokenized t USING (doc_id, part)
-        GROUP BY ALL ORDER BY ALL"""
+        JOIN sources s ON s.source = p.source GROUP BY ALL ORDER BY ALL"""
     ).fetchall():
         out[source][split] = {"documents": docs, "bytes": int(nbytes), "tokens": int(tokens)}
     return out
@@ -70,6 +72,7 @@ def build_meta(con: duckdb.DuckDBPyConnection, tok, extra: dict[str, Any]) -> di
         "bytes": split_totals(sources, "bytes"),
         "tokens": split_totals(sources, "tokens"),
         "sources": sources,
+        "tokenizer": tok.kind,  # "bytes" (the byte tokenizer) or "bpe"
         "tokenizer_fingerprint": tok.fingerprint,
         "vocab_size": tok.vocab_size,
         "special_tokens": dict(tok.special_tokens),

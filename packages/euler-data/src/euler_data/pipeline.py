@@ -20,6 +20,7 @@ from euler_data.db import connect
 from euler_data.errors import DataError
 from euler_data.meta import build_meta, write_meta
 from euler_data.network import resolve_mirror
+from euler_data.raw_bytes import bytes_sql
 from euler_data.recipe import Recipe
 from euler_data.sources import resolve
 
@@ -48,7 +49,9 @@ def _dedup(con, recipe: Recipe) -> int:
 
 
 def _text_bytes(con, table: str) -> int:
-    return int(con.execute(f"SELECT coalesce(sum(strlen(text)), 0) FROM {table}").fetchone()[0])
+    nbytes = bytes_sql("t.text", "s.raw")  # a raw source's stored text has one character per byte
+    query = f"SELECT coalesce(sum({nbytes}), 0) FROM {table} t JOIN sources s USING (source)"
+    return int(con.execute(query).fetchone()[0])
 
 
 def _stage_bytes(con, name: str, recipe: Recipe) -> int:

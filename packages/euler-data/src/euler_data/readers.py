@@ -2,7 +2,8 @@
 
 Each record is ``(text, score, reason)``: ``reason`` is None for a readable document, else why it was
 dropped ("not_utf8", "malformed_json", "no_text", "too_long"); a dropped record still counts as a
-document in. Parquet is read by DuckDB directly (see ``ingest``).
+document in. Parquet is read by DuckDB directly (see ``ingest``). A raw file (bytes mode) is one record
+of its exact bytes in the stored form of ``raw_bytes``, whatever its type: no UTF-8 check.
 
 >>> list(read_jsonl_lines([b'{"text": "hi"}', b"{oops"], "text"))
 [('hi', None, None), (None, None, 'malformed_json')]
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from euler_data.errors import DataError
+from euler_data.raw_bytes import as_text
 
 Record = tuple[str | None, float | None, str | None]
 EOT = b"<|endoftext|>"
@@ -50,6 +52,13 @@ def read_txt(path: Path, docs: str, max_bytes: int) -> Iterator[Record]:
         return
     for part in split_bytes(path.read_bytes(), docs):
         yield _decode(part)
+
+
+def read_raw(path: Path, max_bytes: int) -> Record:
+    """A whole file as one raw document (``::raw``); over ``max_bytes`` it is dropped unread."""
+    if path.stat().st_size > max_bytes:
+        return None, None, "too_long"
+    return as_text(path.read_bytes()), None, None
 
 
 def record_text(obj: object, text_field: str, score_field: str = "score") -> Record:

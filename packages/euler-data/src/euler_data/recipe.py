@@ -20,9 +20,10 @@ from typing import Any
 
 from euler_data.errors import DataError
 
-# how a text file is cut into documents
-SPLIT_MODES = ("document", "line", "paragraph", "eot")
+# how a text file is cut into documents; "raw": each file whole, its bytes as they are (bytes mode)
+SPLIT_MODES = ("document", "line", "paragraph", "eot", "raw")
 NAMED = ("gutenberg", "fineweb-edu", "alpaca", "tinyshakespeare")
+BYTE_TOKENIZER = "bytes"  # tokenizer = "bytes": ids 0-255 are the raw bytes, the chat special tokens follow
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,9 @@ class SourceSpec:
     """One source: a local file/folder or a named source, e.g. ``SourceSpec("gutenberg:11,84")``.
 
     ``docs`` picks how a .txt file becomes documents ("document": whole file, "line", "paragraph": blank
-    line, "eot": the literal ``<|endoftext|>``); ``split`` is "hash" (by document hash) or "position"
-    (first 1 - val_fraction of the text to train, the rest to val).
+    line, "eot": the literal ``<|endoftext|>``), or "raw": every file of the source, of any type, is one
+    document of its exact bytes (no cleaning; needs the byte tokenizer); ``split`` is "hash" (by document
+    hash) or "position" (first 1 - val_fraction of the text to train, the rest to val).
     """
 
     spec: str
@@ -59,10 +61,10 @@ class SourceSpec:
 
     @property
     def split_mode(self) -> str:
-        """How documents go to train/val: Tiny Shakespeare (one document) splits by position."""
+        """How documents go to train/val: Tiny Shakespeare (one document) and raw files split by position."""
         if self.split != "auto":
             return self.split
-        return "position" if self.kind == "tinyshakespeare" else "hash"
+        return "position" if self.kind == "tinyshakespeare" or self.docs == "raw" else "hash"
 
     @property
     def label(self) -> str:
@@ -99,10 +101,25 @@ class Recipe:
     filter: FilterConfig = field(default_factory=FilterConfig)
 
     def __post_init__(self) -> None:
+        from euler_bpe import CHAT_SPECIAL_TOKENS
+
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"Recipe: val_fraction={self.val_fraction} must be in [0, 1)")
-        if not 256 < self.vocab_size <= 65536:
-            raise ValueError(f"Recipe: vocab_size={self.vocab_size} must be in (256, 65536] (uint16 shards)")
+        if self.vocab_size > 65536:
+            raise ValueError(f"Recipe: vocab_size={self.vocab_size} must be at most 65536 (uint16 shards)")
+        smallest = 256 + len(CHAT_SPECIAL_TOKENS) + 1  # the bytes, the specials and one merge
+        if self.tokenizer is None and self.vocab_size < smallest:
+            raise ValueError(
+                f"Recipe: vocab_size={self.vocab_size} leaves no merges to learn after the 256 bytes and "
+                f"{len(CHAT_SPECIAL_TOKENS)} special tokens (at least {smallest}); for a byte-level "
+                f'vocabulary use tokenizer = "{BYTE_TOKENIZER}" (--tokenizer {BYTE_TOKENIZER})'
+            )
+        raw = [s.label for s in self.sources if s.docs == "raw"]
+        if raw and self.tokenizer != BYTE_TOKENIZER:
+            raise ValueError(
+                f"Recipe: sources {raw} are read as raw bytes (::raw), which needs "
+                f'tokenizer = "{BYTE_TOKENIZER}" (--tokenizer {BYTE_TOKENIZER})'
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,9 +134,21 @@ def _known(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     return data
 
 
+def check_vocab_size(tokenizer: str | None, vocab_size: int | None, where: str) -> None:
+    """``vocab_size`` sizes a trained tokenizer: given with a tokenizer (a file or "bytes"), a DataError."""
+    if tokenizer is None or vocab_size is None:
+        return
+    if tokenizer == BYTE_TOKENIZER:
+        fixed = "the byte tokenizer's vocabulary is fixed: 256 bytes + the chat special tokens"
+    else:
+        fixed = f"the vocabulary is that of {tokenizer}"
+    raise DataError(where, f"vocab_size={vocab_size} applies only when a tokenizer is trained; {fixed}")
+
+
 def recipe_from_dict(data: dict[str, Any], where: str = "recipe") -> Recipe:
     """Build a Recipe from parsed TOML/JSON, e.g. ``recipe_from_dict({"source": [{"spec": "alpaca"}]})``."""
     data = dict(data)
+    check_vocab_size(data.get("tokenizer"), data.get("vocab_size"), where)
     raw_sources = data.pop("source", data.pop("sources", []))
     sources = []
     for item in raw_sources:

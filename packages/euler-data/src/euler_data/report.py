@@ -35,7 +35,7 @@ def counts_lines(meta: dict) -> list[str]:
     lines = [
         f"documents: {meta['documents_in']} in, {meta['documents_kept']} kept, dropped {meta['dropped']}",
         f"tokens: {meta['tokens']}  bytes: {meta['bytes']}  vocab: {meta['vocab_size']}",
-        f"tokenizer: {meta['tokenizer_fingerprint']}",
+        f"tokenizer: {meta.get('tokenizer', 'bpe')} {meta['tokenizer_fingerprint']}",
         f"{'source':<24} {'in':>6} {'kept':>6} {'train docs':>10} {'train tok':>12} "
         f"{'val docs':>9} {'val tok':>10}",
     ]
@@ -59,10 +59,25 @@ def sample_lines(folder: Path, eot: int, samples: int, chars: int = 160) -> list
     ends = np.flatnonzero(tokens[:50_000_000] == eot)[:samples]
     lines, start = [], 0
     for end in ends:
-        text = tok.decode(tokens[start:end].tolist()[:chars])[:chars]
-        lines.append("  " + json.dumps(text, ensure_ascii=False))
+        lines.append("  " + shown(tok.decode_bytes(tokens[start:end].tolist()[:chars]), chars))
         start = end + 1
     return lines
+
+
+def shown(data: bytes, chars: int) -> str:
+    """A sample as a JSON string of at most ``chars`` characters, or as a bytes literal if it is not
+    UTF-8 (a raw file of a bytes-mode set).
+
+    >>> shown("naïve".encode()[:3], 9), shown(b"\\x1f\\x8b\\x08", 9)
+    ('"na"', "b'\\\\x1f\\\\x8b\\\\x08'")
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.end != len(data) or err.reason != "unexpected end of data":
+            return repr(data[:chars])
+        text = data[: err.start].decode("utf-8")  # only the cut at the end split a character
+    return json.dumps(text[:chars], ensure_ascii=False)
 
 
 def sft_lines(folder: Path) -> list[str]:

@@ -3,7 +3,8 @@
 A bin is uint16 token ids, each document followed by ``<|endoftext|>``: ``doc0 <eot> doc1 <eot> ...``.
 Pieces are encoded in batches of about ``BATCH_CHARS`` characters and appended to a scratch file
 (``pieces.tokens``), so memory holds one batch; the bins are then cut from it in the mix order.
-Per-piece token counts go to the ``tokenized`` table for ``meta.json`` and ``inspect``.
+Per-piece token counts go to the ``tokenized`` table for ``meta.json`` and ``inspect``. A piece of a raw
+source (``::raw``) is encoded from its exact bytes (``encode_bytes``), never as text.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from euler_bpe import ENDOFTEXT, Tokenizer
 from euler_data.db import connect
 from euler_data.meta import open_bin
+from euler_data.raw_bytes import as_bytes, stored_bytes
 
 BATCH_CHARS = 64_000_000  # text per encode_batch call (the workers and their word caches stay between calls)
 SCRATCH = "pieces.tokens"
@@ -31,8 +33,9 @@ def write_uint16_le(out, ids: array) -> None:
     ids.tofile(out)
 
 
-def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, str]]:
-    """The next pieces after ``after`` in (doc_id, part) order, about BATCH_CHARS characters.
+def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, str, bool]]:
+    """The next pieces ``(doc_id, part, text, raw)`` after ``after`` in (doc_id, part) order, about
+    BATCH_CHARS characters.
 
     The connection is closed on return: encode_batch forks its workers, and forking while DuckDB's
     threads run can crash or hang the children.
@@ -40,8 +43,8 @@ def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, st
     con = connect(folder)
     try:
         cursor = con.execute(
-            "SELECT doc_id, part, text FROM pieces WHERE doc_id > ? OR (doc_id = ? AND part > ?) "
-            "ORDER BY doc_id, part",
+            "SELECT doc_id, part, text, s.raw FROM pieces JOIN sources s USING (source) "
+            "WHERE doc_id > ? OR (doc_id = ? AND part > ?) ORDER BY doc_id, part",
             [after[0], after[0], after[1]],
         )
         rows, size = [], 0
@@ -59,17 +62,23 @@ def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> 
     offset, after = 0, (-1, -1)
     with open(folder / SCRATCH, "wb") as out:
         while rows := fetch_batch(folder, after):
-            # array('H') straight from the workers: no Python ints to build and pack again
-            ids = tok.encode_batch([text for _, _, text in rows], workers=workers, typecode="H")
-            for (doc_id, part, text), seq in zip(rows, ids):
+            for (doc_id, part, text, raw), seq in zip(rows, encode_rows(tok, rows, workers)):
                 write_uint16_le(out, seq)
                 index[(doc_id, part)] = (offset, len(seq))
                 offset += len(seq)
                 if progress is not None:
-                    progress.update(len(text.encode("utf-8")))
+                    progress.update(stored_bytes(text, raw))
             after = rows[-1][:2]
     stop_workers(tok)
     return index
+
+
+def encode_rows(tok: Tokenizer, rows: list[tuple[int, int, str, bool]], workers: int) -> list[array]:
+    """The ids of each fetched piece as ``array('H')``: text in one ``encode_batch``, raw ones by bytes."""
+    # array('H') straight from the workers: no Python ints to build and pack again
+    texts = tok.encode_batch([text for *_, text, raw in rows if not raw], workers=workers, typecode="H")
+    encoded = iter(texts)
+    return [array("H", tok.encode_bytes(as_bytes(text))) if raw else next(encoded) for *_, text, raw in rows]
 
 
 def stop_workers(tok: Tokenizer) -> None:

@@ -45,7 +45,11 @@ def file_format(path: Path) -> str:
         raise DataError(str(path), "only .json.gz / .jsonl.gz are supported among gzip files")
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise DataError(str(path), f"unknown file type {path.suffix!r}; use one of {sorted(FORMATS)}")
+        raise DataError(
+            str(path),
+            f"unknown file type {path.suffix!r}; use one of {sorted(FORMATS)}, "
+            f"or PATH::raw with --tokenizer bytes to read any file's bytes as they are",
+        )
     return fmt
 
 
@@ -59,6 +63,18 @@ def local_inputs(path: Path) -> list[Input]:
     if not files:
         raise DataError(str(path), f"folder holds no {sorted(FORMATS)} files")
     return [Input(str(p), file_format(p)) for p in files]
+
+
+def raw_inputs(path: Path) -> list[Input]:
+    """``PATH::raw``: the file itself, or every file under a folder (sorted), of any type."""
+    if path.is_file():
+        return [Input(str(path), "raw")]
+    if not path.is_dir():
+        raise DataError(str(path), "no such file or folder")
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    if not files:
+        raise DataError(str(path), "folder holds no files")
+    return [Input(str(p), "raw") for p in files]
 
 
 def _need(where: str, url: str) -> None:
@@ -113,7 +129,8 @@ def resolve(source: SourceSpec, mirror: Path | None, cache: Path) -> list[Input]
     """The inputs of one source, e.g. ``resolve(SourceSpec("gutenberg:11"), mirror, cache)``."""
     kind, _, arg = source.spec.partition(":")
     if source.kind == "local":
-        return local_inputs(Path(source.spec).expanduser())
+        path = Path(source.spec).expanduser()
+        return raw_inputs(path) if source.docs == "raw" else local_inputs(path)
     if kind == "gutenberg":
         try:
             ids = [int(x) for x in arg.split(",") if x.strip()]

@@ -1,4 +1,5 @@
-"""Stage 7, tokenizer: train euler-bpe on a sample of the train pieces, or load a given tokenizer.json.
+"""Stage 7, tokenizer: train euler-bpe on a sample of the train pieces, or load a given tokenizer.json,
+or take the byte tokenizer (``--tokenizer bytes``: ids 0-255 are the bytes, the chat specials 256-259).
 
 The sample takes a prefix of every train piece (cut at a newline), each ``budget / pieces`` characters
 long, in the seeded mix order, until ``sample_bytes``; so every source and book is represented.
@@ -13,6 +14,7 @@ import duckdb
 from euler_bpe import CHAT_SPECIAL_TOKENS, ENDOFTEXT, Tokenizer
 from euler_data.errors import DataError
 from euler_data.meta import drop_counts
+from euler_data.recipe import BYTE_TOKENIZER
 
 UINT16_LIMIT = 1 << 16
 
@@ -26,8 +28,18 @@ def check_tokenizer(tok: Tokenizer, where: str) -> Tokenizer:
     return tok
 
 
+def byte_tokenizer() -> Tokenizer:
+    """The byte tokenizer of bytes mode: ``Tokenizer.byte_level`` with the chat special tokens."""
+    return Tokenizer.byte_level(CHAT_SPECIAL_TOKENS)
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """``Tokenizer.load`` with the uint16 and ``<|endoftext|>`` checks, errors naming the file."""
+    """``Tokenizer.load`` with the uint16 and ``<|endoftext|>`` checks, errors naming the file.
+
+    The string ``"bytes"`` is the byte tokenizer (a file of that name is ``./bytes`` or a ``Path``).
+    """
+    if path == BYTE_TOKENIZER:
+        return byte_tokenizer()
     try:
         tok = Tokenizer.load(path)
     except (OSError, ValueError) as err:
