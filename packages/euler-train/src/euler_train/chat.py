@@ -3,17 +3,25 @@
 Tokens stream as they are sampled; bytes are decoded incrementally so a multi-byte character split over
 two tokens prints once it is whole. The chat keeps the history that fits the context window (oldest
 turns drop first) and stops a reply at `<|end|>` (or `<|endoftext|>`).
+
+What is printed: text, with U+FFFD for bytes that are not UTF-8 and, on a terminal, for control
+characters other than tab, newline and carriage return (so sampled bytes cannot drive the terminal).
+One exception: `generate` with the byte tokenizer (a bytes-mode model) writing to a pipe or a file
+writes the sampled bytes exactly, with nothing added, since such a model may model any bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 USER, ASSISTANT, END, EOT = "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"
+TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0/C1 but \t \n \r
+
 
 
 @dataclass
@@ -68,18 +76,38 @@ def stream_ids(
     )
 
 
-def decode_stream(tok: Any, ids: Iterator[int], stops: tuple[int, ...]) -> Iterator[str]:
-    """Text pieces of a token stream; stop tokens end it and are not printed."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+def stream_bytes(tok: Any, ids: Iterator[int], stops: tuple[int, ...]) -> Iterator[bytes]:
+    """The bytes of each token of a stream; a stop token ends it and is not printed."""
     for i in ids:
         if i in stops:
             break
-        piece = decoder.decode(tok.token_bytes(i))
+        yield tok.token_bytes(i)
+
+
+def decode_pieces(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Text of a byte stream, decoded incrementally; what is not UTF-8 becomes U+FFFD."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in chunks:
+        piece = decoder.decode(chunk)
         if piece:
             yield piece
     tail = decoder.decode(b"", final=True)
     if tail:
         yield tail
+
+
+def decode_stream(tok: Any, ids: Iterator[int], stops: tuple[int, ...]) -> Iterator[str]:
+    """Text pieces of a token stream; stop tokens end it and are not printed."""
+    return decode_pieces(stream_bytes(tok, ids, stops))
+
+
+def for_terminal(piece: str) -> str:
+    """What a terminal is shown of some text: control characters but tab, newline and CR as U+FFFD.
+
+    >>> for_terminal("a\\tb\\x1b[2Jc\\n")
+    'a\\tb\\ufffd[2Jc\\n'
+    """
+    return TERMINAL_CONTROL.sub("\ufffd", piece)
 
 
 def encode_prompt(tok: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -89,15 +117,47 @@ def encode_prompt(tok: Any, messages: list[dict[str, str]]) -> list[int]:
     return encode_chat(tok, messages, add_generation_prompt=True)[0]
 
 
+def prompt_ids(tok: Any, prompt: str) -> list[int]:
+    """Ids of a plain prompt; command-line bytes that are not UTF-8 (surrogate escapes) stay those bytes."""
+    try:
+        return tok.encode_bytes(prompt.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # other lone surrogates: encode's rule (U+FFFD)
+        return tok.encode(prompt)
+
+
 def generate_text(
     model: SamplingModel, args: argparse.Namespace, prompt: str, chat: bool = False, speculative: bool = False
 ) -> Iterator[str]:
-    """Stream the continuation of `prompt` (wrapped in the chat template when `chat`)."""
+    """Stream the continuation of `prompt` (wrapped in the chat template when `chat`) as text."""
+    return decode_pieces(generate_bytes(model, args, prompt, chat, speculative))
+
+
+def write_generation(model: SamplingModel, args: argparse.Namespace, stdout: TextIO) -> None:
+    """`generate`'s output: the byte tokenizer to a pipe or file writes the sampled bytes exactly and
+    nothing else; otherwise text (U+FFFD for what is not UTF-8, `for_terminal` on a terminal), a newline."""
+    chunks = generate_bytes(model, args, args.prompt, chat=args.chat, speculative=args.speculative)
+    terminal = stdout.isatty()
+    if model.tokenizer.is_byte_level and not terminal:
+        stdout.flush()
+        for chunk in chunks:
+            stdout.buffer.write(chunk)
+            stdout.buffer.flush()
+        return
+    for piece in decode_pieces(chunks):
+        stdout.write(for_terminal(piece) if terminal else piece)
+        stdout.flush()
+    stdout.write("\n")
+
+
+def generate_bytes(
+    model: SamplingModel, args: argparse.Namespace, prompt: str, chat: bool = False, speculative: bool = False
+) -> Iterator[bytes]:
+    """Stream the bytes of each sampled token of the continuation of `prompt` (chat template if `chat`)."""
     tok = model.tokenizer
-    ids = encode_prompt(tok, [{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+    ids = encode_prompt(tok, [{"role": "user", "content": prompt}]) if chat else prompt_ids(tok, prompt)
     ids = ids[-(model.mcfg.context - 1) :]  # keep room for at least one new token
     stops = stop_ids(tok, (END, EOT))
-    yield from decode_stream(tok, stream_ids(model, ids, args, stops, speculative), stops)
+    yield from stream_bytes(tok, stream_ids(model, ids, args, stops, speculative), stops)
 
 
 def fit_history(tok: Any, history: list[dict[str, str]], budget: int) -> list[int]:
@@ -143,12 +203,12 @@ def _answer(
     budget = max(1, model.mcfg.context - min(args.max_new_tokens, model.mcfg.context // 2))  # room to answer
     ids = fit_history(model.tokenizer, history, budget)
     stdout.write("assistant> ")
-    reply = []
+    reply, terminal = [], stdout.isatty()
     for piece in decode_stream(
         model.tokenizer, stream_ids(model, ids, args, stops, turn=len(history) // 2), stops
     ):
         reply.append(piece)
-        stdout.write(piece)
+        stdout.write(for_terminal(piece) if terminal else piece)
         stdout.flush()
     stdout.write("\n")
     return "".join(reply)

@@ -79,13 +79,10 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from euler_train.chat import generate_text, load_for_sampling
+    from euler_train.chat import load_for_sampling, write_generation
 
     model = load_for_sampling(args.checkpoint, args.device)
-    for piece in generate_text(model, args, args.prompt, chat=args.chat, speculative=args.speculative):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+    write_generation(model, args, sys.stdout)
     return 0
 
 
