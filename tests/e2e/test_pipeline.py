@@ -25,8 +25,10 @@ def tool(name: str) -> str:
     return str(local) if local.exists() else shutil.which(name) or name
 
 
-def run(*argv: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run(
+    *argv: str, stdin: str | None = None, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    env = env or dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [tool(argv[0]), *argv[1:]], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from euler_data.embedded import embedded_file
 from euler_data.errors import DataError
 from euler_data.network import URL_BASE_ENV, download, online, site_url, url_online
 from euler_data.recipe import SourceSpec
@@ -146,5 +147,13 @@ def resolve(source: SourceSpec, mirror: Path | None, cache: Path) -> list[Input]
     if kind == "alpaca":
         rel = "alpaca/alpaca_subset_2000_gumbelsoft.json"
         return [_mirror_or_url("alpaca", rel, ALPACA_URL, mirror, cache, "json")]
+    return [shakespeare_input(mirror, cache)]
+
+
+def shakespeare_input(mirror: Path | None, cache: Path) -> Input:
+    """Tiny Shakespeare: the mirror's copy, else the download, else (no network) the copy shipped in
+    euler-data, byte-identical to the canonical file."""
     rel = "tinyshakespeare/input.txt"
-    return [_mirror_or_url("tinyshakespeare", rel, SHAKESPEARE_URL, mirror, cache, "txt")]
+    if not (mirror and (mirror / rel).is_file()) and not url_online(site_url(SHAKESPEARE_URL)):
+        return Input(str(embedded_file("tinyshakespeare", cache)), "txt")
+    return _mirror_or_url("tinyshakespeare", rel, SHAKESPEARE_URL, mirror, cache, "txt")
