@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve(args: argparse.Namespace) -> tuple[RunSpec, str, str]:
     """euler-train's own config resolution and run plan; then the torch device and precision."""
-    args.resume, args.no_progress = False, True
+    args.resume, args.no_progress, args.no_eval, args.command = False, True, False, "pretrain"
     for name in set(TRAIN_FLAGS) - set(vars(args)):
         setattr(args, name, None)  # flags the twin does not take (init, gpus, ckpt_every, ...)
     cfg = config_from_args(args)

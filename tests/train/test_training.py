@@ -351,7 +351,7 @@ def test_gradient_accumulation_averages_the_micro_batches(tmp_path, dataset) -> 
         )
 
 
-def test_a_dataset_without_validation_split_trains_without_evaluation(tmp_path, corpus) -> None:
+def test_a_dataset_without_validation_split_is_refused_unless_no_eval(tmp_path, corpus, capsys) -> None:
     from euler_data.cli import main as euler_data
 
     data = tmp_path / "data"
@@ -373,23 +373,10 @@ def test_a_dataset_without_validation_split_trains_without_evaluation(tmp_path, 
     ]
     assert euler_data(argv) == 0
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "pretrain",
-                "--data",
-                str(data),
-                "--out",
-                str(run),
-                "--steps",
-                "4",
-                "--eval-every",
-                "2",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    argv = ["pretrain", "--data", str(data), "--out", str(run), "--steps", "4", "--eval-every", "2"]
+    assert main([*argv, "--no-progress"]) == 2
+    assert "the val split holds 0 tokens" in capsys.readouterr().err and not run.exists()
+    assert main([*argv, "--no-progress", "--no-eval"]) == 0
     rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 4 and not any("val_loss" in r for r in rows)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from euler_bpe._corpus import split_safely
 from euler_bpe._pretokenize import GPT2_PATTERN
+from euler_bpe.cli_parser import OneLineParser
 from euler_bpe.errors import TokenizerFileError
 from euler_bpe.specials import CHAT_SPECIAL_TOKENS
 from euler_bpe.tokenizer import Tokenizer
@@ -25,8 +26,9 @@ def _train(args: argparse.Namespace) -> None:
     specials += [s for s in args.special if s not in specials]
     files = [f for f in args.files if f != "-"]
     sources = [Path(f) for f in files] if files else [sys.stdin.buffer.read()]
-    if not args.quiet:
-        print(f"euler-bpe train: pretokenizing {len(sources)} source(s), then merging", file=sys.stderr)
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise OSError(f"no such file: {missing[0]}")
     tok = Tokenizer.train(
         sources, args.vocab_size, specials, sample_bytes=args.sample_bytes, workers=args.workers,
         progress=not args.quiet,
@@ -86,7 +88,7 @@ def _info(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="euler-bpe", description="Byte-level BPE: train, encode, decode, info.")
+    p = OneLineParser(prog="euler-bpe", description="Byte-level BPE: train, encode, decode, info.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="learn merges from files (or stdin) and write a tokenizer file")
     t.add_argument("files", nargs="*", help="text files, read as bytes; none or '-' reads stdin")

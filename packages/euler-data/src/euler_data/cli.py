@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+from euler_bpe.cli_parser import OneLineParser
 from euler_data.errors import DataError
 from euler_data.network import resolve_mirror
 from euler_data.recipe import BYTE_TOKENIZER, SPLIT_MODES, Recipe, SourceSpec, check_vocab_size, load_recipe
@@ -78,6 +79,15 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     from euler_data.pipeline import prepare
 
     meta = prepare(recipe_from_args(args), args.out, mirror=args.mirror, quiet=args.quiet)
+    fixes = {
+        "train": "add sources",
+        "val": "raise --val-fraction or add documents, or pretrain with --no-eval",
+    }
+    for split, fix in fixes.items():
+        if not meta["tokens"][split]:
+            kept = meta["documents_kept"]
+            print(f"euler-data prepare: warning: the {split} split is empty ({kept} documents kept); {fix}",
+                  file=sys.stderr)  # fmt: skip
     print(
         f"wrote {args.out}: {meta['documents_kept']}/{meta['documents_in']} documents kept, "
         f"tokens train={meta['tokens']['train']} val={meta['tokens']['val']}, dropped {meta['dropped']}"
@@ -88,6 +98,14 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     from euler_data.report import inspect_folder
 
     print(inspect_folder(args.folder, samples=args.samples))
+
+
+def sft_context(out: Path) -> int:
+    """The context the folder's pretraining data was prepared for (meta.json), else the recipe default."""
+    from euler_data.meta import read_meta
+
+    hint = read_meta(out).get("context_hint") if (out / "meta.json").is_file() else None
+    return int(hint) if isinstance(hint, int) and hint > 0 else Recipe().context_hint
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
@@ -104,7 +122,17 @@ def cmd_sft(args: argparse.Namespace) -> None:
     tok = load_tokenizer(tok_path)
     mirror = resolve_mirror(args.mirror)
     paths = [Path(i.location) for s in args.source for i in resolve(SourceSpec(s), mirror, out / "downloads")]
-    meta = build_sft(paths, out, tok, context=args.context, val_fraction=args.val_fraction, seed=args.seed)
+    context = args.context or sft_context(out)
+    meta = build_sft(paths, out, tok, context=context, val_fraction=args.val_fraction, seed=args.seed)
+    too_long = meta["dropped"].get("too_long", 0)
+    if too_long:
+        share = 100 * too_long / max(meta["examples_in"], 1)
+        print(
+            f"euler-data sft: warning: dropped {too_long} of {meta['examples_in']} examples ({share:.0f}%) "
+            f"longer than the context of {context} tokens; --context N keeps more (the longest has "
+            f"{meta['longest_tokens']})",
+            file=sys.stderr,
+        )
     if not (out / "tokenizer.json").exists():
         tok.save(out / "tokenizer.json")
     print(
@@ -113,7 +141,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="euler-data", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="euler-data", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="sources -> clean -> filter -> dedup -> split -> mix -> token shards")
     p.add_argument("--source", action="append", default=[], help="[NAME=]SPEC: file/folder "
@@ -142,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--source", action="append", required=True, help="alpaca, or a .json/.jsonl file")
     s.add_argument("--out", required=True)
     s.add_argument("--tokenizer", help="tokenizer.json or bytes (default: OUT/tokenizer.json)")
-    s.add_argument("--context", type=int, default=512, help="drop examples longer than this many tokens")
+    s.add_argument("--context", type=int, help="drop examples longer than this many tokens (default: the "
+                   "context_hint of OUT/meta.json, i.e. prepare's --context, else 512)")  # fmt: skip
     s.add_argument("--val-fraction", type=float, default=0.05)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--mirror")

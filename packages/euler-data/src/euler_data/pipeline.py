@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from euler_bpe.progress import progress_stream
 from euler_data import clean, dedup, filters, ingest, mix, shards, split
 from euler_data import tokenizer as tokenizer_stage
 from euler_data.db import connect
@@ -22,6 +25,7 @@ from euler_data.meta import build_meta, write_meta
 from euler_data.network import resolve_mirror
 from euler_data.raw_bytes import bytes_sql
 from euler_data.recipe import Recipe
+from euler_data.sft import SFT_META, sft_files
 from euler_data.sources import resolve
 
 STAGES = ("ingest", "clean", "filter", "dedup", "split", "mix", "tokenizer", "tokenize")
@@ -36,8 +40,7 @@ def check_sources(recipe: Recipe) -> None:
 
 
 def _tokenizer(con, recipe: Recipe):
-    if recipe.tokenizer:
-        return tokenizer_stage.load_tokenizer(recipe.tokenizer)
+    """Stage 7 when no tokenizer was given (a given one is loaded before any stage runs)."""
     return tokenizer_stage.train_tokenizer(con, recipe.vocab_size, recipe.tokenizer_sample_bytes)
 
 
@@ -66,7 +69,7 @@ def _stage_bytes(con, name: str, recipe: Recipe) -> int:
 def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool) -> dict:
     """Run the stages in order over ``state["con"]``; fills ``state`` and returns per-stage timings."""
     timings: dict[str, dict[str, float]] = {}
-    bar = tqdm(total=len(STAGES), desc="prepare", unit="stage", disable=quiet)
+    bar = tqdm(total=len(STAGES), desc="prepare", unit="stage", disable=quiet, file=progress_stream())
     con = lambda: state["con"]  # noqa: E731  (tokenize reopens the connection)
     steps = {
         "ingest": lambda: ingest.ingest(con(), recipe, inputs, out),
@@ -75,7 +78,7 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
         "dedup": lambda: _dedup(con(), recipe),
         "split": lambda: split.split(con(), recipe.val_fraction, recipe.seed),
         "mix": lambda: mix.mix(con(), recipe.seed),
-        "tokenizer": lambda: state.setdefault("tok", _tokenizer(con(), recipe)),
+        "tokenizer": lambda: state["tok"] or state.update(tok=_tokenizer(con(), recipe)),  # given: loaded
         "tokenize": lambda: state.setdefault("tokens", _tokenize(state, out, recipe, quiet)),
     }
     for name in STAGES:
@@ -94,7 +97,8 @@ def _tokenize(state: dict[str, Any], out: Path, recipe: Recipe, quiet: bool) -> 
     """Encode with DuckDB closed (its threads must not be running when the workers fork), then write."""
     total = _text_bytes(state["con"], "pieces")
     state["con"].close()
-    with tqdm(total=total, desc="tokenize", unit="B", unit_scale=True, disable=quiet) as bar:
+    bar = tqdm(total=total, desc="tokenize", unit="B", unit_scale=True, disable=quiet, file=progress_stream())
+    with bar:
         index = shards.encode_pieces(out, state["tok"], recipe.workers, bar)
     state["con"] = connect(out)
     return shards.tokenize(state["con"], index, state["tok"], out)
@@ -104,10 +108,12 @@ def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, q
     """Run ingest -> clean -> filter -> dedup -> split -> mix -> tokenizer -> tokenize; returns meta."""
     check_sources(recipe)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     mirror_path = resolve_mirror(mirror)
     inputs = {s.label: resolve(s, mirror_path, out / "downloads") for s in recipe.sources}
+    given = tokenizer_stage.load_tokenizer(recipe.tokenizer) if recipe.tokenizer else None  # fail early
+    out.mkdir(parents=True, exist_ok=True)
     state: dict[str, Any] = {"con": connect(out)}
+    state["tok"] = given
     try:
         timings = run_stages(state, recipe, inputs, out, quiet)
         tok, tokens, con = state["tok"], state["tokens"], state["con"]
@@ -123,4 +129,21 @@ def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, q
     if meta["tokens"] != tokens:  # the per-source counts must add up to the bins
         raise RuntimeError(f"prepare: meta.json tokens {meta['tokens']} != tokens written {tokens}")
     write_meta(out, meta)
+    _drop_stale_sft(out, tok.fingerprint)
     return meta
+
+
+def _drop_stale_sft(folder: Path, fingerprint: str) -> None:
+    """An SFT set built with another tokenizer no longer fits the folder's new tokenizer.json: remove it."""
+    meta = folder / SFT_META
+    if (
+        meta.is_file()
+        and json.loads(meta.read_text(encoding="utf-8")).get("tokenizer_fingerprint") != fingerprint
+    ):
+        for path in sft_files(folder):
+            path.unlink()
+        print(
+            f"euler-data prepare: removed the SFT set in {folder}: it was built with the previous tokenizer "
+            "(run `euler-data sft` again)",
+            file=sys.stderr,
+        )

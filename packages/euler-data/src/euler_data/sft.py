@@ -126,6 +126,7 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
     splits: dict[str, list] = {"train": [], "val": []}
     encoded = encode_examples(tok, [m for m, _ in keep], workers)
     stop_workers(tok)
+    longest = max((len(ids) for ids, _ in encoded), default=0)
     for (_, text), enc in zip(keep, encoded):
         if len(enc[0]) > context:
             dropped["too_long"] += 1
@@ -139,12 +140,21 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
         **{split: c for split, c in counts.items()},
         "template": TEMPLATE,
         "context_hint": context,
+        "longest_tokens": longest,
         "tokenizer_fingerprint": tok.fingerprint,
         "vocab_size": tok.vocab_size,
         "eot_id": tok.special_tokens["<|endoftext|>"],
     }
     (folder / SFT_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+def sft_files(folder: Path) -> list[Path]:
+    """The files of an SFT set in `folder` that exist."""
+    names = [SFT_META] + [
+        f"sft_{s}_{kind}.bin" for s in ("train", "val") for kind in ("tokens", "mask", "offsets")
+    ]
+    return [folder / n for n in names if (folder / n).exists()]
 
 
 def read_sft(folder, split: str):

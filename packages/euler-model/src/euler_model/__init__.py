@@ -14,6 +14,7 @@ from euler_model.config import PRESETS, ModelConfig, preset
 from euler_model.generate import GenerationStats, generate
 from euler_model.hf import load_hf, save_hf
 from euler_model.kv_cache import KVCache
+from euler_model.memory import step_memory
 from euler_model.model import forward_loss, logits, loss_and_grads, loss_and_grads_on_device
 from euler_model.params import count_params, describe_params, gradcheck_params, init_params, param_shapes
 
@@ -39,4 +40,5 @@ __all__ = [
     "preset",
     "save_checkpoint",
     "save_hf",
+    "step_memory",
 ]

@@ -82,9 +82,6 @@ def make_batches(cfg: dict, mcfg: Any, kind: str, rank: int, world_size: int) ->
     )
     cls = euler_data.SFTLoader if kind == "sft" else euler_data.PretrainLoader
     train = cls(folder, split="train", **common)
-    try:
-        val = cls(folder, split="val", **common)
-    except (ValueError, OSError, euler_data.DataError):
-        val = None  # no validation split: evaluation is skipped
+    val = cls(folder, split="val", **common) if cfg["eval"]["enabled"] else None  # plan_run checked it
     bpt = bytes_per_token(euler_data.read_meta(folder), "val") if kind == "pretrain" else None
     return Batches(train, val, cfg["train"]["grad_accum"], bpt)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import codecs
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 USER, ASSISTANT, END, EOT = "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"
 TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0/C1 but \t \n \r
-
 
 
 @dataclass
@@ -155,9 +155,29 @@ def generate_bytes(
     """Stream the bytes of each sampled token of the continuation of `prompt` (chat template if `chat`)."""
     tok = model.tokenizer
     ids = encode_prompt(tok, [{"role": "user", "content": prompt}]) if chat else prompt_ids(tok, prompt)
-    ids = ids[-(model.mcfg.context - 1) :]  # keep room for at least one new token
+    ids = ids or [tok.special_tokens[EOT]]  # an empty prompt samples a new document from its start
+    ids = crop_prompt(ids, model.mcfg.context, args.max_new_tokens)
     stops = stop_ids(tok, (END, EOT))
     yield from stream_bytes(tok, stream_ids(model, ids, args, stops, speculative), stops)
+
+
+def crop_prompt(ids: list[int], context: int, max_new_tokens: int) -> list[int]:
+    """The prompt's last context - 1 ids (room for one new token at least), saying on stderr what the
+    context cuts: the prompt's start, or new tokens beyond it."""
+    if len(ids) > context - 1:
+        note(f"the prompt has {len(ids)} tokens; only its last {context - 1} fit the context ({context})")
+        ids = ids[-(context - 1) :]
+    room = context - len(ids)
+    if max_new_tokens > room:
+        note(
+            f"the context ({context} tokens) leaves room for {room} new tokens after the prompt "
+            f"({len(ids)} tokens), not the {max_new_tokens} asked for"
+        )
+    return ids
+
+
+def note(text: str) -> None:
+    print(f"euler-train: note: {text}", file=sys.stderr)
 
 
 def fit_history(tok: Any, history: list[dict[str, str]], budget: int) -> list[int]:

@@ -165,14 +165,19 @@ class CheckpointManager:
     def latest_valid(self, log: Callable[[str], Any] | None = None) -> Path | None:
         """The newest checkpoint that verifies; skipped ones are reported through `log` (stderr)."""
         log = log or (lambda msg: print(msg, file=sys.stderr))
-        folders = self.folders()
+        folders, skipped = self.folders(), []
         for path in folders:
             reason = verify(path)
             if reason is None:
+                for bad, why in skipped:  # reported only when an older one is used instead
+                    msg = f"checkpoint {bad} is unusable ({why}); using the previous one ({path.name})"
+                    log(f"euler-train: {msg}")
                 return path
-            log(f"euler-train: checkpoint {path} is unusable ({reason}); trying the previous one")
+            skipped.append((path, reason))
         if folders:
+            newest, why = skipped[0]
             raise CheckpointError(
-                f"no valid checkpoint in {self.root}: all {len(folders)} are truncated or corrupt"
+                f"no valid checkpoint in {self.root}: all {len(folders)} are truncated or corrupt "
+                f"(the newest, {newest.name}: {why})"
             )
         return None

@@ -7,8 +7,11 @@ Exit codes: 0 done; 2 bad config or arguments (message names the key); 3 non-fin
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from typing import Any
 
+from euler_bpe.cli_parser import OneLineParser
 from euler_train.__about__ import __version__
 
 EXIT_CONFIG = 2
@@ -58,24 +61,44 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="weights and batches are functions of (seed, step)")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in RUN")
     p.add_argument(
+        "--overwrite", action="store_true", help="RUN already holds a run: delete it and start again"
+    )
+    p.add_argument("--no-eval", action="store_true", help="never evaluate (eval.enabled = false)")
+    p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=3e-4"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def number(kind: type, low: float, high: float = math.inf, low_open: bool = False) -> Any:
+    """An argparse type: `kind` in [low, high] ((low, high] when low_open), else a one-line error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not (low < value if low_open else low <= value) or value > high or value != value:
+            bounds = f"{'(' if low_open else '['}{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be in {bounds}, got {text}")
+        return value
+
+    return parse
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=number(int, 1), default=200)
+    p.add_argument("--temperature", type=number(float, 0.0), default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=number(int, 0), default=50, help="0: no top-k cut")
+    p.add_argument("--top-p", type=number(float, 0.0, 1.0, low_open=True), default=0.95)
+    p.add_argument("--repetition-penalty", type=number(float, 0.0, low_open=True), default=1.0)
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="euler-train", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="euler-train", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"euler-train {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -88,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat)
     gen = add("generate", "sample a continuation of one prompt")
     add_sampling_args(gen)
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--prompt", required=True, help='"" samples a new document from its start')
     gen.add_argument(
         "--speculative", action="store_true", help="draft with the MTP heads, verify with head 0"
     )

@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from euler_train.checkpoint import STATE
 from euler_train.cli import EXIT_CONFIG, TRAIN_FLAGS
-from euler_train.config import ConfigError, cpu_world, load_toml, resolve_config
+from euler_train.config import PRESETS, ConfigError, cpu_world, load_toml, resolve_config
+from euler_train.memory_check import check_memory
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """preset -> (RUN/config.toml when resuming, else --config) -> --set -> plain flags."""
+    """preset -> (RUN/config.toml when resuming, else --config) -> --set -> plain flags. Without --preset
+    the preset is the one of that file, or for sft the one data.init was trained with."""
     saved = Path(args.out) / "config.toml"
     base = None
     if args.config:
@@ -22,9 +25,23 @@ def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     flags = {key: getattr(args, name, None) for name, key in TRAIN_FLAGS.items()}
     if args.no_progress:
         flags["log.progress"] = False
+    if args.no_eval:
+        flags["eval.enabled"] = False
     if base is not None and args.preset is None:
         args.preset = base.get("model", {}).get("preset", "tiny") if base.get("model") else None
-    return resolve_config(args.preset or "tiny", base, args.set, flags)
+    if args.preset is None and args.command == "sft" and args.init:
+        args.preset = init_preset(Path(args.init))
+    return resolve_config(args.preset or "tiny", base, args.set, flags, mode=args.command)
+
+
+def init_preset(init: Path) -> str | None:
+    """The preset recorded in the config.toml of the run that `init` (a run or checkpoint folder) belongs
+    to, or None when there is none."""
+    run = init.parents[1] if (init / STATE).is_file() else init  # a checkpoint: RUN/checkpoints/step_N
+    if not (run / "config.toml").is_file():
+        return None
+    preset = load_toml(run / "config.toml").get("model", {}).get("preset")
+    return preset if preset in PRESETS else None
 
 
 def run_training(args: argparse.Namespace, argv: list[str]) -> int:
@@ -37,7 +54,7 @@ def run_training(args: argparse.Namespace, argv: list[str]) -> int:
         return spawn(cfg["run"]["gpus"], argv)
     from euler_train.runspec import plan_run
 
-    spec = plan_run(cfg, args.out, args.command, resume=args.resume)
+    spec = plan_run(cfg, args.out, args.command, resume=args.resume, overwrite=args.overwrite)
     if args.resume and spec.resume_from is None:
         print(
             f"euler-train: --resume: no checkpoint in {args.out} yet; starting from step 0", file=sys.stderr
@@ -57,6 +74,7 @@ def _train(spec: Any, local_rank: int) -> int:
         raise ConfigError(str(err)) from None
     if spec.cfg["run"]["gpus"] > 1 and device.kind != "gpu" and not cpu_world():
         raise ConfigError("run.gpus > 1 needs GPUs (NCCL); this process resolved to the CPU")
+    check_memory(spec.cfg, spec.mcfg, device, processes=spec.cfg["run"]["gpus"])
     comm = init_comm(spec.cfg["run"]["gpus"], spec.run_dir)
     trainer = Trainer(spec, device, comm)
     trainer.setup()
@@ -126,8 +144,8 @@ def run_plot(args: argparse.Namespace) -> int:
     from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
 
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
-    first = metrics_path(args.runs[0])
     try:
+        first = metrics_path(args.runs[0])
         if len(args.runs) == 1 and labels is None:
             print(plot_metrics(first, Path(args.out) if args.out else first.parent / "loss.png", args.title))
             return 0

@@ -51,8 +51,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
     },
     "eval": {
-        "every": 25,  # steps between evaluations (and at the last step); 0 disables
+        "every": 25,  # steps between evaluations (and at the last step); 0: only at the last step
         "batches": 4,  # validation batches per evaluation
+        "enabled": True,  # false (--no-eval): never evaluate, e.g. for a dataset without a val split
     },
     "checkpoint": {
         "every": 25,  # steps between checkpoints (and at the last step); 0: only at the end
@@ -68,6 +69,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "device": "cpu",  # cpu | gpu | auto
         "precision": "fp32",  # fp32 | tf32 | bf16 (GPU only for tf32 / bf16)
         "gpus": 1,  # data-parallel processes, one per GPU
+        "memory_check": True,  # refuse a step whose estimated memory exceeds what is available
     },
 }
 
@@ -149,12 +151,25 @@ def merge(base: dict[str, dict[str, Any]], update: dict[str, Any], origin: str) 
             base[section][key] = value
 
 
-def preset_config(name: str) -> dict[str, dict[str, Any]]:
-    """DEFAULTS with the named preset applied."""
+def sft_overlay(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What `sft` changes in a preset: a third of its peak learning rate, a short warmup, 200 steps with
+    evaluations and checkpoints every 50 (fine-tuning moves a pretrained model a little, on little data)."""
+    lr = cfg["train"]["lr"] / 3
+    return {
+        "train": {"steps": 200, "lr": lr, "min_lr": lr / 10, "warmup_steps": 10},
+        "eval": {"every": 50},
+        "checkpoint": {"every": 50},
+    }
+
+
+def preset_config(name: str, mode: str = "pretrain") -> dict[str, dict[str, Any]]:
+    """DEFAULTS with the named preset applied (and, for `sft`, sft_overlay on top)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
     cfg = copy.deepcopy(DEFAULTS)
     merge(cfg, PRESETS[name], f"preset {name}")
+    if mode == "sft":
+        merge(cfg, sft_overlay(cfg), "sft defaults")
     return cfg
 
 
@@ -174,12 +189,14 @@ def resolve_config(
     base: dict[str, Any] | None = None,
     overrides: list[str] | None = None,
     flags: dict[str, Any] | None = None,
+    mode: str = "pretrain",
 ) -> dict[str, dict[str, Any]]:
-    """Preset -> TOML file contents (`base`) -> `--set` overrides -> plain flags; then validate.
+    """Preset (with sft_overlay when mode is "sft") -> TOML file contents (`base`) -> `--set` overrides ->
+    plain flags; then validate.
 
     `flags` maps dotted keys to values (None entries are ignored), e.g. {"train.steps": 10}.
     """
-    cfg = preset_config(preset or "tiny")
+    cfg = preset_config(preset or "tiny", mode)
     if base:
         merge(cfg, base, "config file")
     for item in overrides or []:

@@ -24,6 +24,8 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 def metrics_path(run: str | Path) -> Path:
     """A run folder's metrics.jsonl, or the path itself when it names a file."""
     run = Path(run)
+    if not run.exists():
+        raise ValueError(f"{run} does not exist (expected a run folder or its metrics.jsonl)")
     return run / "metrics.jsonl" if run.is_dir() else run
 
 

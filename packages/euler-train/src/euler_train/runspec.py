@@ -15,6 +15,7 @@ from typing import Any
 from euler_train.batches import check_kind
 from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
 from euler_train.config import ConfigError
+from euler_train.runfolder import describe_run
 
 
 @dataclass
@@ -29,6 +30,7 @@ class RunSpec:
     fingerprint: str | None
     init: Path | None  # sft: the checkpoint folder to start from
     resume_from: Path | None  # --resume: the newest valid checkpoint of this run
+    overwrite: bool = False  # --overwrite: the run folder's old run is deleted before training starts
 
 
 def dataset_fingerprint(folder: Path, mode: str) -> str | None:
@@ -91,6 +93,33 @@ def check_data(cfg: dict, mode: str) -> Path:
     return folder
 
 
+def check_splits(cfg: dict, mcfg: Any, folder: Path, mode: str) -> None:
+    """ConfigError when the train split (or, with evaluation on, the val split) cannot fill one batch row:
+    a pretrain row is a window of context + K tokens; an SFT split needs at least one example."""
+    window = mcfg.context + mcfg.n_mtp_heads
+    for split in ("train", "val") if cfg["eval"]["enabled"] else ("train",):
+        if mode == "sft":
+            meta = json.loads((folder / "sft_meta.json").read_text(encoding="utf-8"))
+            have = int(meta.get(split, {}).get("examples", 0))
+            short = f"{have} examples" if have < 1 else None
+        else:
+            path = folder / f"{split}.bin"
+            have = path.stat().st_size // 2 if path.is_file() else 0
+            short = (
+                f"{have} tokens, fewer than one window of {window} (model.context {mcfg.context} + "
+                f"{mcfg.n_mtp_heads} heads)"
+                if have < window
+                else None
+            )
+        if short:
+            fix = (
+                "prepare it with a larger --val-fraction, lower model.context, or pass --no-eval"
+                if split == "val"
+                else "prepare more data or lower model.context"
+            )
+            raise ConfigError(f"data.dir {folder}: the {split} split holds {short}; {fix}")
+
+
 def check_fingerprint(where: str, state_fp: str | None, data_fp: str | None) -> None:
     """ConfigError when a checkpoint's tokenizer differs from the dataset's."""
     if state_fp and data_fp and state_fp != data_fp:
@@ -118,8 +147,22 @@ def find_resume(run_dir: Path) -> Path | None:
         raise ConfigError(f"--resume: {err}") from None
 
 
-def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) -> RunSpec:
-    """Validate data, tokenizer, model and checkpoints for a pretrain or sft run."""
+def check_run_folder(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """A new run starts only in a folder without a run, unless --overwrite; --resume needs no check."""
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    there = None if resume or overwrite else describe_run(run_dir)
+    if there:
+        raise ConfigError(
+            f"run folder {run_dir} already holds a run ({there}): pass --resume to continue it, "
+            "--overwrite to delete it and start again, or another --out"
+        )
+
+
+def plan_run(
+    cfg: dict, run_dir: str | Path, mode: str, resume: bool = False, overwrite: bool = False
+) -> RunSpec:
+    """Validate data, tokenizer, model, checkpoints and the run folder for a pretrain or sft run."""
     from euler_model import ModelConfig
 
     run_dir = Path(run_dir)
@@ -137,12 +180,15 @@ def plan_run(cfg: dict, run_dir: str | Path, mode: str, resume: bool = False) ->
         _sft_model_section(cfg, mcfg)
     else:
         mcfg = build_model_config(cfg, vocab)
+    check_splits(cfg, mcfg, folder, mode)
     resume_from = find_resume(run_dir) if resume else None
     if resume_from is not None:
         saved = read_state(resume_from)
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
         check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
-    return RunSpec(cfg, run_dir, mode, mcfg, folder / "tokenizer.json", data_fp, init, resume_from)
+    check_run_folder(run_dir, resume, overwrite)
+    tok_path = folder / "tokenizer.json"
+    return RunSpec(cfg, run_dir, mode, mcfg, tok_path, data_fp, init, resume_from, overwrite)
 
 
 def _sft_model_section(cfg: dict, mcfg: Any) -> None:

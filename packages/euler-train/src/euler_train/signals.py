@@ -1,4 +1,6 @@
-"""SIGINT/SIGTERM: ask the training loop to save a checkpoint and stop at the end of the current step.
+"""SIGINT/SIGTERM: ask the training loop to save a checkpoint and stop at the end of the current step;
+a second one ends the process at once (the default action is restored after the first), keeping the last
+checkpoint written (checkpoints are written atomically).
 
 >>> stop = StopFlag()
 >>> with stop.installed():
@@ -22,11 +24,15 @@ class StopFlag:
         self.signum: int | None = None
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
         self.signum = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal kills at once, even inside a long op
+            signal.signal(sig, signal.SIG_DFL)
         name = signal.Signals(signum).name
-        print(f"\neuler-train: {name} received; saving a checkpoint after this step", file=sys.stderr)
+        print(
+            f"\neuler-train: {name} received; saving a checkpoint after this step "
+            "(send it again to stop at once without saving)",
+            file=sys.stderr,
+        )
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopFlag]:

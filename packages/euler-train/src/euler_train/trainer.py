@@ -25,6 +25,7 @@ from euler_train.device import Device, flops_per_token, peak_flops
 from euler_train.distributed import Comm
 from euler_train.metrics import MetricsLogger
 from euler_train.optimizer import AdamW
+from euler_train.runfolder import clear_run
 from euler_train.runspec import RunSpec
 from euler_train.schedule import lr_at
 from euler_train.signals import StopFlag
@@ -81,12 +82,25 @@ class Trainer:
             self.spec.run_dir / "checkpoints", cfg["checkpoint"]["keep_last"], cfg["checkpoint"]["keep_best"]
         )
         if self.comm.is_main:
+            if self.spec.overwrite:
+                clear_run(self.spec.run_dir)
             self.spec.run_dir.mkdir(parents=True, exist_ok=True)
             self.ckpts.clean_temporaries()
             save_config(cfg, self.spec.run_dir / "config.toml")
 
     def _check_sft_fits(self) -> None:
-        """ConfigError when the first step's batches hold no response token inside the context."""
+        """Say how many examples the context cuts; ConfigError when the first step's batches hold no
+        response token inside the context."""
+        lengths = np.diff(self.batches.train_loader.offsets)  # (examples,) tokens of each
+        window = self.spec.mcfg.context + self.spec.mcfg.n_mtp_heads
+        cut, share = int((lengths > window).sum()), float((lengths > window).mean())
+        if cut and self.comm.is_main:
+            print(
+                f"euler-train sft: note: {cut} of {len(lengths)} train examples ({100 * share:.0f}%) "
+                f"are longer than the model's window ({window} tokens: context {self.spec.mcfg.context} + "
+                f"{self.spec.mcfg.n_mtp_heads} heads) and are cut to it",
+                file=sys.stderr,
+            )
         micro = [self.batches.train(0, i) for i in range(self.batches.grad_accum)]
         if self.comm.allreduce_scalars([sum(self.micro_weights(micro))])[0] == 0:
             raise ConfigError(
@@ -379,7 +393,7 @@ class Trainer:
         cfg = self.spec.cfg
         last = done == total
         val = None
-        if (cfg["eval"]["every"] and done % cfg["eval"]["every"] == 0) or last:
+        if cfg["eval"]["enabled"] and ((cfg["eval"]["every"] and done % cfg["eval"]["every"] == 0) or last):
             row.update(self.evaluate())
             val = row.get("val_loss")
             self.state.val_loss = val

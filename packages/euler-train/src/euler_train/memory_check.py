@@ -1,0 +1,66 @@
+"""Refuse, before the first step, a run whose step will not fit in memory (host RAM on the CPU, device
+memory on the GPU), saying how much it needs and what to lower. `run.memory_check = false` skips it.
+
+>>> gib(3 << 30)
+'3.0 GiB'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import euler_model
+from euler_train.config import ConfigError
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def available_bytes(device: Any) -> tuple[int, str]:
+    """(bytes free for this process, what they are): the GPU's free memory plus what CuPy's pool holds
+    unused, or the host's MemAvailable (Linux) / free physical pages."""
+    if device.kind == "gpu":
+        free, _ = device.xp.cuda.runtime.memGetInfo()
+        pool = device.xp.get_default_memory_pool()
+        return int(free + pool.free_bytes()), f"GPU {device.index} memory ({device.name})"
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "available host memory"
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free host memory"
+
+
+def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[str, int]:
+    """ConfigError when the estimated step (times `processes` sharing this host's RAM) exceeds what is
+    available; returns the estimate otherwise."""
+    train = cfg["train"]
+    act = 2 if cfg["run"]["precision"] == "bf16" else 4
+    need = euler_model.step_memory(mcfg, train["batch_size"], train["grad_accum"], act)
+    if not cfg["run"]["memory_check"]:
+        return need
+    have, where = available_bytes(device)
+    share = processes if device.kind == "cpu" else 1
+    if need["total"] * share <= have:
+        return need
+    fits = [b for b in range(train["batch_size"] - 1, 0, -1) if _total(mcfg, b, train, act) * share <= have]
+    lower = (
+        f"lower train.batch_size to {fits[0]} (raise train.grad_accum to keep the tokens per step)"
+        if fits
+        else "lower model.context or the model's size (batch size 1 does not fit either)"
+    )
+    state = need["weights"] + need["gradients"] + need["optimizer"]
+    raise ConfigError(
+        f"the step needs about {gib(need['total'] * share)} of {where} but {gib(have)} is available "
+        f"(weights + gradients + AdamW {gib(state)}, activations {gib(need['activations'])} at batch "
+        f"{train['batch_size']} x context {mcfg.context}, evaluation {gib(need['evaluation'])}"
+        + (f", x {share} processes" if share > 1 else "")
+        + f"): {lower}, or set run.memory_check=false to try anyway"
+    )
+
+
+def _total(mcfg: Any, batch: int, train: dict, act: int) -> int:
+    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act)["total"]

@@ -1,0 +1,57 @@
+"""step_memory against the measured peak of real steps (tracemalloc sees every NumPy allocation)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from euler_model import init_params, logits, loss_and_grads, preset, step_memory
+
+SHAPES = [
+    ("tiny", 4, 64, {}),
+    ("small", 16, 128, {}),
+    ("small", 8, 128, {"vocab_size": 4096}),
+    ("small", 8, 128, {"n_mtp_heads": 1}),
+    ("small", 4, 256, {"dim": 256, "n_heads": 8, "n_kv_heads": 8, "ffn_dim": 512}),
+]
+
+
+def measured_peaks(cfg, batch: int) -> tuple[int, int]:
+    """(peak bytes of loss_and_grads, of the all-heads evaluation forward) beyond the weights."""
+    params = init_params(cfg, seed=0)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (batch, cfg.context))
+    targets = rng.integers(0, cfg.vocab_size, (batch, cfg.context + cfg.n_mtp_heads - 1))
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        _, grads = loss_and_grads(cfg, params, tokens, targets)
+        del grads
+        train = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        z = logits(cfg, params, tokens, all_heads=True)  # (K, B, T, V)
+        del z
+        evaluation = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return train, evaluation
+
+
+@pytest.mark.parametrize(("name", "batch", "context", "overrides"), SHAPES)
+def test_the_estimate_covers_the_measured_peak_without_wasting_much(name, batch, context, overrides) -> None:
+    cfg = preset(name, context=context, **overrides)
+    train, evaluation = measured_peaks(cfg, batch)
+    est = step_memory(cfg, batch)
+    need = est["weights"] + est["optimizer"] + max(train, evaluation)  # what the step really holds
+    assert need <= est["total"] <= 2.0 * need + (64 << 20), (need, est)
+
+
+def test_the_estimate_grows_with_batch_and_context_not_with_their_square() -> None:
+    cfg = preset("small")
+    one = step_memory(cfg, 1)["activations"]
+    assert step_memory(cfg, 8)["activations"] == 8 * one
+    assert step_memory(preset("small", context=1024), 1)["activations"] == 8 * one
+    assert step_memory(cfg, 8, activation_bytes=2)["activations"] == 4 * one
