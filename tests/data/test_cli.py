@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -96,3 +98,21 @@ def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
+
+
+def test_progress_in_a_log_is_plain_lines_and_reprepare_drops_a_stale_sft_set(corpus, tmp_path, tok_path):
+    """stderr to a file: no carriage returns; re-preparing with another tokenizer removes the old SFT set,
+    which would no longer match tokenizer.json."""
+    out = tmp_path / "ds"
+    src = ["--source", str(corpus["root"] / "books"), "--out", str(out)]
+    assert main(["prepare", *src, "--tokenizer", str(tok_path), "--quiet"]) == 0
+    records = tmp_path / "qa.json"
+    records.write_text(json.dumps([{"instruction": "Say hi.", "input": "", "output": "hi there"}] * 3))
+    assert main(["sft", "--source", str(records), "--out", str(out)]) == 0
+    log = tmp_path / "prepare.log"
+    with open(log, "w") as err:
+        cmd = [sys.executable, "-m", "euler_data.cli", "prepare", *src, "--vocab-size", "300"]
+        assert subprocess.run(cmd, stderr=err).returncode == 0
+    text = log.read_text()
+    assert "\r" not in text and "prepare" in text and "removed the SFT set" in text
+    assert not list(out.glob("sft_*")) and Tokenizer.load(out / "tokenizer.json").vocab_size == 300

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import os
-import sys
 from array import array
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import cached_property
@@ -22,6 +21,7 @@ from euler_bpe._encode import WordEncoder
 from euler_bpe._pretokenize import GPT2_PATTERN, compile_pattern, special_splitter
 from euler_bpe._train import learn_merges
 from euler_bpe._vocab import build_tables
+from euler_bpe.progress import progress_stream
 
 AllowedSpecial = Literal["all"] | Collection[str]
 
@@ -312,14 +312,15 @@ def _as_index(value: object) -> int | None:
 
 
 def _progress_printer() -> Callable[[int, int], None]:
-    """A one-line progress bar on stderr (no dependency)."""
+    """A one-line progress bar on stderr (no dependency; plain lines when stderr is not a terminal)."""
+    out = progress_stream()
 
     def show(done: int, total: int) -> None:
         if done % 64 == 0 or done == total:
             filled = int(30 * done / max(total, 1))
-            sys.stderr.write(f"\rtokens [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
+            out.write(f"\rtokens [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
             if done == total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+                out.write("\n")
+            out.flush()
 
     return show

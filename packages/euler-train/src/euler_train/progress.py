@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from euler_bpe.progress import progress_stream
+
 
 class Progress:
     """A tqdm bar over optimizer steps; shows the throughput of the training step itself (evaluation and
@@ -20,6 +22,7 @@ class Progress:
                 unit="step",
                 dynamic_ncols=True,
                 desc=trainer.spec.mode,
+                file=progress_stream(),
             )
 
     def update(self, row: dict[str, Any]) -> None:
