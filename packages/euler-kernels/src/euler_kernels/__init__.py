@@ -12,7 +12,7 @@ from euler_kernels.cuda import bf16_activations
 from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
 from euler_kernels.cuda.multi_tensor import adamw_multi_ctl, keep_tables, step_control, sum_squares_multi
-from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
+from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar, judged
 from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
 from euler_kernels.ops.adamw import adamw_update, adamw_update_many
 from euler_kernels.ops.attention import attention_backward, attention_forward
@@ -48,6 +48,7 @@ __all__ = [
     "gradcheck_ops",
     "gradcheck_scalar",
     "is_bf16",
+    "judged",
     "keep_tables",
     "linear_backward",
     "linear_forward",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from euler_kernels.gradcheck import judged
 from euler_kernels.op_checks import gradcheck_ops
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += rep.table(args.tol).splitlines()[2:]
     print("\n".join(lines))
     bad = [rep.label for rep in reports if not rep.ok(args.tol)]
-    print(f"\n{'FAILED: ' + ', '.join(bad) if bad else 'all ops OK'} (tolerance {args.tol:g})")
+    print(f"\n{'FAILED: ' + ', '.join(bad) if bad else 'all ops OK'} ({judged(args.tol)})")
     return 1 if bad else 0
 
 

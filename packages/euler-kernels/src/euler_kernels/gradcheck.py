@@ -87,6 +87,15 @@ class GradcheckReport:
                 )
 
 
+def judged(tol: float) -> str:
+    """What a table's OK means, for the line under it.
+
+    >>> judged(1e-6)
+    "each 'beyond noise' error <= 1e-06 ('max rel err' adds the differences' rounding noise)"
+    """
+    return f"each 'beyond noise' error <= {tol:g} ('max rel err' adds the differences' rounding noise)"
+
+
 def _sample(size: int, max_samples: int | None, rng: np.random.Generator) -> np.ndarray:
     if max_samples is None or size <= max_samples:
         return np.arange(size)

@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
+import euler_kernels as ek
+import euler_model
+
 TOL = 1e-6
 
 
 def check_ops(out: Any) -> bool:
     """Print one table of every op's inputs (euler-kernels' one table of op cases); True when all pass."""
-    import euler_kernels as ek
-
     reports = ek.gradcheck_ops()
     print("\n".join(reports[0].table(TOL).splitlines()[:2]), file=out)
     for report in reports:
@@ -27,9 +28,6 @@ def check_ops(out: Any) -> bool:
 
 def check_model(out: Any, max_samples: int = 16) -> bool:
     """Whole-model float64 gradcheck on the tiny preset, every parameter tensor."""
-    import euler_kernels as ek
-    import euler_model
-
     cfg = euler_model.preset("tiny")
     params = euler_model.gradcheck_params(cfg, seed=0)  # large enough weights: every path has a gradient
     rng = np.random.default_rng(1)
@@ -56,5 +54,5 @@ def run_check(quick: bool = False, out: Any = None) -> int:
     ok_ops = check_ops(out)
     ok_model = check_model(out, max_samples=8 if quick else 32)
     verdict = "all gradients OK" if ok_ops and ok_model else "FAILED"
-    print(f"\neuler-train check: {verdict} (max relative error tolerance {TOL:g})", file=out)
+    print(f"\neuler-train check: {verdict} ({ek.judged(TOL)})", file=out)
     return 0 if ok_ops and ok_model else 1
