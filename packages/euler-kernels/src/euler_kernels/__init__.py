@@ -16,7 +16,11 @@ from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar
 from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
 from euler_kernels.ops.adamw import adamw_update, adamw_update_many
 from euler_kernels.ops.attention import attention_backward, attention_forward
-from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from euler_kernels.ops.cross_entropy import (
+    cross_entropy_backward,
+    cross_entropy_forward,
+    cross_entropy_weights,
+)
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
@@ -38,6 +42,7 @@ __all__ = [
     "clip_grad_norm",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "cross_entropy_weights",
     "embedding_backward",
     "embedding_forward",
     "flash_attention_supports",

@@ -21,6 +21,7 @@ from euler_model.blocks import (
     norm_in,
 )
 from euler_model.config import ModelConfig
+from euler_model.cpu_threads import cpu_workers, run_parts
 
 _ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
 
@@ -156,18 +157,25 @@ def _heads_loss(config, params, h, targets, loss_mask) -> Any:
     return sum(losses) / config.n_mtp_heads
 
 
-def _heads_loss_and_grads(config, params, h, targets, loss_mask) -> tuple[Any, Any, dict[str, Any]]:
+def _heads_loss_and_grads(
+    config, params, h, targets, loss_mask, head_scales=None
+) -> tuple[Any, Any, dict[str, Any]]:
     """The mean head loss, its gradient wrt h (B, T, C) and every head's weight gradient, one head at a
     time: a head's (N, V) logits are freed as soon as its gradient is taken, so only one head's logits
-    exist at once (they are the largest activation of a small-vocabulary model)."""
+    exist at once (they are the largest activation of a small-vocabulary model).
+
+    head_scales: one host number per head multiplying its loss and gradient (the rows of a split batch,
+    see _split_loss_and_grads), or None for none.
+    """
     params = _head_params(config, params, h)
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
     total, dh, grads = 0.0, None, {}
     for k in range(config.n_mtp_heads):
         loss, c_head, c_ce = _head_loss(config, params, h2, targets, loss_mask, k)
-        total = total + loss
-        dz = ek.cross_entropy_backward(dloss, c_ce, bf16_out=ek.is_bf16(h))  # (N, V), bf16 on the bf16 path
+        scale = 1.0 if head_scales is None else head_scales[k]
+        total = total + (loss if head_scales is None else loss * scale)
+        dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h))  # (N, V), bf16 on bf16
         del c_ce  # the logits it holds can go before the next head's are made
         dh, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, dx_into=dh)  # (N, C), summed over heads
     return total / config.n_mtp_heads, dh.reshape(h.shape), grads
@@ -180,10 +188,45 @@ def loss_and_grads_on_device(
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
     then not range-checked: check them before they reach the device)."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
+    if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
+        return _split_loss_and_grads(config, params, tokens, targets, loss_mask)
+    return _loss_and_grads_rows(config, params, tokens, targets, loss_mask)
+
+
+def _loss_and_grads_rows(config, params, tokens, targets, loss_mask, head_scales=None) -> tuple[Any, dict]:
+    """The loss and every gradient of one batch (or one slice of rows of it, head_scales as in
+    _heads_loss_and_grads), in the calling thread."""
     h, trunk_caches = trunk_forward(config, params, tokens)
-    loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask)
+    loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales)
     grads.update(trunk_backward(config, dh, trunk_caches))
     return loss, {name: grads[name] for name in params}
+
+
+def _split_loss_and_grads(config, params, tokens, targets, loss_mask) -> tuple[Any, dict]:
+    """The NumPy step over cpu_workers(B) slices of the batch's rows, one per worker thread (cpu_threads.py),
+    summed. Head k's loss is sum(w * nll) / max(sum(w), 1) over the whole batch, so a slice's head-k loss
+    and gradient are weighted by max(its sum(w), 1) / max(the batch's, 1): the sum over the slices is the
+    whole batch's loss and gradient (up to rounding; the float64 gradient checks run this path)."""
+    (b, t), heads, n = tokens.shape, range(config.n_mtp_heads), cpu_workers(tokens.shape[0])
+
+    def denominator(rows: slice, k: int) -> float:  # max(sum(w), 1) of head k over these rows
+        mask = None if loss_mask is None else loss_mask[rows, k : k + t]
+        w = ek.cross_entropy_weights(targets[rows, k : k + t], mask, dtype=params["embed"].dtype)
+        return max(float(w.sum()), 1.0)
+
+    whole = [denominator(slice(None), k) for k in heads]
+
+    def run(rows: slice) -> tuple[Any, dict]:
+        scales = [denominator(rows, k) / whole[k] for k in heads]
+        mask = None if loss_mask is None else loss_mask[rows]
+        return _loss_and_grads_rows(config, params, tokens[rows], targets[rows], mask, scales)
+
+    (loss, grads), *others = run_parts(run, [slice(b * i // n, b * (i + 1) // n) for i in range(n)])
+    for part_loss, part_grads in others:  # each slice's gradients are its own new arrays
+        loss = loss + part_loss
+        for name, g in part_grads.items():
+            grads[name] += g
+    return loss, grads
 
 
 def loss_and_grads(

@@ -13,12 +13,26 @@ from euler_kernels.backend import check_float, get_array_module, is_capturing, s
 from euler_kernels.cuda import cross_entropy as cross_entropy_cuda
 
 
-def _weights(xp: Any, logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> Any:
-    keep = targets != ignore_index  # (N,)
-    w = keep.astype(logits.dtype)
+def cross_entropy_weights(
+    targets: Any, loss_mask: Any = None, ignore_index: int = -100, dtype: Any = None
+) -> Any:
+    """The per-token weights w (N,) = loss_mask * (targets != ignore_index), flattened, of `dtype` (float32
+    by default): cross_entropy_forward's loss is sum(w * nll) / max(sum(w), 1) with these w, so the losses
+    of parts of a batch combine exactly as sum(part_loss * max(part_w_sum, 1)) / max(w_sum, 1).
+
+    >>> import numpy as np
+    >>> cross_entropy_weights(np.array([[3, -100, 1]]), np.array([[1.0, 1.0, 0.5]])).tolist()
+    [1.0, 0.0, 0.5]
+    """
+    keep = (targets != ignore_index).reshape(-1)  # (N,)
+    w = keep.astype("float32" if dtype is None else dtype)
     if loss_mask is not None:
-        w *= loss_mask.reshape(-1).astype(logits.dtype, copy=False)
+        w *= loss_mask.reshape(-1).astype(w.dtype, copy=False)
     return w
+
+
+def _weights(xp: Any, logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> Any:
+    return cross_entropy_weights(targets, loss_mask, ignore_index, logits.dtype)
 
 
 def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> None:

@@ -1,0 +1,52 @@
+"""Worker threads for the NumPy training step: each runs one slice of the batch with single-threaded BLAS.
+
+NumPy runs its element-wise work (exp, norms, masks: about a third of a `small` step) on one core, and a
+multi-threaded BLAS splits each of the step's small matrix products across cores, each split paid for
+with a wait; when the cores are shared with other processes those waits turn into stalls (a step of
+0.5 s took 1.4 s with 2 BLAS threads on a loaded 2-core machine). One slice of the batch per core, each
+with a BLAS thread of its own, keeps every core busy with whole ops instead (docs/benchmarks/model.md).
+
+The number of workers is the number of threads the BLAS library was started with (OPENBLAS_NUM_THREADS,
+OMP_NUM_THREADS or MKL_NUM_THREADS, else one per core), so a process that asked for one BLAS thread runs
+the step on one thread as before. While the workers run, BLAS is held at one thread per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from threadpoolctl import ThreadpoolController
+
+Part = TypeVar("Part")
+
+_state: dict[str, Any] = {}  # the BLAS controller, its thread count at first use, the worker pool
+
+
+def _controller() -> tuple[ThreadpoolController, int]:
+    if "controller" not in _state:
+        controller = ThreadpoolController().select(user_api="blas")
+        threads = max((lib.num_threads for lib in controller.lib_controllers), default=1)
+        _state["controller"], _state["threads"] = controller, max(1, threads)
+    return _state["controller"], _state["threads"]
+
+
+def cpu_workers(batch: int) -> int:
+    """How many worker threads a NumPy step of `batch` rows uses: BLAS's thread count at the first call
+    of this module, at most one per row.
+
+    >>> 1 <= cpu_workers(16) and cpu_workers(1) == 1
+    True
+    """
+    return max(1, min(batch, _controller()[1]))
+
+
+def run_parts(fn: Callable[[Part], Any], parts: Sequence[Part]) -> list[Any]:
+    """[fn(part) for part in parts] on the worker threads (as many at once as BLAS had threads), BLAS at
+    one thread meanwhile; results in the order of parts (an exception in any part is raised here)."""
+    controller, threads = _controller()
+    if "pool" not in _state:  # kept for the process: the threads' memory arenas stay warm between steps
+        _state["pool"] = ThreadPoolExecutor(threads, thread_name_prefix="euler-cpu")
+    with controller.limit(limits=1):
+        return list(_state["pool"].map(fn, parts))
