@@ -153,17 +153,11 @@ def test_bad_combinations_exit_2_with_one_line_and_write_nothing(tmp_path):
         (["--recipe", str(recipe)], ["vocab_size=512", "fixed"]),
         (["--source", f"{blob}::raw"], ["::raw", "--tokenizer bytes"]),
         (["--source", f"{blob}::raw", "--tokenizer", str(tmp_path / "tok.json")], ["--tokenizer bytes"]),
+        (["--source", str(blob), "--tokenizer", "bytes"], ["unknown file type '.bin'", "PATH::raw"]),
+        (["--source", f"{tmp_path / 'void'}::raw", "--tokenizer", "bytes"], ["void", "no files"]),
     ]
     cases += [(["--source", str(text), "--vocab-size", n], [f"vocab_size={n}", "--tokenizer bytes"]) for n in
               ("256", "257", "260")]  # fmt: skip
     for argv, needles in cases:
         one_line_error(euler_data("prepare", "--out", str(out), *argv), *needles)
         assert not out.exists(), argv
-    # found while resolving the sources: no dataset is written
-    resolving = [
-        (["--source", str(blob), "--tokenizer", "bytes"], ["unknown file type '.bin'", "PATH::raw"]),
-        (["--source", f"{tmp_path / 'void'}::raw", "--tokenizer", "bytes"], ["void", "no files"]),
-    ]
-    for argv, needles in resolving:
-        one_line_error(euler_data("prepare", "--out", str(out), *argv), *needles)
-        assert not any((out / name).exists() for name in ("meta.json", "train.bin", "pipeline.duckdb")), argv
