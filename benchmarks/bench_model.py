@@ -9,8 +9,11 @@
 4. With CuPy and a CUDA device: tokens/s of the `gpu` preset with the KV cache, and the trained `small`
    model's speculative speed-up on the GPU (skipped otherwise).
 
-Run: /root/.local/share/hatch/env/virtual/main/8q9sCXq4/bench/bin/python benchmarks/bench_model.py [--quick]
-(unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE first if they are set).
+Run (from the repository root): hatch run bench:python benchmarks/bench_model.py [--quick] [--threads N]
+The results start with the environment: NumPy / torch versions, the BLAS library and the kernel it runs
+(threadpoolctl), the thread settings, OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE if set (they select an older,
+slower OpenBLAS kernel: to benchmark without them, `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` before
+the command) and the load averages, which decide how far a figure can be trusted on a shared machine.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def _threads_from_argv() -> int:
 os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())
 
 import numpy as np  # noqa: E402
+import threadpoolctl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -47,8 +51,68 @@ from euler_model import (  # noqa: E402
     preset,
     save_checkpoint,
 )
+from euler_model.cpu_threads import cpu_workers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def environment(threads: int) -> dict:
+    """What decides the CPU figures: versions, the BLAS library and kernel, threads, load."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in _read("/proc/cpuinfo").splitlines()
+            if "model name" in line
+        ),
+        "unknown",
+    )
+    blas = [
+        {k: lib.get(k) for k in ("internal_api", "version", "architecture", "threading_layer", "num_threads")}
+        for lib in threadpoolctl.threadpool_info()
+        if lib["user_api"] == "blas"
+    ]
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "numpy_blas": blas,  # the kernel OpenBLAS picked is "architecture"
+        "torch_blas": "mkl" if torch.backends.mkl.is_available() else "other",
+        "threads": threads,
+        "torch_threads": torch.get_num_threads(),
+        "euler_cpu_workers": cpu_workers(16),  # worker threads of the B = 16 NumPy step
+        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
+        "load_avg_start": os.getloadavg(),
+    }
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds every process on the machine has used since boot (/proc/stat), None off Linux."""
+    first = _read("/proc/stat").split("\n", 1)[0].split()
+    if not first or first[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def others_cores(start: tuple, end: tuple) -> float | None:
+    """Cores kept busy by other processes between two (wall, busy_cpu_seconds, own process time)
+    readings: the machine's CPU time minus this process's, over the wall time."""
+    if start[1] is None or end[1] is None:
+        return None
+    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
+
+
+def cpu_reading() -> tuple:
+    return time.perf_counter(), busy_cpu_seconds(), time.process_time()
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 # --- the same architecture in PyTorch (reference only) -------------------------------------------------
@@ -127,6 +191,7 @@ def bench_train_step(reps: int) -> dict:
     assert abs(l_ours - l_torch) < 1e-4 * abs(l_torch), (l_ours, l_torch)
     assert grad_err < 1e-3, grad_err
     times = {"euler": [], "torch": []}
+    machine_before = cpu_reading()
     for _ in range(reps):  # interleaved, so both see the same machine load
         for name, fn in (("euler", ours), ("torch", theirs)):
             start = time.perf_counter()
@@ -145,7 +210,10 @@ def bench_train_step(reps: int) -> dict:
         "median_s_euler": med["euler"],
         "median_s_torch": med["torch"],
         "ratio_euler_over_torch": med["euler"] / med["torch"],
-        "torch_threads": torch.get_num_threads(),
+        "tokens_per_s_euler": b * t / med["euler"],
+        "tokens_per_s_torch": b * t / med["torch"],
+        "other_processes_cores": others_cores(machine_before, cpu_reading()),  # 0 on a quiet machine
+        "load_avg_end": os.getloadavg(),
     }
 
 
@@ -314,11 +382,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="BLAS / torch threads for both sides")
     parser.add_argument("--skip-generation", action="store_true", help="only the training-step comparison")
     parser.add_argument("--trained", type=Path, default=None, help="reuse (or save) the trained model here")
+    parser.add_argument("--reps", type=int, default=None, help="training-step repetitions (default 15)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    reps = 3 if args.quick else 15
-    machine = {"cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": os.getloadavg()}
-    results = {"machine": machine}
+    reps = args.reps or (3 if args.quick else 15)
+    results = {"machine": environment(args.threads)}
+    print(json.dumps(results["machine"], indent=1), flush=True)
     results["train_step"] = bench_train_step(reps)
     print(json.dumps(results["train_step"], indent=1), flush=True)
     if not args.skip_generation:
