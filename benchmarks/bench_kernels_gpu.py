@@ -185,7 +185,7 @@ def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_
             7 * n_params * 4,
             time_ms(
                 lambda: multi_tensor.adamw_multi(
-                    params, ms, vs, grads, [0.1] * 100, 10, 1e-4, 0.9, 0.95, 1e-8
+                    params, ms, vs, grads, [0.1] * 100, (1 - 0.9**10, 1 - 0.95**10), 1e-4, 0.9, 0.95, 1e-8
                 )
             ),
             time_ms(opt.step),

@@ -29,7 +29,6 @@ import cupy as cp
 import numpy as np
 import torch
 
-from euler_kernels.cuda import multi_tensor
 from euler_model import count_params, init_params, loss_and_grads, preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,43 +45,25 @@ def step_flops(cfg, batch: int) -> float:
     return 6 * (count_params(cfg) - cfg.vocab_size * cfg.dim) * tokens + attention
 
 
-def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0):
-    names = list(params)
-    plist = [params[n] for n in names]
-    ms = [cp.zeros_like(p) for p in plist]
-    vs = [cp.zeros_like(p) for p in plist]
-    decay = [0.1 if p.ndim >= 2 else 0.0 for p in plist]
-    state = {"step": 0}
-
-    def step():
-        loss, grads = loss_and_grads(cfg, params, tokens, targets)
-        glist = [grads[n] for n in names]
-        factor, _ = multi_tensor.clip_factor(multi_tensor.sum_squares_multi(glist), max_norm)
-        state["step"] += 1
-        multi_tensor.adamw_multi(
-            plist, ms, vs, glist, decay, state["step"], lr, 0.9, 0.95, 1e-8, grad_scale=factor
-        )
-        return loss
-
-    return step
-
-
-def euler_graph_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0):
-    """euler-train's captured step on a copy of the weights; returns (step, its GraphStep)."""
+def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0, graph=False):
+    """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
+    as a CUDA graph (what `euler-train pretrain` uses on one GPU); returns (step, its runner)."""
+    from euler_train.distributed import Comm
     from euler_train.graph_step import GraphStep
     from euler_train.optimizer import AdamW
+    from euler_train.step import EagerStep
 
     params = {k: v.copy() for k, v in params.items()}
     opt = AdamW(params, 0.9, 0.95, 1e-8, 0.1)
-    graph = GraphStep(cfg, params, opt, tuple(tokens.shape), 1, max_norm)
+    runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), max_norm)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
     def step():
-        loss, _, applied = graph.run(micro, lr, opt.t + 1)
+        loss, _, applied = runner.run(micro, [1.0], opt.hyper(lr))
         opt.t += int(applied)
         return loss
 
-    return step, graph
+    return step, runner
 
 
 def profile_ops(step, steps: int = 3) -> None:
@@ -109,8 +90,8 @@ def profile_ops(step, steps: int = 3) -> None:
 
     for name in names:
         wrap(ek, name)
-    for name in ("sum_squares_multi", "clip_factor", "adamw_multi"):
-        wrap(multi_tensor, name)
+    for name in ("sum_squares_many", "step_control", "adamw_update_ctl"):
+        wrap(ek, name)
     try:
         step()  # warm-up
         cp.cuda.Device().synchronize()
@@ -237,7 +218,7 @@ def main() -> None:
     )
 
     torch_step = torch_step_fn(cfg, params, tokens, targets, compile_=False, bf16=bf16)
-    ours_step = euler_step_fn(cfg, params, tokens, targets)
+    ours_step, _ = euler_step_fn(cfg, params, tokens, targets)
     # same weights, same batch: the first losses must agree (TF32 on both sides: ~1e-3)
     loss_ours = float(loss_and_grads(cfg, params, tokens, targets)[0])
     with torch.no_grad():
@@ -256,7 +237,7 @@ def main() -> None:
     pool = cp.get_default_memory_pool()
     sec = timed(ours_step, args.steps)
     rows.append(("euler eager", sec, pool.total_bytes()))
-    graph_step, graph = euler_graph_step_fn(cfg, params, tokens, targets)
+    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, graph=True)
     sec = timed(graph_step, args.steps)
     state_bytes = 4 * sum(p.nbytes for p in params.values())  # its weights, m, v and gradient buffers
     rows.append(("euler CUDA graph", sec, state_bytes + graph.memory_bytes()))

@@ -174,7 +174,9 @@ def test_adamw_multi_and_norm_match_per_tensor_numpy():
     assert abs(float(sq[0]) ** 0.5 - ek.global_grad_norm(grads)) < 1e-5 * ek.global_grad_norm(grads)
     for p, m, v, g, wd in zip(params, ms, vs, grads, wds):
         ek.adamw_update(p, m, v, g, step=3, lr=1e-2, weight_decay=wd)
-    multi_tensor.adamw_multi(*dev, wds, step=3, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
+    multi_tensor.adamw_multi(
+        *dev, wds, ek.bias_corrections(0.9, 0.95, 3), lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8
+    )
     for ref, got in zip(params + ms + vs, dev[0] + dev[1] + dev[2]):
         assert rel(got, ref) < 1e-6
 
@@ -215,9 +217,17 @@ def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):
             assert np.array_equal(ek.to_numpy(got), ref)
         return
     factor, _ = multi_tensor.clip_factor(multi_tensor.sum_squares_multi(host[3]), max_norm)
-    multi_tensor.adamw_multi(*host, wds, step, lr, 0.9, 0.95, 1e-8, grad_scale=factor)
+    bc = ek.bias_corrections(0.9, 0.95, step)
+    multi_tensor.adamw_multi(*host, wds, bc, lr, 0.9, 0.95, 1e-8, grad_scale=factor)
     assert float(control[0]) == pytest.approx(float(factor[0]), rel=1e-6)
     for got, ref in zip(ctl[0] + ctl[1] + ctl[2], host[0] + host[1] + host[2]):
+        assert rel(got, ref) < 1e-6
+    # the NumPy path of the same ops (what the CPU trainer runs) gives the same control and update
+    cpu = [[a.copy() for a in group] for group in groups]
+    np_control = ek.step_control(ek.sum_squares_many(cpu[3]), np.float32(loss), ek.to_numpy(hyper), max_norm)
+    np.testing.assert_allclose(np_control, ek.to_numpy(control), rtol=1e-6)
+    ek.adamw_update_ctl(*cpu, wds, np_control, 0.9, 0.95, 1e-8)
+    for got, ref in zip(ctl[0] + ctl[1] + ctl[2], cpu[0] + cpu[1] + cpu[2]):
         assert rel(got, ref) < 1e-6
 
 

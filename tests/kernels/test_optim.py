@@ -75,3 +75,38 @@ def test_clip_leaves_small_gradients_alone() -> None:
     grads = [np.array([0.3, 0.4])]
     assert ek.clip_grad_norm(grads, 1.0) == pytest.approx(0.5)
     assert grads[0].tolist() == [0.3, 0.4]
+
+
+def test_the_control_path_equals_torch_adamw_with_clipping_and_skips_non_finite() -> None:
+    """sum_squares_many -> step_control -> adamw_update_ctl, the trainer's step on the CPU, equals
+    torch's clip_grad_norm_ + AdamW (to the float32 precision of the control vector); a NaN loss or a
+    disabled step changes nothing."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    shapes = [(6, 4), (4,)]
+    p0 = [rng.standard_normal(s) for s in shapes]
+    params, ms, vs = [a.copy() for a in p0], [np.zeros(s) for s in shapes], [np.zeros(s) for s in shapes]
+    tp = [torch.tensor(a, requires_grad=True) for a in p0]
+    decays = [0.1, 0.0]
+    torch_groups = [{"params": [tp[0]], "weight_decay": 0.1}, {"params": [tp[1]], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(torch_groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
+    for step in range(1, 6):
+        grads = [rng.standard_normal(s) * 3 for s in shapes]
+        control = ek.step_control(
+            ek.sum_squares_many(grads), np.float32(1.0), ek.adamw_hyper(3e-3, step, 0.9, 0.95), max_norm=1.0
+        )
+        ek.adamw_update_ctl(params, ms, vs, grads, decays, control, 0.9, 0.95, 1e-8)
+        for t, g in zip(tp, grads):
+            t.grad = torch.tensor(g)
+        norm = torch.nn.utils.clip_grad_norm_(tp, 1.0)
+        assert float(control[5]) == pytest.approx(float(norm), rel=1e-6)
+        opt.step()
+    for got, want in zip(params, tp):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-9)
+    before = [a.copy() for a in params + ms + vs]
+    for loss, enable in ((np.float32("nan"), True), (np.float32(1.0), False)):
+        hyper = ek.adamw_hyper(3e-3, 6, 0.9, 0.95, enable)
+        control = ek.step_control(ek.sum_squares_many(grads), loss, hyper, max_norm=1.0)
+        assert control[1] == 0.0
+        ek.adamw_update_ctl(params, ms, vs, grads, decays, control, 0.9, 0.95, 1e-8)
+        assert all(np.array_equal(a, b) for a, b in zip(params + ms + vs, before))

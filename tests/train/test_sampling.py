@@ -207,3 +207,15 @@ def test_chat_through_a_pseudo_terminal(tiny_run) -> None:
             proc.kill()
         os.close(master)
     assert seen.count(b"assistant> ") == 1
+
+
+def test_generate_edge_values_that_are_valid(tiny_run, capsys) -> None:
+    """--top-k 0 means no top-k cut; an empty prompt samples from <|endoftext|>; the context's limits are
+    said on stderr, not applied silently."""
+    base = ["generate", "--checkpoint", str(tiny_run), "--seed", "1"]
+    assert main([*base, "--prompt", "Return", "--max-new-tokens", "5", "--top-k", "0"]) == 0
+    assert main([*base, "--prompt", "", "--max-new-tokens", "5"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--prompt", "word " * 200, "--max-new-tokens", "500"]) == 0
+    err = capsys.readouterr().err
+    assert "only its last 63 fit the context (64)" in err and "room for 1 new tokens" in err

@@ -162,18 +162,18 @@ def test_resume_when_every_checkpoint_is_corrupt_is_a_clear_error(
 
 
 def nan_at(step_to_break: int, monkeypatch) -> None:
-    """Make euler_model.loss_and_grads return a NaN loss on the given (1-based) optimizer step."""
+    """Make the training step's loss NaN on the given (1-based) optimizer step."""
     import euler_model
 
-    real = euler_model.loss_and_grads
+    real = euler_model.loss_and_grads_on_device
     calls = {"n": 0}
 
     def patched(*args, **kwargs):
         calls["n"] += 1
         loss, grads = real(*args, **kwargs)
-        return (float("nan"), grads) if calls["n"] == step_to_break else (loss, grads)
+        return (loss * np.float32("nan"), grads) if calls["n"] == step_to_break else (loss, grads)
 
-    monkeypatch.setattr(euler_model, "loss_and_grads", patched)
+    monkeypatch.setattr(euler_model, "loss_and_grads_on_device", patched)
 
 
 def test_non_finite_loss_stops_without_touching_good_checkpoints(
@@ -269,7 +269,7 @@ def test_sft_loss_ignores_prompt_tokens(tmp_path, dataset, tiny_run) -> None:
     trainer.setup()
     _, _, mask = trainer.batches.train(0, 0)
     assert 0 < mask.sum() < mask.size
-    loss_a, grads_a, _, _ = trainer.gradients(0)
+    loss_a, grads_a = trainer.gradients(0)
     original = trainer.batches.train
 
     def altered(step, micro):
@@ -278,7 +278,7 @@ def test_sft_loss_ignores_prompt_tokens(tmp_path, dataset, tiny_run) -> None:
         return t, y, m
 
     trainer.batches.train = altered
-    loss_b, grads_b, _, _ = trainer.gradients(0)
+    loss_b, grads_b = trainer.gradients(0)
     assert loss_a == loss_b
     for name in grads_a:
         np.testing.assert_array_equal(grads_a[name], grads_b[name])
@@ -342,8 +342,10 @@ def test_gradient_accumulation_averages_the_micro_batches(tmp_path, dataset) -> 
     micro = [trainer.batches.train(5, i) for i in range(3)]
     assert not np.array_equal(micro[0][0], micro[1][0])  # three different micro-batches
     by_hand = [euler_model.loss_and_grads(trainer.spec.mcfg, trainer.params, t, y) for t, y, _ in micro]
-    loss, grads, ntok, counted = trainer.gradients(5)
-    assert ntok == counted == 3 * 2 * trainer.spec.mcfg.context
+    before = {n: p.copy() for n, p in trainer.params.items()}
+    loss, grads = trainer.gradients(5)
+    assert all(np.array_equal(before[n], p) for n, p in trainer.params.items())  # nothing updated
+    assert trainer.micro_weights(micro) == [2 * trainer.spec.mcfg.context] * 3
     assert loss == pytest.approx(np.mean([lo for lo, _ in by_hand]), rel=1e-6)
     for name in grads:
         np.testing.assert_allclose(

@@ -11,10 +11,16 @@ from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synch
 from euler_kernels.cuda import bf16_activations
 from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
-from euler_kernels.cuda.multi_tensor import adamw_multi_ctl, keep_tables, step_control, sum_squares_multi
+from euler_kernels.cuda.multi_tensor import keep_tables
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar, judged
 from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
-from euler_kernels.ops.adamw import adamw_update, adamw_update_many
+from euler_kernels.ops.adamw import (
+    adamw_hyper,
+    adamw_update,
+    adamw_update_ctl,
+    adamw_update_many,
+    bias_corrections,
+)
 from euler_kernels.ops.attention import attention_backward, attention_forward
 from euler_kernels.ops.cross_entropy import (
     cross_entropy_backward,
@@ -22,23 +28,26 @@ from euler_kernels.ops.cross_entropy import (
     cross_entropy_weights,
 )
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
-from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
+from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
 from euler_kernels.ops.residual import residual_backward, residual_forward
 from euler_kernels.ops.residual_rmsnorm import residual_rmsnorm_backward, residual_rmsnorm_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
+from euler_kernels.ops.step_control import step_control
 from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
 
 __all__ = [
     "GradcheckReport",
     "__version__",
-    "adamw_multi_ctl",
+    "adamw_hyper",
     "adamw_update",
+    "adamw_update_ctl",
     "adamw_update_many",
     "attention_backward",
     "attention_forward",
     "bf16_activations",
+    "bias_corrections",
     "clip_grad_norm",
     "cross_entropy_backward",
     "cross_entropy_forward",
@@ -69,7 +78,7 @@ __all__ = [
     "rope_forward",
     "rope_tables",
     "step_control",
-    "sum_squares_multi",
+    "sum_squares_many",
     "swiglu_backward",
     "swiglu_forward",
     "synchronize",

@@ -67,7 +67,7 @@ def stream_ids(
         prompt_ids,
         max_new_tokens=max(0, min(args.max_new_tokens, room)),
         temperature=args.temperature,
-        top_k=args.top_k,
+        top_k=args.top_k or None,  # 0: no top-k cut
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
         stop_tokens=stops,

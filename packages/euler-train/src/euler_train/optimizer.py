@@ -1,4 +1,8 @@
-"""AdamW over a flat params dict through `euler_kernels.adamw_update_many`, decay on matrices only.
+"""AdamW over a flat params dict through euler-kernels' multi-tensor updates, decay on matrices only.
+
+The training step updates through `update(params, grads, control)`: every per-step scalar (clip factor,
+skip flag, lr, bias corrections) comes from the control vector of `euler_kernels.step_control`, fed by
+`hyper(lr)`; `step` is the same update with the scalars from the host (for use outside the trainer).
 
 >>> import numpy as np
 >>> params = {"w": np.ones((2, 2)), "norm": np.ones(2)}
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from euler_kernels import adamw_update_many
+from euler_kernels import adamw_hyper, adamw_update_ctl, adamw_update_many
 
 
 class AdamW:
@@ -31,8 +35,32 @@ class AdamW:
         self.v = {name: p * 0 for name, p in params.items()}
         self.t = 0
 
+    def decays(self, params: dict[str, Any]) -> list[float]:
+        """Each parameter's weight decay, in params' order: matrices (ndim >= 2) decay, vectors do not."""
+        return [self.weight_decay if p.ndim >= 2 else 0.0 for p in params.values()]
+
+    def hyper(self, lr: float, enable: bool = True) -> Any:
+        """step_control's host input for the next update: float32 [lr, bc1, bc2, enable] (NumPy)."""
+        return adamw_hyper(lr, self.t + 1, self.beta1, self.beta2, enable)
+
+    def update(self, params: dict[str, Any], grads: dict[str, Any], control: Any) -> None:
+        """Update every parameter in place from `control` (no host read on the GPU: capturable); the
+        caller counts the update (`t += 1`) once it knows control's apply flag was set."""
+        names = list(params)
+        adamw_update_ctl(
+            [params[n] for n in names],
+            [self.m[n] for n in names],
+            [self.v[n] for n in names],
+            [grads[n] for n in names],
+            self.decays(params),
+            control,
+            self.beta1,
+            self.beta2,
+            self.eps,
+        )
+
     def step(self, params: dict[str, Any], grads: dict[str, Any], lr: float) -> None:
-        """Update every parameter in place (one fused launch on the GPU); decay only where ndim >= 2."""
+        """One update with learning rate lr and no clipping (one fused launch on the GPU)."""
         self.t += 1
         names = list(params)
         adamw_update_many(
@@ -45,7 +73,7 @@ class AdamW:
             beta1=self.beta1,
             beta2=self.beta2,
             eps=self.eps,
-            weight_decays=[self.weight_decay if params[n].ndim >= 2 else 0.0 for n in names],
+            weight_decays=self.decays(params),
         )
 
     def state_tensors(self) -> dict[str, Any]:

@@ -17,18 +17,24 @@ from typing import Any
 
 import numpy as np
 
+import euler_kernels as ek
+import euler_model
 from euler_train import modelio
 from euler_train.batches import Batches, bits_per_byte, make_batches
 from euler_train.checkpoint import CheckpointManager, read_state
 from euler_train.config import ConfigError, save_config
 from euler_train.device import Device, flops_per_token, peak_flops
 from euler_train.distributed import Comm
+from euler_train.graph_step import CapturedOrEager, GraphStep
 from euler_train.metrics import MetricsLogger
 from euler_train.optimizer import AdamW
+from euler_train.plot import plot_metrics
+from euler_train.progress import Progress
 from euler_train.runfolder import clear_run
 from euler_train.runspec import RunSpec
 from euler_train.schedule import lr_at
 from euler_train.signals import StopFlag
+from euler_train.step import EagerStep
 
 EXIT_NONFINITE = 3
 
@@ -54,14 +60,11 @@ class Trainer:
     comm: Comm
     params: dict[str, Any] = field(default_factory=dict)
     state: State = field(default_factory=State)
-    graph: Any = None  # the captured GPU step (graph_step.GraphStep), made at the first step
-    graph_failed: bool = False  # capture failed once: the eager step runs from then on
+    stepper: Any = None  # step.EagerStep, or a CUDA graph of the same step (see _stepper)
 
     # --- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         """Weights (fresh, from --init, or from the resume checkpoint), optimizer, loaders, run folder."""
-        import euler_model
-
         tcfg, xp = self.spec.cfg["train"], self.device.xp
         if self.spec.resume_from is not None:
             _, self.params, _, _ = modelio.load_model(self.spec.resume_from, xp)
@@ -121,115 +124,69 @@ class Trainer:
         """Loss tokens per micro-batch: a masked (sft) batch weighs by its mask, a pretrain one by B*T."""
         return [float(m[:, : t.shape[1]].sum()) if m is not None else float(t.size) for t, _, m in micro]
 
-    def gradients(self, step: int) -> tuple[float, dict[str, Any], int, float]:
-        """Loss and gradient of `step`, averaged over micro-batches and ranks weighted by loss tokens;
-        also the tokens read and the loss tokens counted (all ranks)."""
-        import euler_model
+    def step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool]:
+        """One optimizer step (step.train_step, captured as a CUDA graph where it can be); returns its
+        metrics row and whether every rank agreed to stop."""
+        micro, shares, total = self._inputs(step)
+        lr = self._lr(step)
+        hyper = self.opt.hyper(lr, enable=total > 0)  # SFT rows whose responses all fall outside: no update
+        loss, norm, applied = self._stepper().run(micro, shares, hyper)
+        loss, stop_votes = self.comm.allreduce_scalars([loss, float(stop.signum is not None)])
+        row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
+        if applied:
+            self.opt.t += 1
+        else:
+            if total > 0:  # the device found the loss or the gradient norm non-finite
+                self._nonfinite(step, loss, norm)
+            row["skipped"] = True
+        self.state.step = step + 1
+        self.state.tokens += sum(t.size for t, _, _ in micro) * self.comm.world_size
+        return row, stop_votes > 0
 
-        xp, mcfg = self.device.xp, self.spec.mcfg
+    def _inputs(self, step: int) -> tuple[list[tuple], list[float], float]:
+        """(micro-batches, each one's share of the loss, loss tokens of all ranks) of step `step`."""
         micro = [self.batches.train(step, i) for i in range(self.batches.grad_accum)]
+        self._check_ids(step, micro)
         weights = self.micro_weights(micro)
         total = self.comm.allreduce_scalars([sum(weights)])[0]
-        loss_sum, grads = 0.0, None
-        for (tokens, targets, mask), w in zip(micro, weights):
-            args = [xp.asarray(tokens), xp.asarray(targets), None if mask is None else xp.asarray(mask)]
-            loss, g = euler_model.loss_and_grads(mcfg, self.params, *args)
-            share = w / total if total > 0 else 0.0
-            loss_sum += loss * share
-            grads = _accumulate(grads, g, share)
-        self.comm.allreduce_grads(grads)
-        ntok = sum(t.size for t, _, _ in micro) * self.comm.world_size
-        return loss_sum, grads, ntok, total
+        return micro, [w / total if total > 0 else 0.0 for w in weights], total
 
-    def step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool]:
-        """One optimizer step; returns its metrics row and whether every rank agreed to stop."""
-        import euler_kernels as ek
+    def gradients(self, step: int) -> tuple[float, dict[str, Any]]:
+        """This rank's share of step `step`'s loss and the all-reduced gradients, without updating anything:
+        the same train_step with its update disabled."""
+        micro, shares, _ = self._inputs(step)
+        eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, 0.0)
+        loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
+        return loss, {n: g.copy() for n, g in eager.buf.grads.items()}
 
-        tcfg = self.spec.cfg["train"]
-        if self._graph_eligible():
-            out = self._graph_step_once(step, stop)
-            if out is not None:
-                return out
-        loss, grads, ntok, counted = self.gradients(step)
-        norm = ek.global_grad_norm(grads)
-        loss, stop_votes = self.comm.allreduce_scalars([loss, float(stop.signum is not None)])
-        lr = self._lr(step)
-        row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            self._nonfinite(step, loss, norm)
-            row["skipped"] = True
-        elif counted == 0:  # SFT rows whose responses all fall outside the context
-            row["skipped"] = True
-        else:
-            if tcfg["grad_clip"] > 0 and norm > tcfg["grad_clip"]:
-                ek.clip_grad_norm(grads, tcfg["grad_clip"])
-            self.opt.step(self.params, grads, lr)
-        self.state.step = step + 1
-        self.state.tokens += ntok
-        return row, stop_votes > 0
+    def _check_ids(self, step: int, micro: list[tuple]) -> None:
+        """Token ids must index the embedding (the GPU kernels read them unchecked): checked on the host."""
+        vocab = self.spec.mcfg.vocab_size
+        for tokens, targets, _ in micro:
+            for name, ids in (("tokens", tokens), ("targets", targets)):
+                if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+                    raise ConfigError(
+                        f"step {step + 1}: {name} hold ids outside [0, {vocab}) (min {ids.min()}, max "
+                        f"{ids.max()}): the dataset's tokenizer does not fit model.vocab_size"
+                    )
+
+    def _stepper(self) -> Any:
+        """The step runner, made at the first step: a CUDA graph on one GPU with the fused attention
+        kernel (several processes all-reduce through the host, and other head sizes attend through
+        CuPy's matmul, which cannot be captured), else the eager step; a failed capture falls back."""
+        if self.stepper is not None:
+            return self.stepper
+        tcfg, args = self.spec.cfg["train"], (self.spec.mcfg, self.params, self.opt, self.comm)
+        self.stepper = EagerStep(*args, tcfg["grad_clip"])
+        graphable = self.device.kind == "gpu" and self.comm.world_size == 1
+        if tcfg["cuda_graph"] and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
+            self.stepper = CapturedOrEager(GraphStep(*args, tcfg["grad_clip"]), self.stepper)
+        return self.stepper
 
     def _lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (warmup, then cosine to train.min_lr)."""
         t = self.spec.cfg["train"]
         return lr_at(step, t["lr"], t["min_lr"], t["warmup_steps"], t["steps"])
-
-    def _graph_eligible(self) -> bool:
-        """The captured step covers pretraining on one GPU with the fused attention kernel (head_dim 64 or
-        128); SFT weighs micro-batches by their masks, data parallelism all-reduces between backward and
-        update, and other head sizes attend through CuPy's matmul, which cannot be captured: all of these
-        run the eager step."""
-        import euler_kernels as ek
-
-        return (
-            self.spec.cfg["train"]["cuda_graph"]
-            and not self.graph_failed
-            and self.device.kind == "gpu"
-            and self.spec.mode == "pretrain"
-            and self.comm.world_size == 1
-            and ek.flash_attention_supports(self.spec.mcfg.head_dim)
-        )
-
-    def _graph_step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool] | None:
-        """step_once through the CUDA graph; None when capture fails (the caller then steps eagerly)."""
-        from euler_train.graph_step import GraphStep
-
-        tcfg, vocab = self.spec.cfg["train"], self.spec.mcfg.vocab_size
-        micro = [self.batches.train(step, i) for i in range(self.batches.grad_accum)]
-        for tokens, targets, _ in micro:  # the graph reads ids unchecked: check them here, on the host
-            for name, ids in (("tokens", tokens), ("targets", targets)):
-                if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-                    raise ValueError(
-                        f"step {step + 1}: {name} hold ids outside [0, {vocab}) (min {ids.min()}, max "
-                        f"{ids.max()}): the dataset's tokenizer does not fit model.vocab_size"
-                    )
-        lr = self._lr(step)
-        if self.graph is None:
-            try:
-                graph = GraphStep(
-                    self.spec.mcfg, self.params, self.opt, micro[0][0].shape, len(micro), tcfg["grad_clip"]
-                )
-                loss, norm, applied = graph.run(micro, lr, self.opt.t + 1)
-            except Exception as err:  # the dry run and the capture update nothing: step eagerly instead
-                self.graph_failed = True
-                print(f"euler-train: CUDA graph capture failed ({err}); stepping eagerly", file=sys.stderr)
-                return None
-            self.graph = graph
-            if self.comm.is_main:
-                print(
-                    f"euler-train: step {step + 1} captured as a CUDA graph; replayed from here on",
-                    file=sys.stderr,
-                )
-        else:
-            loss, norm, applied = self.graph.run(micro, lr, self.opt.t + 1)
-        row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
-        if applied:
-            self.opt.t += 1
-        else:  # non-finite loss or norm: the device left weights and moments as they were
-            self._nonfinite(step, loss, norm)
-            row["skipped"] = True
-        self.state.step = step + 1
-        self.state.tokens += sum(t.size for t, _, _ in micro)
-        return row, stop.signum is not None
 
     def _nonfinite(self, step: int, loss: float, norm: float) -> None:
         msg = (
@@ -266,9 +223,6 @@ class Trainer:
 
     def _eval_losses(self, tokens: Any, targets: Any, mask: Any) -> tuple[float, float]:
         """(mean over heads, head 0) cross-entropy of one batch, from one forward pass."""
-        import euler_kernels as ek
-        import euler_model
-
         xp, mcfg = self.device.xp, self.spec.mcfg
         tokens, targets = xp.asarray(tokens), xp.asarray(targets)
         mask = None if mask is None else xp.asarray(mask)
@@ -319,8 +273,6 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------------------------
     def run(self, stop: StopFlag) -> int:
         """Train to train.steps; returns the exit code (0 done, 128 + signal when interrupted)."""
-        from euler_train.progress import Progress
-
         cfg, main = self.spec.cfg, self.comm.is_main
         if main:
             print(self.describe(), file=sys.stderr)
@@ -369,8 +321,6 @@ class Trainer:
 
     def describe(self) -> str:
         """One line: what is trained, on what, from where."""
-        import euler_model
-
         m, t = self.spec.mcfg, self.spec.cfg["train"]
         per_step = t["batch_size"] * t["grad_accum"] * self.comm.world_size * m.context
         start = f"resuming at step {self.state.step}" if self.state.step else "from step 0"
@@ -430,8 +380,6 @@ class Trainer:
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of this process's GPU, None on CPU."""
-        import euler_model
-
         peak = peak_flops(self.device, self.spec.cfg["run"]["precision"])
         if peak is None:
             return None
@@ -439,15 +387,3 @@ class Trainer:
         matmul_params = euler_model.count_params(m) - m.vocab_size * m.dim  # the embedding is a lookup
         per_tok = flops_per_token(matmul_params, m.n_layers, m.dim, m.context)
         return per_tok * tokens_per_s / (peak * self.comm.world_size)
-
-
-def _accumulate(acc: dict[str, Any] | None, grads: dict[str, Any], share: float) -> dict[str, Any]:
-    """acc + share * grads (share 1.0 leaves the gradients bit-identical)."""
-    if acc is None:
-        if share != 1.0:
-            for g in grads.values():
-                g *= share
-        return grads
-    for name, g in grads.items():
-        acc[name] += g * share
-    return acc

@@ -90,7 +90,7 @@ def adamw_multi(
     vs: list[Any],
     grads: list[Any],
     weight_decays: list[float],
-    step: int,
+    bias_corrections: tuple[float, float],
     lr: float,
     beta1: float,
     beta2: float,
@@ -102,16 +102,8 @@ def adamw_multi(
 
     tables = _adamw_tables(params, ms, vs, grads, weight_decays)
     scale = cupy.ones((1,), dtype=cupy.float32) if grad_scale is None else grad_scale
-    args = (
-        *tables,
-        scale,
-        np.float32(lr),
-        np.float32(beta1),
-        np.float32(beta2),
-        np.float32(eps),
-        np.float32(1 - beta1**step),
-        np.float32(1 - beta2**step),
-    )
+    bc1, bc2 = bias_corrections
+    args = (*tables, scale, *(np.float32(x) for x in (lr, beta1, beta2, eps, bc1, bc2)))
     grid = (tables[5].size,)  # one block per chunk
     get_kernel("multi_tensor.cu", "adamw_multi")(grid, (THREADS,), args)
 

@@ -1,15 +1,22 @@
-"""AdamW with bias correction and decoupled weight decay, updating param, m and v in place."""
+"""AdamW with bias correction and decoupled weight decay, updating param, m and v in place.
+
+Two entry points with one arithmetic: `adamw_update_many` (the step's scalars from the host) and
+`adamw_update_ctl` (every per-step scalar read from a control vector made by `step_control`, so a CUDA
+graph can replay it); `bias_corrections` is the one place 1 - beta**t is computed.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
 from euler_kernels.cuda import multi_tensor
 
 
-def _check(param: Any, m: Any, v: Any, grad: Any, step: int) -> None:
+def _check(param: Any, m: Any, v: Any, grad: Any) -> None:
     arrays = {"param": param, "m": m, "v": v, "grad": grad}
     if any(a.shape != param.shape for a in arrays.values()):
         shapes = ", ".join(f"{n}{tuple(a.shape)}" for n, a in arrays.items())
@@ -17,8 +24,6 @@ def _check(param: Any, m: Any, v: Any, grad: Any, step: int) -> None:
     if any(a.dtype != param.dtype for a in arrays.values()) or param.dtype.kind != "f":
         dtypes = ", ".join(f"{n}: {a.dtype}" for n, a in arrays.items())
         raise ValueError(f"adamw_update: param, m, v and grad must share one float dtype; got {dtypes}")
-    if step < 1:
-        raise ValueError(f"adamw_update: step counts from 1, got {step}")
 
 
 def adamw_update(
@@ -44,21 +49,42 @@ def adamw_update(
     >>> round(float(p[0]), 6)  # first step moves by lr * sign(g)
     0.9
     """
-    _check(param, m, v, grad, step)
+    adamw_update_many([param], [m], [v], [grad], step, lr, beta1, beta2, eps, [weight_decay])
+
+
+def bias_corrections(beta1: float, beta2: float, step: int) -> tuple[float, float]:
+    """(1 - beta1**step, 1 - beta2**step) of AdamW's update number `step` (counted from 1).
+
+    >>> bias_corrections(0.5, 0.5, 2)
+    (0.75, 0.75)
+    """
+    if step < 1:
+        raise ValueError(f"adamw_update: step counts from 1, got {step}")
+    return 1.0 - beta1**step, 1.0 - beta2**step
+
+
+def adamw_hyper(lr: float, step: int, beta1: float, beta2: float, enable: bool = True) -> Any:
+    """The host's per-step input to `step_control`: float32 [lr, bc1, bc2, enable] (NumPy).
+
+    >>> adamw_hyper(0.1, 1, 0.5, 0.75).tolist()
+    [0.10000000149011612, 0.5, 0.25, 1.0]
+    """
+    return np.array([lr, *bias_corrections(beta1, beta2, step), float(enable)], dtype=np.float32)
+
+
+def _update(param: Any, m: Any, v: Any, grad: Any, decay: float, lr, bc1, bc2, beta1, beta2, eps) -> None:
+    """One tensor's AdamW update in place (the arithmetic of multi_tensor.cu's adamw_element)."""
     xp = get_array_module(param)
     m *= beta1
     m += (1.0 - beta1) * grad
     v *= beta2
     v += (1.0 - beta2) * (grad * grad)
-    bc1 = 1.0 - beta1**step
-    bc2 = 1.0 - beta2**step
-    denom = xp.sqrt(v)
-    denom *= 1.0 / bc2**0.5  # sqrt(v_hat)
+    denom = xp.sqrt(v / bc2)
     denom += eps
-    if weight_decay:
-        param *= 1.0 - lr * weight_decay  # decoupled decay, uses param before the Adam step
-    upd = xp.divide(m, denom, out=denom)
-    upd *= lr / bc1
+    upd = xp.divide(m / bc1, denom, out=denom)  # m_hat / (sqrt(v_hat) + eps)
+    if decay:
+        upd += decay * param  # decoupled decay, uses param before the Adam step
+    upd *= lr
     param -= upd
 
 
@@ -91,11 +117,51 @@ def adamw_update_many(
             f"adamw_update_many: params, ms, vs, grads and weight_decays must have equal lengths, got "
             f"{len(params)}, {len(ms)}, {len(vs)}, {len(grads)}, {len(decays)}"
         )
-    tensors = [*params, *ms, *vs, *grads]
-    if params and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors):
-        for p, m, v, g in zip(params, ms, vs, grads):
-            _check(p, m, v, g, step)
-        multi_tensor.adamw_multi(params, ms, vs, grads, decays, step, lr, beta1, beta2, eps)
+    for p, m, v, g in zip(params, ms, vs, grads):
+        _check(p, m, v, g)
+    bc = bias_corrections(beta1, beta2, step)
+    if _fused(params, ms, vs, grads):
+        multi_tensor.adamw_multi(params, ms, vs, grads, decays, bc, lr, beta1, beta2, eps)
         return
     for p, m, v, g, wd in zip(params, ms, vs, grads, decays):
-        adamw_update(p, m, v, g, step, lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd)
+        _update(p, m, v, g, wd, lr, *bc, beta1, beta2, eps)
+
+
+def adamw_update_ctl(
+    params: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    grads: list[Any],
+    weight_decays: list[float],
+    control: Any,
+    beta1: float = 0.9,
+    beta2: float = 0.95,
+    eps: float = 1e-8,
+) -> None:
+    """AdamW over many tensors with the clip factor, lr, bias corrections and a skip flag read from
+    `control` = [grad_scale, apply, lr, bc1, bc2, norm] (see step_control); apply = 0 changes nothing.
+    Float32 CuPy tensors: one fused launch that reads control on the device (capturable); otherwise
+    tensor by tensor with the same arithmetic.
+
+    >>> import numpy as np
+    >>> p, m, v = [np.ones(1)], [np.zeros(1)], [np.zeros(1)]
+    >>> control = np.array([0.5, 1.0, 0.1, 0.1, 0.05, 4.0], dtype=np.float32)
+    >>> adamw_update_ctl(p, m, v, [np.full(1, 2.0)], [0.0], control)
+    >>> round(float(p[0][0]), 6)  # the first step moves by lr * sign(g)
+    0.9
+    """
+    for p, m, v, g in zip(params, ms, vs, grads):
+        _check(p, m, v, g)
+    if _fused(params, ms, vs, grads):
+        multi_tensor.adamw_multi_ctl(params, ms, vs, grads, list(weight_decays), control, beta1, beta2, eps)
+        return
+    scale, apply, lr, bc1, bc2, _ = (float(c) for c in control)
+    if apply == 0.0:
+        return
+    for p, m, v, g, wd in zip(params, ms, vs, grads, weight_decays):
+        _update(p, m, v, g * scale if scale != 1.0 else g, wd, lr, bc1, bc2, beta1, beta2, eps)
+
+
+def _fused(*lists: list[Any]) -> bool:
+    tensors = [t for ts in lists for t in ts]
+    return bool(tensors) and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors)

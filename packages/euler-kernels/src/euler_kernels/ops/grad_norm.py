@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
 from euler_kernels.cuda import multi_tensor
@@ -15,23 +17,33 @@ def _as_list(grads: Iterable[Any] | Mapping[str, Any]) -> list[Any]:
     return list(grads.values()) if isinstance(grads, Mapping) else list(grads)
 
 
+def sum_squares_many(grads: Iterable[Any] | Mapping[str, Any]) -> Any:
+    """sum over arrays of sum(g ** 2) as a float64 array of shape (1,) where the arrays live (nothing
+    is read back: step_control takes it on the device). Float32 CuPy arrays: one multi-tensor launch.
+
+    >>> import numpy as np
+    >>> sum_squares_many([np.array([3.0]), np.array([4.0])]).tolist()
+    [25.0]
+    """
+    arrays = _as_list(grads)
+    if arrays and cuda.fused(*arrays) and all(g.flags.c_contiguous for g in arrays):
+        return multi_tensor.sum_squares_multi(arrays)  # float64 sums per chunk, in a fixed order
+    xp = get_array_module(arrays[0]) if arrays else np
+    total = xp.zeros((1,), dtype=xp.float64)
+    for g in arrays:
+        flat = g.reshape(-1)
+        total += xp.dot(flat, flat).astype(xp.float64)
+    return total
+
+
 def global_grad_norm(grads: Iterable[Any] | Mapping[str, Any]) -> float:
-    """sqrt(sum over arrays of sum(g ** 2)), accumulated as a Python float (a dict's values count).
+    """sqrt(sum over arrays of sum(g ** 2)) as a Python float (a dict's values count).
 
     >>> import numpy as np
     >>> global_grad_norm([np.array([3.0]), np.array([4.0])])
     5.0
     """
-    arrays = _as_list(grads)
-    if arrays and cuda.fused(*arrays) and all(g.flags.c_contiguous for g in arrays):
-        return math.sqrt(float(multi_tensor.sum_squares_multi(arrays)[0]))  # one launch, float64 sums
-    total = None
-    for g in arrays:
-        xp = get_array_module(g)
-        flat = g.reshape(-1)
-        sq = xp.dot(flat, flat).astype(xp.float64)  # stays on the device: one transfer at the end
-        total = sq if total is None else total + sq
-    return 0.0 if total is None else math.sqrt(float(total))
+    return math.sqrt(float(sum_squares_many(grads)[0]))
 
 
 def clip_grad_norm(grads: Iterable[Any] | Mapping[str, Any], max_norm: float) -> float:

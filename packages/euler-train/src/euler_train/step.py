@@ -1,0 +1,121 @@
+"""The one training step: forward, backward, gradient all-reduce, clipping and the optimizer update, from
+fixed buffers to updated weights, on the CPU and the GPU alike.
+
+The host writes the step's inputs into `StepBuffers` (the micro-batches, each micro-batch's share of the
+loss, and the optimizer's hyper = [lr, bc1, bc2, enable]); `train_step` turns them into the loss, the
+gradients and the control vector [grad_scale, apply, lr, bc1, bc2, norm] (euler_kernels.step_control)
+that the update reads; the host then reads back the loss, the norm and whether the update was applied.
+Nothing in `train_step` reads a value back to the host on the GPU, so the very same function is what
+graph_step.GraphStep captures as a CUDA graph; elsewhere it runs eagerly (EagerStep).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import euler_kernels as ek
+import euler_model
+
+
+@dataclass
+class StepBuffers:
+    """Everything a step reads or writes besides the weights and the optimizer's moments."""
+
+    tokens: Any  # (A, B, T) int64: A micro-batches
+    targets: Any  # (A, B, T + K - 1) int64
+    masks: Any  # (A, B, T + K - 1) float32 loss masks (SFT), or None (every target counts)
+    shares: Any  # (A,) float32: micro-batch i's share of the loss (its loss tokens / all ranks' total)
+    hyper: Any  # (4,) float32 [lr, bc1, bc2, enable], from the optimizer
+    grads: dict[str, Any]  # name -> gradient, summed over micro-batches (and ranks)
+    loss: Any  # () float32: the step's loss on this rank (its micro-batches' weighted sum)
+    control: Any  # (6,) float32 [grad_scale, apply, lr, bc1, bc2, norm]
+
+    @classmethod
+    def allocate(cls, xp: Any, mcfg: Any, params: dict[str, Any], micro: list[tuple]) -> StepBuffers:
+        """Buffers shaped for these micro-batches [(tokens (B, T), targets, mask or None), ...]."""
+        a, (b, t) = len(micro), micro[0][0].shape
+        width = t + mcfg.n_mtp_heads - 1
+        masked = micro[0][2] is not None
+        return cls(
+            tokens=xp.zeros((a, b, t), dtype=xp.int64),
+            targets=xp.zeros((a, b, width), dtype=xp.int64),
+            masks=xp.zeros((a, b, width), dtype=xp.float32) if masked else None,
+            shares=xp.zeros((a,), dtype=xp.float32),
+            hyper=xp.zeros((4,), dtype=xp.float32),
+            grads={n: xp.zeros_like(p) for n, p in params.items()},
+            loss=xp.zeros((), dtype=xp.float32),
+            control=xp.zeros((6,), dtype=xp.float32),
+        )
+
+    def fits(self, micro: list[tuple]) -> bool:
+        """Whether these micro-batches have the shapes (and masking) the buffers were made for."""
+        same = len(micro) == self.tokens.shape[0] and micro[0][0].shape == self.tokens.shape[1:]
+        return (
+            same
+            and micro[0][1].shape == self.targets.shape[1:]
+            and (micro[0][2] is None) == (self.masks is None)
+        )
+
+    def write(self, micro: list[tuple], shares: list[float], hyper: np.ndarray, stream: Any = None) -> None:
+        """Copy the step's host inputs into the buffers (on `stream` on the GPU)."""
+        host = {
+            "tokens": np.stack([m[0] for m in micro]).astype(np.int64),
+            "targets": np.stack([m[1] for m in micro]).astype(np.int64),
+            "shares": np.asarray(shares, dtype=np.float32),
+            "hyper": np.asarray(hyper, dtype=np.float32),
+        }
+        if self.masks is not None:
+            host["masks"] = np.stack([m[2] for m in micro]).astype(np.float32)
+        for name, values in host.items():
+            buf = getattr(self, name)
+            if isinstance(buf, np.ndarray):
+                buf[...] = values
+            else:
+                buf.set(values, stream=stream)
+
+    def read(self) -> tuple[float, float, bool]:
+        """(loss, gradient norm before clipping, whether the update was applied), read back to the host."""
+        control = ek.to_numpy(self.control)
+        return float(ek.to_numpy(self.loss)), float(control[5]), bool(control[1] != 0.0)
+
+
+def train_step(
+    mcfg: Any, params: dict[str, Any], opt: Any, comm: Any, buf: StepBuffers, max_norm: float
+) -> None:
+    """One optimizer step from `buf` to updated `params` (see the module docstring)."""
+    for i in range(buf.tokens.shape[0]):
+        mask = None if buf.masks is None else buf.masks[i]
+        loss, grads = euler_model.loss_and_grads_on_device(mcfg, params, buf.tokens[i], buf.targets[i], mask)
+        share = buf.shares[i]  # a 0-d array: no host value enters the step
+        for name, g in grads.items():
+            g *= share
+            if i == 0:
+                buf.grads[name][...] = g
+            else:
+                buf.grads[name] += g
+        loss = loss * share
+        buf.loss[...] = loss if i == 0 else buf.loss + loss
+    comm.allreduce_grads(buf.grads)  # a no-op on one process
+    grads = [buf.grads[n] for n in params]
+    ek.step_control(ek.sum_squares_many(grads), buf.loss, buf.hyper, max_norm, out=buf.control)
+    opt.update(params, buf.grads, buf.control)
+
+
+class EagerStep:
+    """train_step run directly, every step (the CPU, several processes, or a GPU step not captured)."""
+
+    def __init__(self, mcfg: Any, params: dict[str, Any], opt: Any, comm: Any, max_norm: float) -> None:
+        self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
+        self.buf: StepBuffers | None = None
+
+    def run(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> tuple[float, float, bool]:
+        """Step on these micro-batches; returns (loss, norm, applied)."""
+        if self.buf is None or not self.buf.fits(micro):
+            xp = ek.get_array_module(next(iter(self.params.values())))
+            self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro)
+        self.buf.write(micro, shares, hyper)
+        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm)
+        return self.buf.read()
