@@ -1,4 +1,4 @@
-"""`euler-train`: pretrain, sft, chat, generate, check, export-hf, plot, quickstart.
+"""`euler-train`: pretrain, sft, chat, generate, check, export-hf, plot, eval, report, quickstart.
 
 Exit codes: 0 done; 2 bad config or arguments (message names the key); 3 non-finite loss or gradient;
 128 + signal number after SIGINT/SIGTERM (a checkpoint was saved first).
@@ -13,6 +13,7 @@ from typing import Any
 
 from euler_bpe.cli_parser import OneLineParser
 from euler_train.__about__ import __version__
+from euler_train.evals.args import add_eval_args
 
 EXIT_CONFIG = 2
 EXIT_CODES = "exit codes: 0 done, 2 bad config/arguments/data/checkpoint, 3 non-finite loss, 130/143 signal"
@@ -126,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--labels", metavar="A,B,...", help="names of the runs (default: folder names)")
     plot.add_argument("--title", help="plot title")
     plot.add_argument("--out", metavar="PNG", help="default: RUN/loss.png, or FIRST_RUN/compare.png")
+    add_eval_args(
+        add("eval", "score a checkpoint: bpb, hellaswag, arc, chat (--json: one object)"),
+        EXIT_CODES,
+        number(int, 1),
+    )
+    report = add("report", "write RUN/report.md: config, data, throughput, loss, evals, samples")
+    report.add_argument("run", metavar="RUN", help="run folder")
+    report.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu", help="for the samples")
     quick = add("quickstart", "data -> tokenizer -> small pretrain on CPU -> samples")
     quick.add_argument("--out", default="runs/quickstart", metavar="DIR")
     quick.add_argument(

@@ -158,6 +158,19 @@ def run_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_eval(args: argparse.Namespace) -> int:
+    from euler_train.evals.command import run_eval as evaluate
+
+    return evaluate(args)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from euler_train.report import write_report
+
+    print(f"euler-train report: wrote {write_report(Path(args.run), args.device)}")
+    return 0
+
+
 def run_quickstart(args: argparse.Namespace) -> int:
     from euler_train.quickstart import quickstart
 

@@ -19,7 +19,15 @@ from euler_train.checkpoint import step_of
 from euler_train.metrics import read_metrics
 
 # Everything a pretrain or sft writes into its run folder (--overwrite removes exactly these).
-RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints", "loss.png", "tensorboard", "report.md")
+RUN_FILES = (
+    "config.toml",
+    "metrics.jsonl",
+    "checkpoints",
+    "loss.png",
+    "tensorboard",
+    "report.md",
+    "evals.jsonl",
+)
 
 
 def describe_run(run_dir: Path) -> str | None:
