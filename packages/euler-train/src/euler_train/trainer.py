@@ -362,7 +362,7 @@ class Trainer:
         return 128 + signum
 
     def finish(self) -> None:
-        """loss.png and a one-line summary (rank 0)."""
+        """loss.png, a one-line summary and report.md (rank 0)."""
         if not self.comm.is_main:
             return
         from euler_train.plot import plot_metrics
@@ -377,6 +377,9 @@ class Trainer:
             + (f", val loss {v:.4f}" if v is not None else "")
             + f"; run folder {self.spec.run_dir}"
         )
+        from euler_train.report import write_report
+
+        write_report(self.spec.run_dir, self.device.kind)
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of this process's GPU, None on CPU."""
