@@ -10,6 +10,7 @@ import importlib
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,4 +163,23 @@ def tiny_run(tmp_path_factory, dataset) -> Path:
         "train.lr=1e-2",
     ]
     assert main(argv) == 0
+    return run
+
+
+@pytest.fixture(scope="session")
+def chat_run(tmp_path_factory, dataset, tiny_run) -> Path:
+    """An SFT run from tiny_run on short answers, long enough that its greedy replies end with <|end|>
+    (150 steps, about 10 s on 2 cores); its SFT set (train and held-out val split) is RUN/../docs."""
+    root = tmp_path_factory.mktemp("chat")
+    data = shutil.copytree(dataset, root / "docs")  # the same tokenizer as tiny_run, a new SFT set
+    records = [
+        {"instruction": f"What does {name} do?", "input": "", "output": " ".join(doc.split()[:4])}
+        for name, doc in docstrings()
+    ]
+    (root / "qa.json").write_text(json.dumps(records), encoding="utf-8")
+    assert euler_data(["sft", "--source", str(root / "qa.json"), "--out", str(data), "--context", "64"]) == 0
+    run = root / "sft"
+    args = ["sft", "--data", str(data), "--init", str(tiny_run), "--out", str(run), "--steps", "150"]
+    proc = _cli(*args, "--eval-every", "150", "--no-progress", "--set", "train.lr=1e-2")
+    assert proc.returncode == 0, proc.stderr
     return run

@@ -38,6 +38,13 @@ def work(tmp_path_factory, dataset, tiny_run, corpus) -> dict[str, Path]:
     for name in ("train.bin", "meta.json", "tokenizer.json"):
         (novalid / name).write_bytes((dataset / name).read_bytes())
     (novalid / "val.bin").write_bytes(b"")
+    item = '{"ctx": "The json module", "endings": ["encodes", "decodes"], "label": %s}\n'
+    (root / "hs_empty.jsonl").write_text("\n", encoding="utf-8")
+    (root / "hs_bad_line.jsonl").write_text(item % 0 + "{oops\n", encoding="utf-8")
+    (root / "hs_no_endings.jsonl").write_text('{"ctx": "The json module", "label": 0}\n', encoding="utf-8")
+    (root / "hs_label.jsonl").write_text(item % 2, encoding="utf-8")
+    arc = '{"question": "Why?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "C"}\n'
+    (root / "arc_key.jsonl").write_text(arc, encoding="utf-8")
     return {"root": root, "data": dataset, "run": tiny_run, "tok": dataset / "tokenizer.json"}
 
 
@@ -92,6 +99,29 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
         ("euler-train", ["export-hf", "--checkpoint", f"{r}/broken_run", "--out", f"{r}/hf"]),
         ("euler-train", ["plot", f"{r}/missing_run"]),
         ("euler-train", ["plot", f"{r}/broken_run"]),
+        ("euler-train", ["eval", "--checkpoint", run, "hellaswag", "--file", f"{r}/missing.jsonl"]),
+        ("euler-train", ["eval", "--checkpoint", run, "hellaswag", "--file", f"{r}/hs_empty.jsonl"]),
+        ("euler-train", ["eval", "--checkpoint", run, "hellaswag", "--file", f"{r}/hs_bad_line.jsonl"]),
+        ("euler-train", ["eval", "--checkpoint", run, "hellaswag", "--file", f"{r}/hs_no_endings.jsonl"]),
+        ("euler-train", ["eval", "--checkpoint", run, "hellaswag", "--file", f"{r}/hs_label.jsonl"]),
+        ("euler-train", ["eval", "--checkpoint", run, "arc", "--file", f"{r}/arc_key.jsonl"]),
+        ("euler-train", ["eval", "--checkpoint", run, "arc", "--file", f"{r}/hs_label.jsonl"]),  # not ARC
+        (
+            "euler-train",
+            ["eval", "--checkpoint", run, "arc", "--file", f"{r}/arc_key.jsonl", "--max-items", "0"],
+        ),
+        ("euler-train", ["eval", "--checkpoint", run, "bpb"]),  # neither files nor --data
+        ("euler-train", ["eval", "--checkpoint", run, "bpb", f"{r}/text.txt", "--data", d]),
+        ("euler-train", ["eval", "--checkpoint", run, "bpb", f"{r}/missing.txt"]),
+        ("euler-train", ["eval", "--checkpoint", run, "bpb", "--data", f"{r}/noval"]),  # empty val split
+        ("euler-train", ["eval", "--checkpoint", run, "bpb", "--data", r]),  # no meta.json
+        ("euler-train", ["eval", "--checkpoint", run, "chat", "--data", f"{r}/noval"]),  # no SFT set
+        ("euler-train", ["eval", "--checkpoint", f"{r}/broken_run", "bpb", f"{r}/text.txt"]),
+        ("euler-train", ["eval", "--checkpoint", f"{r}/missing", "bpb", f"{r}/text.txt"]),
+        ("euler-train", ["eval", "--checkpoint", run, "bpb", f"{r}/text.txt", "--batch-size", "0"]),
+        ("euler-train", ["eval", "--checkpoint", run]),  # no task
+        ("euler-train", ["report", f"{r}/missing_run"]),
+        ("euler-train", ["report", r]),  # not a run folder
     ]
 
 

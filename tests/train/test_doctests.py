@@ -10,7 +10,7 @@ import pytest
 
 import euler_train
 
-ALL = [m.name for m in pkgutil.iter_modules(euler_train.__path__, "euler_train.")]
+ALL = [m.name for m in pkgutil.walk_packages(euler_train.__path__, "euler_train.")]  # evals.* too
 MODULES = sorted(name for name in ALL if name != "euler_train.__main__")  # importing __main__ runs the CLI
 
 

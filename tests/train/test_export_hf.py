@@ -1,19 +1,17 @@
 """export-hf of real checkpoints: transformers' tokenizer chats like euler, and HF generate stops at <|end|>.
 
-The chat model is really trained: `euler-train sft` (a subprocess) on top of the tiny pretrain run, on
-"What does NAME do?" questions answered by the first words of NAME's docstring, long enough that its greedy
-answers end with <|end|> (checked below against euler's own greedy decoding).
+The chat model is really trained: conftest's `chat_run`, `euler-train sft` (a subprocess) on top of the tiny
+pretrain run, on "What does NAME do?" questions answered by the first words of NAME's docstring, long
+enough that its greedy answers end with <|end|> (checked below against euler's own greedy decoding).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from euler_data import CHAT_TEMPLATE, encode_chat
-from euler_data.cli import main as euler_data
 from euler_model.hf import FILE_MODE, MTP_FILE
 from euler_train.chat import load_for_sampling
 from tests.train.conftest import docstrings
@@ -24,24 +22,6 @@ transformers = pytest.importorskip("transformers")
 FILES = ["config.json", "generation_config.json", "model.safetensors", MTP_FILE]
 FILES = sorted([*FILES, "tokenizer.json", "tokenizer_config.json"])
 QUESTIONS = [f"What does {name} do?" for name, _ in docstrings()[:6]]
-
-
-@pytest.fixture(scope="module")
-def chat_run(tmp_path_factory, dataset, tiny_run, cli):
-    """An SFT run from tiny_run on short answers (150 steps, about 10 s on 2 cores)."""
-    root = tmp_path_factory.mktemp("chat")
-    data = shutil.copytree(dataset, root / "docs")  # the same tokenizer as tiny_run, a new SFT set
-    records = [
-        {"instruction": f"What does {name} do?", "input": "", "output": " ".join(doc.split()[:4])}
-        for name, doc in docstrings()
-    ]
-    (root / "qa.json").write_text(json.dumps(records), encoding="utf-8")
-    assert euler_data(["sft", "--source", str(root / "qa.json"), "--out", str(data), "--context", "64"]) == 0
-    run = root / "sft"
-    args = ["sft", "--data", str(data), "--init", str(tiny_run), "--out", str(run), "--steps", "150"]
-    proc = cli(*args, "--eval-every", "150", "--no-progress", "--set", "train.lr=1e-2")
-    assert proc.returncode == 0, proc.stderr
-    return run
 
 
 def export(cli, run, out):
