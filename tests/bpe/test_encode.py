@@ -159,9 +159,10 @@ def test_encode_batch_never_cuts_texts_of_another_pattern() -> None:
 
 
 def test_a_spawned_worker_rebuilds_the_tokenizer_from_its_state(small_tok: Tokenizer) -> None:
-    from euler_bpe import _io, _parallel
+    from euler_bpe import _io, _parallel, tokenizer
 
-    _parallel._init(_io.to_dict(small_tok))  # what a spawned (not forked) worker does
+    # what a spawned (not forked) worker does
+    _parallel._init(_io.to_dict(small_tok._vocab), tokenizer._rebuilt)
     try:
         assert _parallel._WORKER is not small_tok
         assert _parallel._WORKER.fingerprint == small_tok.fingerprint

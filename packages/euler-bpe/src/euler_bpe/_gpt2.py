@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
 
 from euler_bpe._bytes import chars_to_bytes
+from euler_bpe._vocab import Vocab, make_vocab
 from euler_bpe.errors import TokenizerFileError
-
-if TYPE_CHECKING:
-    from euler_bpe.tokenizer import Tokenizer
 
 
 def read_merge_lines(lines: list[str], where: str) -> list[tuple[str, str]]:
@@ -35,10 +32,8 @@ def read_merge_lines(lines: list[str], where: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def build_from_strings(vocab: dict[str, int], merges: list[tuple[str, str]], where: str) -> Tokenizer:
-    """A Tokenizer from byte-level token strings and string merges; ids must be 0..n-1."""
-    from euler_bpe.tokenizer import Tokenizer
-
+def build_from_strings(vocab: dict[str, int], merges: list[tuple[str, str]], where: str) -> Vocab:
+    """The vocabulary of byte-level token strings and string merges; ids must be 0..n-1."""
     if sorted(vocab.values()) != list(range(len(vocab))):
         raise TokenizerFileError(f"{where}: token ids must be exactly 0..{len(vocab) - 1}, without gaps")
     made = {a + b for a, b in merges}
@@ -47,7 +42,7 @@ def build_from_strings(vocab: dict[str, int], merges: list[tuple[str, str]], whe
     try:
         tokens = [s.encode("utf-8") if s in specials else chars_to_bytes(s) for s in by_id]
         pairs = [(vocab[a], vocab[b]) for a, b in merges]
-        return Tokenizer(tokens, pairs, specials)
+        return make_vocab(tokens, pairs, specials)
     except KeyError as err:
         raise TokenizerFileError(
             f"{where}: merge uses {err.args[0]!r}, which is not in the vocabulary"
@@ -56,8 +51,8 @@ def build_from_strings(vocab: dict[str, int], merges: list[tuple[str, str]], whe
         raise TokenizerFileError(f"{where}: {err}") from None
 
 
-def from_gpt2(vocab_bpe: str | os.PathLike, encoder_json: str | os.PathLike) -> Tokenizer:
-    """Read GPT-2's `vocab.bpe` + `encoder.json`."""
+def from_gpt2(vocab_bpe: str | os.PathLike, encoder_json: str | os.PathLike) -> Vocab:
+    """The vocabulary of GPT-2's `vocab.bpe` + `encoder.json`."""
     try:
         with open(encoder_json, encoding="utf-8") as f:
             vocab = json.load(f)

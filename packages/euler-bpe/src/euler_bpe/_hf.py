@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from euler_bpe._bytes import bytes_to_chars
 from euler_bpe._gpt2 import build_from_strings, read_merge_lines
 from euler_bpe._io import read_json
 from euler_bpe._pretokenize import GPT2_PATTERN
+from euler_bpe._vocab import Vocab, make_vocab
 from euler_bpe.errors import TokenizerFileError
-
-if TYPE_CHECKING:
-    from euler_bpe.tokenizer import Tokenizer
 
 
 def _byte_level(use_regex: bool) -> dict[str, Any]:
@@ -60,10 +58,17 @@ def _check_model(model: Any) -> None:
         raise TokenizerFileError("from_hf: model.vocab (dict) or model.merges (list) is missing")
 
 
-def from_hf_dict(data: dict[str, Any]) -> Tokenizer:
-    """A Tokenizer from the parsed JSON of a tokenizer.json."""
-    from euler_bpe.tokenizer import Tokenizer
+def is_hf_json(data: Any) -> bool:
+    """Whether parsed tokenizer-file JSON is a Hugging Face tokenizer.json (it has "model", not "format").
 
+    >>> is_hf_json({"model": {}}), is_hf_json({"format": "euler-bpe"})
+    (True, False)
+    """
+    return isinstance(data, dict) and "model" in data and "format" not in data
+
+
+def from_hf_dict(data: dict[str, Any]) -> Vocab:
+    """The vocabulary of the parsed JSON of a tokenizer.json."""
     if data.get("normalizer") is not None:
         raise TokenizerFileError("from_hf: normalizers are not supported (byte-level BPE has none)")
     model = data.get("model")
@@ -77,17 +82,17 @@ def from_hf_dict(data: dict[str, Any]) -> Tokenizer:
     vocab = dict(model["vocab"])
     for added in data.get("added_tokens") or []:
         vocab[added["content"]] = added["id"]
-    tok = build_from_strings(vocab, pairs, "from_hf")
+    built = build_from_strings(vocab, pairs, "from_hf")
     specials = {a["content"]: a["id"] for a in data.get("added_tokens") or []}
-    extra = {s: i for s, i in tok.special_tokens.items() if s not in specials}
+    extra = {s: i for s, i in built.special_tokens.items() if s not in specials}
     if extra:
         raise TokenizerFileError(
             f"from_hf: tokens {list(extra)[:5]} are neither bytes, merged nor added tokens"
         )
-    return Tokenizer(tok.tokens, tok.merges, specials, pattern)
+    return make_vocab(built.tokens, built.merges, specials, pattern)
 
 
-def from_hf(path: str | os.PathLike) -> Tokenizer:
+def from_hf(path: str | os.PathLike) -> Vocab:
     data = read_json(path, "from_hf")
     if not isinstance(data, dict):
         raise TokenizerFileError(f"from_hf: {path} does not hold a JSON object")
@@ -99,7 +104,7 @@ def _added(token_id: int, name: str) -> dict[str, Any]:
     return {"id": token_id, "content": name, **flags, "special": True}
 
 
-def to_hf_dict(tok: Tokenizer) -> dict[str, Any]:
+def to_hf_dict(tok: Vocab) -> dict[str, Any]:
     """The tokenizer.json content for `tok` (specials as added tokens, not in model.vocab)."""
     special_ids = set(tok.special_tokens.values())
     vocab = {bytes_to_chars(t): i for i, t in enumerate(tok.tokens) if i not in special_ids}
@@ -121,6 +126,6 @@ def to_hf_dict(tok: Tokenizer) -> dict[str, Any]:
     }
 
 
-def to_hf(tok: Tokenizer, path: str | os.PathLike) -> None:
+def to_hf(tok: Vocab, path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(to_hf_dict(tok), f, ensure_ascii=False)

@@ -11,43 +11,20 @@ the content, so load checks it against the content too (files without it are rea
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from euler_bpe._vocab import Vocab, content, fingerprint, make_vocab
 from euler_bpe.errors import TokenizerFileError
-
-if TYPE_CHECKING:
-    from euler_bpe.tokenizer import Tokenizer
 
 FORMAT = "euler-bpe"
 VERSION = 1
 
 
-def content(tok: Tokenizer) -> dict[str, Any]:
-    """The fields that define the tokenizer (what the fingerprint hashes)."""
-    return {
-        "pattern": tok.pattern,
-        "tokens": [t.hex() for t in tok.tokens],
-        "merges": [list(p) for p in tok.merges],
-        "special_tokens": dict(tok.special_tokens),
-    }
-
-
-def fingerprint(fields: dict[str, Any]) -> str:
-    """SHA-256 hex of the canonical JSON of the content fields (key order does not matter).
-
-    >>> fingerprint({"a": 1, "b": [2]}) == fingerprint({"b": [2], "a": 1})
-    True
-    """
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
-
-
-def to_dict(tok: Tokenizer) -> dict[str, Any]:
-    fields = content(tok)
-    head = {"format": FORMAT, "version": VERSION, "kind": tok.kind}
+def to_dict(vocab: Vocab) -> dict[str, Any]:
+    fields = content(vocab)
+    head = {"format": FORMAT, "version": VERSION, "kind": vocab.kind}
     return {**head, **fields, "fingerprint": fingerprint(fields)}
 
 
@@ -57,10 +34,8 @@ def _field(data: dict, key: str, kind: type) -> Any:
     return data[key]
 
 
-def from_dict(data: Any, check_fingerprint: bool = True) -> Tokenizer:
-    """Rebuild a tokenizer from `to_dict`'s output; raises TokenizerFileError on anything malformed."""
-    from euler_bpe.tokenizer import Tokenizer
-
+def from_dict(data: Any, check_fingerprint: bool = True) -> Vocab:
+    """The vocabulary of `to_dict`'s output; raises TokenizerFileError on anything malformed."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TokenizerFileError(f'load: not an {FORMAT} file (no "format": "{FORMAT}")')
     if data.get("version") != VERSION:
@@ -70,23 +45,24 @@ def from_dict(data: Any, check_fingerprint: bool = True) -> Tokenizer:
     try:
         tokens = [bytes.fromhex(h) for h in _field(data, "tokens", list)]
         merges = [(int(a), int(b)) for a, b in _field(data, "merges", list)]
-        tok = Tokenizer(tokens, merges, _field(data, "special_tokens", dict), _field(data, "pattern", str))
+        vocab = make_vocab(tokens, merges, _field(data, "special_tokens", dict), _field(data, "pattern", str))
     except (TypeError, ValueError) as err:
         raise TokenizerFileError(f"load: inconsistent tokenizer: {err}") from None
-    if check_fingerprint and data.get("fingerprint") != tok.fingerprint:
+    if check_fingerprint and data.get("fingerprint") != vocab.fingerprint:
         raise TokenizerFileError(
             "load: the fingerprint does not match the content (file corrupted or edited)"
         )
-    if data.get("kind", tok.kind) != tok.kind:
-        raise TokenizerFileError(f'load: "kind": {data["kind"]!r} does not match the content ({tok.kind!r})')
-    return tok
+    kind = vocab.kind
+    if data.get("kind", kind) != kind:
+        raise TokenizerFileError(f'load: "kind": {data["kind"]!r} does not match the content ({kind!r})')
+    return vocab
 
 
-def save(tok: Tokenizer, path: str | os.PathLike) -> None:
+def save(vocab: Vocab, path: str | os.PathLike) -> None:
     """Write atomically: a temporary file beside `path`, then rename."""
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(to_dict(tok), f, ensure_ascii=False)
+        json.dump(to_dict(vocab), f, ensure_ascii=False)
     os.replace(tmp, path)
 
 
@@ -97,13 +73,3 @@ def read_json(path: str | os.PathLike, where: str) -> Any:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise TokenizerFileError(f"{where}: {path} is not valid JSON (truncated?): {err}") from None
-
-
-def load(path: str | os.PathLike) -> Tokenizer:
-    """Read an euler-bpe file, or a Hugging Face tokenizer.json (recognised by its "model" field)."""
-    data = read_json(path, "load")
-    if isinstance(data, dict) and "model" in data and "format" not in data:
-        from euler_bpe._hf import from_hf_dict
-
-        return from_hf_dict(data)
-    return from_dict(data)

@@ -1,7 +1,8 @@
 """encode_batch over several processes.
 
 A forked worker uses the copy of the tokenizer it inherits; a spawned one rebuilds it once from its
-plain state (either way the merges reach a worker once, never per text). The pool stays alive
+plain state with the `rebuild` function the owner passes (either way the merges reach a worker once,
+never per text). The pool stays alive
 between calls, so the workers' word caches stay warm; it is closed by `Tokenizer.close()`, when the
 tokenizer is garbage-collected, or at exit.
 """
@@ -12,7 +13,7 @@ import gc
 import multiprocessing
 import weakref
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from euler_bpe._corpus import split_safely
@@ -25,12 +26,10 @@ _WORKER: Any = None  # the tokenizer of this worker process
 _FORKING: Any = None  # the tokenizer being forked: a forked worker finds it here, ready to use
 
 
-def _init(state: dict) -> None:
+def _init(state: dict, rebuild: Callable[[dict], Any]) -> None:
     global _WORKER
-    from euler_bpe._io import from_dict
-
     # Forked: the parent's tokenizer is already in memory. Spawned (or re-forked later): rebuild it.
-    _WORKER = _FORKING if _FORKING is not None else from_dict(state, check_fingerprint=False)
+    _WORKER = _FORKING if _FORKING is not None else rebuild(state)
 
 
 def _encode_chunk(args: tuple[Sequence[str], Any, bool, str]) -> list[array]:
@@ -54,9 +53,10 @@ def _chunks(texts: Sequence[str], parts: int) -> list[Sequence[str]]:
 
 
 class WorkerPool:
-    """A process pool whose workers each hold a copy of one tokenizer."""
+    """A process pool whose workers each hold a copy of one tokenizer: `owner` itself when forked, else
+    `rebuild(state)` (a module-level function, so that a spawned worker can import it)."""
 
-    def __init__(self, owner: object, state: dict, workers: int):
+    def __init__(self, owner: object, state: dict, rebuild: Callable[[dict], Any], workers: int):
         # Cutting texts is exact only for the GPT-2 pattern (see `_corpus.safe_cut`).
         self.cut = state["pattern"] == GPT2_PATTERN
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -68,7 +68,7 @@ class WorkerPool:
         _FORKING = owner
         try:
             context = multiprocessing.get_context(method)
-            self.pool = context.Pool(workers, initializer=_init, initargs=(state,))
+            self.pool = context.Pool(workers, initializer=_init, initargs=(state, rebuild))
         finally:
             _FORKING = None
             gc.unfreeze()

@@ -1,16 +1,24 @@
-"""Checking a vocabulary and building the lookup tables that encoding needs.
+"""A vocabulary as plain data: checking it, its fingerprint, and the lookup tables that encoding needs.
 
->>> tables = build_tables([bytes([b]) for b in range(256)] + [b"hi"], [(104, 105)], {})
->>> tables.merges[(104, 105)], tables.byte_ids[104]
-((0, 256), 104)
+`Vocab` is what a Tokenizer is made of and what the file readers and writers (`_io`, `_hf`, `_gpt2`)
+take and return; `tokenizer.py` turns one into a Tokenizer, so these modules never need the class.
+
+>>> vocab = make_vocab([bytes([b]) for b in range(256)] + [b"hi"], [(104, 105)], {})
+>>> vocab.tables.merges[(104, 105)], vocab.tables.byte_ids[104], vocab.kind
+((0, 256), 104, 'bpe')
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 from euler_bpe._encode import Merges
+from euler_bpe._pretokenize import GPT2_PATTERN, compile_pattern
 
 
 @dataclass(frozen=True)
@@ -68,3 +76,70 @@ def build_tables(
             raise ValueError(f"Tokenizer: merge {rank} {pair} repeats an earlier merge")
         table[left, right] = (rank, merged)
     return Tables([index[bytes([b])] for b in range(256)], table)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """A checked vocabulary (made by `make_vocab`): `tokens[i]` is the bytes of id i (a special token's
+    are the UTF-8 of its name), `merges` are (left id, right id) in rank order."""
+
+    tokens: list[bytes]
+    merges: list[tuple[int, int]]
+    special_tokens: dict[str, int]
+    pattern: str
+    tables: Tables
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the content fields (`content`): equal fingerprints mean equal encodings."""
+        return fingerprint(content(self))
+
+    @cached_property
+    def is_byte_level(self) -> bool:
+        """No merges, id b is the byte b for every byte, the special tokens right after them."""
+        specials = set(self.special_tokens.values())
+        bytes_in_order = all(self.tokens[b] == bytes([b]) and b not in specials for b in range(256))
+        return not self.merges and bytes_in_order and specials == set(range(256, len(self.tokens)))
+
+    @property
+    def kind(self) -> str:
+        """The kind: "bytes" for the byte tokenizer (`is_byte_level`), else "bpe"."""
+        return "bytes" if self.is_byte_level else "bpe"
+
+
+def make_vocab(
+    tokens: Sequence[bytes],
+    merges: Sequence[tuple[int, int]],
+    special_tokens: Mapping[str, int] | None = None,
+    pattern: str = GPT2_PATTERN,
+) -> Vocab:
+    """The checked vocabulary of these tokens, merges, special ids and pretokenization pattern; raises
+    ValueError naming the problem. A special token's bytes become the UTF-8 of its name."""
+    specials: dict[str, int] = dict(special_tokens or {})
+    tokens = [bytes(t) for t in tokens]
+    for name, i in specials.items():
+        if isinstance(i, int) and 0 <= i < len(tokens) and isinstance(name, str):
+            tokens[i] = name.encode("utf-8")
+    merges = [tuple(p) for p in merges]
+    compile_pattern(pattern)
+    return Vocab(tokens, merges, specials, pattern, build_tables(tokens, merges, specials))
+
+
+def content(vocab: Vocab) -> dict[str, Any]:
+    """The fields that define a vocabulary: what the fingerprint hashes, spelled as in euler-bpe files."""
+    return {
+        "pattern": vocab.pattern,
+        "tokens": [t.hex() for t in vocab.tokens],
+        "merges": [list(p) for p in vocab.merges],
+        "special_tokens": dict(vocab.special_tokens),
+    }
+
+
+def fingerprint(fields: dict[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of the content fields (key order does not matter).
+
+    >>> fingerprint({"a": 1, "b": [2]}) == fingerprint({"b": [2], "a": 1})
+    True
+    """
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()

@@ -12,15 +12,15 @@ import operator
 import os
 from array import array
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from functools import cached_property
 from typing import Literal
 
-from euler_bpe import _io
+from euler_bpe import _gpt2, _hf, _io
 from euler_bpe._corpus import Source, count_words, sample_pieces
 from euler_bpe._encode import WordEncoder
-from euler_bpe._pretokenize import GPT2_PATTERN, compile_pattern, special_splitter
+from euler_bpe._parallel import WorkerPool
+from euler_bpe._pretokenize import GPT2_PATTERN, special_splitter
 from euler_bpe._train import learn_merges
-from euler_bpe._vocab import build_tables
+from euler_bpe._vocab import Vocab, make_vocab
 from euler_bpe.progress import progress_stream
 
 AllowedSpecial = Literal["all"] | Collection[str]
@@ -40,16 +40,22 @@ class Tokenizer:
         special_tokens: Mapping[str, int] | None = None,
         pattern: str = GPT2_PATTERN,
     ):
-        self.special_tokens: dict[str, int] = dict(special_tokens or {})
-        self.tokens: list[bytes] = [bytes(t) for t in tokens]
-        for name, i in self.special_tokens.items():
-            if isinstance(i, int) and 0 <= i < len(self.tokens) and isinstance(name, str):
-                self.tokens[i] = name.encode("utf-8")
-        self.merges: list[tuple[int, int]] = [tuple(p) for p in merges]
-        self.pattern = pattern
-        compile_pattern(pattern)
-        tables = build_tables(self.tokens, self.merges, self.special_tokens)
-        self._encoder = WordEncoder(tables.byte_ids, tables.merges, pattern)
+        self._use(make_vocab(tokens, merges, special_tokens, pattern))
+
+    @classmethod
+    def _from_vocab(cls, vocab: Vocab) -> Tokenizer:
+        """The tokenizer of an already checked vocabulary (what the file readers return)."""
+        tok = cls.__new__(cls)
+        tok._use(vocab)
+        return tok
+
+    def _use(self, vocab: Vocab) -> None:
+        self._vocab = vocab
+        self.special_tokens: dict[str, int] = vocab.special_tokens
+        self.tokens: list[bytes] = vocab.tokens
+        self.merges: list[tuple[int, int]] = vocab.merges
+        self.pattern = vocab.pattern
+        self._encoder = WordEncoder(vocab.tables.byte_ids, vocab.tables.merges, vocab.pattern)
         self._splitters: dict[frozenset[str], object] = {}
         self._pool = None  # worker processes of encode_batch, kept between calls (warm caches)
 
@@ -185,10 +191,8 @@ class Tokenizer:
             encoded = (self._encode(t, allowed, raw) for t in texts)
             return [array(typecode, ids) for ids in encoded] if typecode else list(encoded)
         if self._pool is None or self._pool.workers != workers:
-            from euler_bpe._parallel import WorkerPool
-
             self.close()
-            self._pool = WorkerPool(self, _io.to_dict(self), workers)
+            self._pool = WorkerPool(self, _io.to_dict(self._vocab), _rebuilt, workers)
         return self._pool.encode(texts, allowed, raw, typecode)
 
     def close(self) -> None:
@@ -226,35 +230,34 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.tokens)
 
-    @cached_property
+    @property
     def is_byte_level(self) -> bool:
         """True for the byte tokenizer (`byte_level`): no merges, id b is the byte b, specials after.
 
         >>> Tokenizer.byte_level(["<|endoftext|>"]).is_byte_level
         True
         """
-        specials = set(self.special_tokens.values())
-        bytes_in_order = all(self.tokens[b] == bytes([b]) and b not in specials for b in range(256))
-        return not self.merges and bytes_in_order and specials == set(range(256, len(self.tokens)))
+        return self._vocab.is_byte_level
 
     @property
     def kind(self) -> str:
         """The kind: "bytes" for the byte tokenizer (`is_byte_level`), else "bpe"; saved files record it."""
-        return "bytes" if self.is_byte_level else "bpe"
+        return self._vocab.kind
 
-    @cached_property
+    @property
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the tokenizer's content: equal fingerprints mean equal encodings."""
-        return _io.fingerprint(_io.content(self))
+        return self._vocab.fingerprint
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the euler-bpe JSON format (see `_io`)."""
-        _io.save(self, path)
+        _io.save(self._vocab, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         """Read a file written by `save` (or a Hugging Face tokenizer.json); TokenizerFileError if bad."""
-        return _io.load(path)
+        data = _io.read_json(path, "load")
+        return cls._from_vocab(_hf.from_hf_dict(data) if _hf.is_hf_json(data) else _io.from_dict(data))
 
     @classmethod
     def byte_level(cls, special_tokens: Sequence[str] = ()) -> Tokenizer:
@@ -272,22 +275,16 @@ class Tokenizer:
     @classmethod
     def from_gpt2(cls, vocab_bpe: str | os.PathLike, encoder_json: str | os.PathLike) -> Tokenizer:
         """GPT-2's original `vocab.bpe` (merges) and `encoder.json` (token -> id)."""
-        from euler_bpe._gpt2 import from_gpt2
-
-        return from_gpt2(vocab_bpe, encoder_json)
+        return cls._from_vocab(_gpt2.from_gpt2(vocab_bpe, encoder_json))
 
     @classmethod
     def from_hf(cls, tokenizer_json: str | os.PathLike) -> Tokenizer:
         """A Hugging Face `tokenizer.json` with a ByteLevel BPE model."""
-        from euler_bpe._hf import from_hf
-
-        return from_hf(tokenizer_json)
+        return cls._from_vocab(_hf.from_hf(tokenizer_json))
 
     def to_hf(self, path: str | os.PathLike) -> None:
         """Write a Hugging Face `tokenizer.json` that the `tokenizers` library encodes identically with."""
-        from euler_bpe._hf import to_hf
-
-        to_hf(self, path)
+        _hf.to_hf(self._vocab, path)
 
     def __repr__(self) -> str:
         return (
@@ -299,6 +296,11 @@ class Tokenizer:
         return isinstance(other, Tokenizer) and self.fingerprint == other.fingerprint
 
     __hash__ = None  # mutable-looking object: compare, don't hash
+
+
+def _rebuilt(state: dict) -> Tokenizer:
+    """A spawned encode_batch worker's copy of the tokenizer, from `_io.to_dict`'s state (see `_parallel`)."""
+    return Tokenizer._from_vocab(_io.from_dict(state, check_fingerprint=False))
 
 
 def _as_index(value: object) -> int | None:
