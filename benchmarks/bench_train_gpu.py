@@ -45,16 +45,18 @@ def step_flops(cfg, batch: int) -> float:
     return 6 * (count_params(cfg) - cfg.vocab_size * cfg.dim) * tokens + attention
 
 
-def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0, graph=False):
+def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0, graph=False, optimizer="adamw"):
     """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
-    as a CUDA graph (what `euler-train pretrain` uses on one GPU); returns (step, its runner)."""
+    as a CUDA graph (what `euler-train pretrain` uses on one GPU), with the gpu preset's optimizer settings
+    (train.optimizer = `optimizer`); returns (step, its runner)."""
+    from euler_train.config import resolve_config
     from euler_train.distributed import Comm
     from euler_train.graph_step import GraphStep
-    from euler_train.optimizer import AdamW
+    from euler_train.optimizer import make_optimizer
     from euler_train.step import EagerStep
 
     params = {k: v.copy() for k, v in params.items()}
-    opt = AdamW(params, 0.9, 0.95, 1e-8, 0.1)
+    opt = make_optimizer(params, {**resolve_config("gpu")["train"], "optimizer": optimizer})
     runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), max_norm)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
@@ -194,6 +196,7 @@ def main() -> None:
     parser.add_argument(
         "--kernels", action="store_true", help="GPU time per kernel: our graph step and PyTorch's step"
     )
+    parser.add_argument("--muon", action="store_true", help="also the graph step with --optimizer muon")
     parser.add_argument(
         "--precision",
         choices=["tf32", "bf16"],
@@ -243,6 +246,12 @@ def main() -> None:
     rows.append(("euler CUDA graph", sec, state_bytes + graph.memory_bytes()))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
+    if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph
+        muon_step, muon_graph = euler_step_fn(cfg, params, tokens, targets, graph=True, optimizer="muon")
+        sec_muon = timed(muon_step, args.steps)
+        rows.append(("euler CUDA graph, Muon", sec_muon, state_bytes + muon_graph.memory_bytes()))
+        print(f"Muon's overhead over AdamW in the captured step: {100 * (sec_muon / sec - 1):+.1f}%")
+        del muon_step, muon_graph
     del graph_step, graph
     torch.cuda.reset_peak_memory_stats()
     sec = timed(torch_step, args.steps)

@@ -56,6 +56,7 @@ from euler_train.commands import config_from_args
 from euler_train.config import ConfigError, save_config
 from euler_train.device import PEAK_FLOPS, flops_per_token
 from euler_train.metrics import MetricsLogger
+from euler_train.optimizer import muon_names
 from euler_train.runspec import RunSpec, plan_run
 from euler_train.schedule import lr_at
 
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind in (("steps", int), ("batch-size", int), ("grad-accum", int), ("lr", float),
                        ("eval-every", int), ("seed", int)):  # fmt: skip
         p.add_argument(f"--{flag}", type=kind, help=f"as euler-train pretrain --{flag}")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], help="muon: torch.optim.Muon for euler's Muon "
+                   "group (the blocks' matrices), AdamW for the rest (PyTorch >= 2.9)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. train.lr=3e-4")
     # dest names differ from TRAIN_FLAGS' so that config_from_args does not read them as run.device etc.
     p.add_argument("--device", dest="torch_device", choices=["cpu", "cuda"],
@@ -123,19 +126,28 @@ class TorchTwin:
             self.mcfg, seed=tcfg["seed"]
         )  # the very weights euler-train starts from
         self.params = {k: torch.nn.Parameter(torch.from_numpy(v).to(self.device)) for k, v in init.items()}
-        groups = [
-            {
-                "params": [p for p in self.params.values() if p.ndim >= 2],
-                "weight_decay": tcfg["weight_decay"],
-            },
-            {"params": [p for p in self.params.values() if p.ndim < 2], "weight_decay": 0.0},
-        ]
-        betas = (tcfg["beta1"], tcfg["beta2"])
-        fused = self.device.type == "cuda"
-        self.opt = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=tcfg["eps"], fused=fused)
+        self.opts = self.optimizers(tcfg)
         self.cos, self.sin = (t.to(self.device) for t in torch_tables(self.mcfg))
         self.head0 = dataclasses.replace(self.mcfg, n_mtp_heads=1)  # torch_loss of head 0 alone
         self.tokens_seen = 0
+
+    def optimizers(self, tcfg: dict[str, Any]) -> list[tuple[Any, float]]:
+        """(optimizer, peak-lr factor) pairs: AdamW over every weight (decay on ndim >= 2), or with
+        train.optimizer = "muon" torch.optim.Muon over euler's Muon group at muon_lr / lr x the lr."""
+        muon = set(muon_names(self.params)) if tcfg["optimizer"] == "muon" else set()
+        rest = {n: p for n, p in self.params.items() if n not in muon}
+        groups = [
+            {"params": [p for p in rest.values() if p.ndim >= 2], "weight_decay": tcfg["weight_decay"]},
+            {"params": [p for p in rest.values() if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        betas, fused = (tcfg["beta1"], tcfg["beta2"]), self.device.type == "cuda"
+        out = [(torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=tcfg["eps"], fused=fused), 1.0)]
+        if muon:
+            matrices = [self.params[n] for n in self.params if n in muon]
+            opt = torch.optim.Muon(matrices, lr=0.0, weight_decay=tcfg["weight_decay"],
+                                   momentum=tcfg["muon_momentum"], nesterov=True)  # fmt: skip
+            out.append((opt, tcfg["muon_lr"] / tcfg["lr"]))
+        return out
 
     def tensors(self, batch: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens, targets, mask = batch
@@ -150,7 +162,8 @@ class TorchTwin:
         weights = [float(t.size) for t, _, _ in micro]  # pretrain: every token is a loss token
         total = sum(weights)
         loss_sum = 0.0
-        self.opt.zero_grad(set_to_none=True)
+        for opt, _ in self.opts:
+            opt.zero_grad(set_to_none=True)
         for batch, w in zip(micro, weights):
             loss = torch_loss(self.mcfg, self.params, *self.tensors(batch), self.cos, self.sin)
             (loss * (w / total)).backward()
@@ -169,9 +182,10 @@ class TorchTwin:
             print(f"torch_twin: non-finite {what} at step {step + 1}; step skipped", file=sys.stderr)
             row["skipped"] = True
         else:
-            for group in self.opt.param_groups:
-                group["lr"] = lr
-            self.opt.step()
+            for opt, factor in self.opts:
+                for group in opt.param_groups:
+                    group["lr"] = lr * factor
+                opt.step()
         self.tokens_seen += sum(t.size for t, _, _ in micro)
         return row
 
@@ -236,6 +250,7 @@ class TorchTwin:
                 done = step + 1
                 if (eval_every and done % eval_every == 0) or done == total:
                     row.update(self.evaluate())
+                row["elapsed_s"] = time.perf_counter() - start  # as euler-train's rows
                 if done % every == 0 or "val_loss" in row or done == total:
                     log.write(row)
                 if print_every and (done % print_every == 0 or "val_loss" in row or done == total):

@@ -76,3 +76,28 @@ def test_the_torch_twin_reproduces_an_euler_pretrain_run(tmp_path, mirror, capsy
     assert main(["plot", str(ours), str(twin), "--labels", "euler,pytorch"]) == 0
     assert "val bpb at the end: pytorch - euler = " in capsys.readouterr().out
     assert (ours / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_torch_twin_with_torch_optim_muon_follows_euler_muon(tmp_path, mirror) -> None:
+    """--optimizer muon on both sides (ours: float32 Newton-Schulz on the CPU; torch.optim.Muon: bf16):
+    the same first step, then curves within bf16's rounding of each other, both training."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon needs PyTorch >= 2.9")
+    data, ours, twin = tmp_path / "data", tmp_path / "euler", tmp_path / "torch"
+    prepare = ["prepare", "--source", "tinyshakespeare", "--mirror", str(mirror), "--vocab-size", "512"]
+    run("euler-data", *prepare, "--out", str(data), "--quiet")
+    flags = [*FLAGS, "--optimizer", "muon"]
+    run("euler-train", "pretrain", "--data", str(data), "--out", str(ours), "--no-progress", *flags)
+    script = [sys.executable, str(REPO_ROOT / "benchmarks" / "torch_twin.py"), "--device", "cpu"]
+    proc = subprocess.run(
+        [*script, "--threads", "1", "--precision", "fp32", "--data", str(data), "--out", str(twin), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    a, b = rows(ours), rows(twin)
+    rel = [abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b)]
+    assert rel[0] < 1e-5 and max(rel) < 1e-2, rel
+    assert a[-1]["loss"] < a[0]["loss"] - 0.5 and b[-1]["loss"] < b[0]["loss"] - 0.5

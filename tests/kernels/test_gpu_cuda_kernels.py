@@ -475,3 +475,32 @@ def test_adamw_update_many_and_global_norm_dispatch_to_multi_tensor_kernels():
     flat_dev = [a for group in dev[:3] for a in group]
     for ref, got in zip(flat_ref, flat_dev):
         assert rel(got, ref) < 1e-6
+
+
+@pytest.mark.parametrize("shape", [(96, 32), (32, 96), (64, 64)], ids=["tall", "wide", "square"])
+def test_newton_schulz_bf16_on_the_gpu_follows_float64(shape):
+    """The bf16 iteration (cuBLAS products, fused combine) equals the float64 NumPy iteration to bf16's
+    accuracy, and its singular values sit in the iteration's band."""
+    rng = np.random.default_rng(11)
+    g = rng.standard_normal(shape).astype(np.float32)
+    got = ek.to_numpy(cast.from_bf16(ek.newton_schulz(cp.asarray(g))))
+    want = ek.newton_schulz(g.astype(np.float64))
+    assert np.linalg.norm(got - want) < 2e-2 * np.linalg.norm(want)
+    s = np.linalg.svd(got, compute_uv=False)
+    assert 0.6 < s.min() and s.max() < 1.25
+
+
+def test_muon_update_on_the_gpu_equals_the_numpy_update():
+    rng = np.random.default_rng(12)
+    shapes = [(48, 16), (16, 48)]
+    host = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    dev = [[cp.asarray(a) for a in group] for group in host]
+    control = np.array([0.7, 1.0, 0.0, 0.0, 0.0, 0.0], np.float32)
+    hyper = np.array([0.0, 0.0, 0.0, 1.0, 0.03], np.float32)
+    start = [a.copy() for a in host[0]]
+    ek.muon_update(*dev, cp.asarray(control), cp.asarray(hyper), 4, weight_decay=0.1)
+    ek.muon_update(*host, control, hyper, 4, weight_decay=0.1)
+    for got, want, p0 in zip(dev[0], host[0], start):  # the steps, bf16 vs float32 Newton-Schulz
+        assert np.linalg.norm(ek.to_numpy(got) - want) < 2e-2 * np.linalg.norm(want - p0)
+    for got, want in zip(dev[1], host[1]):  # the momentum buffers, float32 on both sides
+        assert rel(got, want) < 1e-6

@@ -162,3 +162,16 @@ def test_two_gpus_equal_one_gpu_with_twice_the_batch(tmp_path, dataset) -> None:
     train(dataset, tmp_path / "one", "--device", "gpu", "--gpus", "1", "--batch-size", "4")
     train(dataset, tmp_path / "two", "--device", "gpu", "--gpus", "2", "--batch-size", "2")
     assert_runs_match(tmp_path / "one", tmp_path / "two", 1e-5, 1e-4, 1e-6)
+
+
+def test_muon_captured_equals_muon_eager_and_its_cpu_run(tmp_path, dataset, capsys) -> None:
+    """--optimizer muon: the CUDA graph of the step (bf16 Newton-Schulz on cuBLAS) computes what the eager
+    GPU step computes; both follow the CPU run (float32 Newton-Schulz) within bf16's rounding."""
+    common = ("--optimizer", "muon", *HEAD_DIM_64)
+    train(dataset, tmp_path / "graph", "--device", "gpu", "--precision", "fp32", *common)
+    assert "captured as a CUDA graph" in capsys.readouterr().err
+    train(dataset, tmp_path / "eager", "--device", "gpu", *common, "--set", "train.cuda_graph=false")
+    assert_runs_match(tmp_path / "eager", tmp_path / "graph", loss_rtol=1e-5, rtol=1e-4, atol=1e-6)
+    train(dataset, tmp_path / "cpu", "--device", "cpu", *common)
+    cpu, gpu = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("cpu", "graph"))
+    np.testing.assert_allclose([r["loss"] for r in gpu], [r["loss"] for r in cpu], rtol=2e-2)

@@ -30,6 +30,8 @@ from euler_kernels.ops.cross_entropy import (
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
+from euler_kernels.ops.muon import muon_shape_scale, muon_update
+from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
 from euler_kernels.ops.residual import residual_backward, residual_forward
 from euler_kernels.ops.residual_rmsnorm import residual_rmsnorm_backward, residual_rmsnorm_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
@@ -38,6 +40,7 @@ from euler_kernels.ops.step_control import step_control
 from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
 
 __all__ = [
+    "NS_COEFFICIENTS",
     "GradcheckReport",
     "__version__",
     "adamw_hyper",
@@ -67,6 +70,9 @@ __all__ = [
     "linear_backward",
     "linear_forward",
     "linear_forward_many",
+    "muon_shape_scale",
+    "muon_update",
+    "newton_schulz",
     "require_cuda",
     "residual_backward",
     "residual_forward",

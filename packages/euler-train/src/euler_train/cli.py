@@ -26,6 +26,7 @@ TRAIN_FLAGS = {
     "batch_size": "train.batch_size",
     "grad_accum": "train.grad_accum",
     "lr": "train.lr",
+    "optimizer": "train.optimizer",
     "seed": "train.seed",
     "ckpt_every": "checkpoint.every",
     "eval_every": "eval.every",
@@ -57,6 +58,9 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--batch-size", type=int, metavar="B", help="sequences per micro-batch per GPU")
     p.add_argument("--grad-accum", type=int, metavar="K", help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine to train.min_lr)")
+    p.add_argument(
+        "--optimizer", choices=["adamw", "muon"], help="muon: Muon for the block matrices (train.muon_lr)"
+    )
     p.add_argument("--ckpt-every", type=int, metavar="K", help="checkpoint every K steps (and at the end)")
     p.add_argument("--eval-every", type=int, metavar="K", help="val loss / bits per byte every K steps")
     p.add_argument("--seed", type=int, metavar="S", help="weights and batches are functions of (seed, step)")

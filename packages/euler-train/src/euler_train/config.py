@@ -46,6 +46,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "beta2": 0.95,
         "eps": 1e-8,
         "grad_clip": 1.0,  # global-norm clipping; 0 disables
+        "optimizer": "adamw",  # "adamw", or "muon": Muon for the blocks' matrices, AdamW for the rest
+        "muon_lr": 0.02,  # Muon's peak learning rate (same schedule as lr); x sqrt(max(1, rows/cols))
+        "muon_momentum": 0.95,  # Muon's Nesterov momentum
         "seed": 0,  # every random choice is a function of (seed, step)
         "on_nonfinite": "stop",  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
         "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
@@ -95,6 +98,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "train.on_nonfinite": ("stop", "skip"),
+    "train.optimizer": ("adamw", "muon"),
     "run.device": ("cpu", "gpu", "auto"),
     "run.precision": ("fp32", "tf32", "bf16"),
 }
@@ -106,6 +110,7 @@ NON_NEGATIVE = (
     "train.weight_decay",
     "train.eps",
     "train.grad_clip",
+    "train.muon_lr",
     "train.seed",
     "eval.every",
     "checkpoint.every",
@@ -241,7 +246,7 @@ def validate(cfg: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"{dotted} must be >= {low}, got {cfg[section][key]!r}")
     if cfg["train"]["min_lr"] > cfg["train"]["lr"]:
         raise ConfigError(f"train.min_lr ({cfg['train']['min_lr']}) must not exceed train.lr")
-    for beta in ("beta1", "beta2"):
+    for beta in ("beta1", "beta2", "muon_momentum"):
         if not 0.0 <= cfg["train"][beta] < 1.0:
             raise ConfigError(f"train.{beta} must be in [0, 1), got {cfg['train'][beta]!r}")
     if cfg["run"]["device"] == "cpu" and cfg["run"]["precision"] != "fp32":

@@ -43,8 +43,9 @@ class GraphStep:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing), then the
         capture of the same work into a graph."""
         cp = self.cp
-        self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro)
-        dry = np.array([*hyper[:3], 0.0], dtype=np.float32)
+        self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
+        dry = np.array(hyper, dtype=np.float32)
+        dry[3] = 0.0  # enable = 0
         # the graph holds the addresses of the multi-tensor tables: keep them alive as long as it lives
         with ek.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
             self.buf.write(micro, shares, dry, stream=self.stream)

@@ -1,4 +1,4 @@
-"""AdamW over a flat params dict through euler-kernels' multi-tensor updates, decay on matrices only.
+"""The optimizers over a flat params dict: AdamW (decay on matrices only) and Muon + AdamW.
 
 The training step updates through `update(params, grads, control)`: every per-step scalar (clip factor,
 skip flag, lr, bias corrections) comes from the control vector of `euler_kernels.step_control`, fed by
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from euler_kernels import adamw_hyper, adamw_update_ctl, adamw_update_many
+import numpy as np
+
+from euler_kernels import adamw_hyper, adamw_update_ctl, adamw_update_many, muon_update
 
 
 class AdamW:
@@ -43,9 +45,10 @@ class AdamW:
         """step_control's host input for the next update: float32 [lr, bc1, bc2, enable] (NumPy)."""
         return adamw_hyper(lr, self.t + 1, self.beta1, self.beta2, enable)
 
-    def update(self, params: dict[str, Any], grads: dict[str, Any], control: Any) -> None:
+    def update(self, params: dict[str, Any], grads: dict[str, Any], control: Any, hyper: Any = None) -> None:
         """Update every parameter in place from `control` (no host read on the GPU: capturable); the
-        caller counts the update (`t += 1`) once it knows control's apply flag was set."""
+        caller counts the update (`t += 1`) once it knows control's apply flag was set. `hyper` is unused
+        (every AdamW scalar is in control): it is there so AdamW and Muon take the same arguments."""
         names = list(params)
         adamw_update_ctl(
             [params[n] for n in names],
@@ -92,3 +95,73 @@ class AdamW:
                     raise ValueError(f"AdamW.load_state_tensors: {key} expected {current.shape}, got {got}")
                 store[name] = xp.asarray(tensors[key], dtype=current.dtype)
         self.t = t
+
+
+def muon_names(params: dict[str, Any]) -> list[str]:
+    """The weights Muon trains: every 2-D matrix inside the blocks (q, k, v, o, gate, up, down)."""
+    return [n for n, p in params.items() if n.startswith("layers.") and p.ndim == 2]
+
+
+class Muon:
+    """Muon for the blocks' matrices, AdamW for the embedding, the output heads and the norm gains.
+
+    Both follow the trainer's warmup + cosine schedule; Muon's learning rate is `lr` x (muon_lr / the
+    AdamW peak), carried to the device as hyper[4]. `t` counts updates (AdamW's bias correction)."""
+
+    LR_SLOT = 4  # hyper = [lr, bc1, bc2, enable, muon lr]
+
+    def __init__(self, params: dict[str, Any], tcfg: dict[str, Any]) -> None:
+        self.names = muon_names(params)
+        others = {n: p for n, p in params.items() if n not in self.names}
+        self.adam = AdamW(others, tcfg["beta1"], tcfg["beta2"], tcfg["eps"], tcfg["weight_decay"])
+        self.ratio = tcfg["muon_lr"] / tcfg["lr"] if tcfg["lr"] > 0 else 0.0
+        self.momentum, self.weight_decay = tcfg["muon_momentum"], tcfg["weight_decay"]
+        self.bufs = {n: params[n] * 0 for n in self.names}  # momentum, zeros like the weights
+
+    @property
+    def t(self) -> int:
+        return self.adam.t
+
+    @t.setter
+    def t(self, value: int) -> None:
+        self.adam.t = value
+
+    def hyper(self, lr: float, enable: bool = True) -> Any:
+        """AdamW's [lr, bc1, bc2, enable] with Muon's learning rate appended."""
+        return np.append(self.adam.hyper(lr, enable), np.float32(lr * self.ratio))
+
+    def update(self, params: dict[str, Any], grads: dict[str, Any], control: Any, hyper: Any) -> None:
+        """Both groups' updates from the control vector and hyper (capturable on the GPU)."""
+        rest = [n for n in params if n not in self.bufs]
+        self.adam.update({n: params[n] for n in rest}, {n: grads[n] for n in rest}, control, hyper)
+        muon_update(
+            [params[n] for n in self.names],
+            [self.bufs[n] for n in self.names],
+            [grads[n] for n in self.names],
+            control,
+            hyper,
+            self.LR_SLOT,
+            momentum=self.momentum,
+            nesterov=True,
+            weight_decay=self.weight_decay,
+        )
+
+    def state_tensors(self) -> dict[str, Any]:
+        """AdamW's `m.<name>` / `v.<name>` and Muon's momentum `muon.<name>`."""
+        return {**self.adam.state_tensors(), **{f"muon.{n}": b for n, b in self.bufs.items()}}
+
+    def load_state_tensors(self, tensors: dict[str, Any], t: int, xp: Any) -> None:
+        self.adam.load_state_tensors(tensors, t, xp)
+        for name, current in self.bufs.items():
+            key = f"muon.{name}"
+            if key not in tensors or tuple(tensors[key].shape) != tuple(current.shape):
+                got = tensors[key].shape if key in tensors else "missing"
+                raise ValueError(f"Muon.load_state_tensors: {key} expected {current.shape}, got {got}")
+            self.bufs[name] = xp.asarray(tensors[key], dtype=current.dtype)
+
+
+def make_optimizer(params: dict[str, Any], tcfg: dict[str, Any]) -> AdamW | Muon:
+    """train.optimizer: "adamw" (every weight) or "muon" (Muon for the block matrices, AdamW the rest)."""
+    if tcfg["optimizer"] == "muon":
+        return Muon(params, tcfg)
+    return AdamW(params, tcfg["beta1"], tcfg["beta2"], tcfg["eps"], tcfg["weight_decay"])

@@ -186,6 +186,11 @@ def plan_run(
         saved = read_state(resume_from)
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
         check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
+        if saved.get("optimizer", "adamw") != cfg["train"]["optimizer"]:
+            raise ConfigError(
+                f"--resume: checkpoint {resume_from} was trained with train.optimizer="
+                f"{saved.get('optimizer', 'adamw')!r}, the config asks for {cfg['train']['optimizer']!r}"
+            )
     check_run_folder(run_dir, resume, overwrite)
     tok_path = folder / "tokenizer.json"
     return RunSpec(cfg, run_dir, mode, mcfg, tok_path, data_fp, init, resume_from, overwrite)

@@ -28,14 +28,17 @@ class StepBuffers:
     targets: Any  # (A, B, T + K - 1) int64
     masks: Any  # (A, B, T + K - 1) float32 loss masks (SFT), or None (every target counts)
     shares: Any  # (A,) float32: micro-batch i's share of the loss (its loss tokens / all ranks' total)
-    hyper: Any  # (4,) float32 [lr, bc1, bc2, enable], from the optimizer
+    hyper: Any  # (4,) float32 [lr, bc1, bc2, enable] from the optimizer (Muon appends its lr)
     grads: dict[str, Any]  # name -> gradient, summed over micro-batches (and ranks)
     loss: Any  # () float32: the step's loss on this rank (its micro-batches' weighted sum)
     control: Any  # (6,) float32 [grad_scale, apply, lr, bc1, bc2, norm]
 
     @classmethod
-    def allocate(cls, xp: Any, mcfg: Any, params: dict[str, Any], micro: list[tuple]) -> StepBuffers:
-        """Buffers shaped for these micro-batches [(tokens (B, T), targets, mask or None), ...]."""
+    def allocate(
+        cls, xp: Any, mcfg: Any, params: dict[str, Any], micro: list[tuple], hyper_size: int = 4
+    ) -> StepBuffers:
+        """Buffers shaped for these micro-batches [(tokens (B, T), targets, mask or None), ...] and an
+        optimizer whose hyper has `hyper_size` entries."""
         a, (b, t) = len(micro), micro[0][0].shape
         width = t + mcfg.n_mtp_heads - 1
         masked = micro[0][2] is not None
@@ -44,7 +47,7 @@ class StepBuffers:
             targets=xp.zeros((a, b, width), dtype=xp.int64),
             masks=xp.zeros((a, b, width), dtype=xp.float32) if masked else None,
             shares=xp.zeros((a,), dtype=xp.float32),
-            hyper=xp.zeros((4,), dtype=xp.float32),
+            hyper=xp.zeros((hyper_size,), dtype=xp.float32),
             grads={n: xp.zeros_like(p) for n, p in params.items()},
             loss=xp.zeros((), dtype=xp.float32),
             control=xp.zeros((6,), dtype=xp.float32),
@@ -101,7 +104,7 @@ def train_step(
     comm.allreduce_grads(buf.grads)  # a no-op on one process
     grads = [buf.grads[n] for n in params]
     ek.step_control(ek.sum_squares_many(grads), buf.loss, buf.hyper, max_norm, out=buf.control)
-    opt.update(params, buf.grads, buf.control)
+    opt.update(params, buf.grads, buf.control, buf.hyper)
 
 
 class EagerStep:
@@ -115,7 +118,7 @@ class EagerStep:
         """Step on these micro-batches; returns (loss, norm, applied)."""
         if self.buf is None or not self.buf.fits(micro):
             xp = ek.get_array_module(next(iter(self.params.values())))
-            self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro)
+            self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro, len(hyper))
         self.buf.write(micro, shares, hyper)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm)
         return self.buf.read()

@@ -27,7 +27,7 @@ from euler_train.device import Device, flops_per_token, peak_flops
 from euler_train.distributed import Comm
 from euler_train.graph_step import CapturedOrEager, GraphStep
 from euler_train.metrics import MetricsLogger
-from euler_train.optimizer import AdamW
+from euler_train.optimizer import make_optimizer
 from euler_train.plot import plot_metrics
 from euler_train.progress import Progress
 from euler_train.runfolder import clear_run
@@ -72,7 +72,7 @@ class Trainer:
             _, self.params, _, _ = modelio.load_model(self.spec.init, xp)
         else:
             self.params = euler_model.init_params(self.spec.mcfg, seed=tcfg["seed"], xp=xp)
-        self.opt = AdamW(self.params, tcfg["beta1"], tcfg["beta2"], tcfg["eps"], tcfg["weight_decay"])
+        self.opt = make_optimizer(self.params, tcfg)
         if self.spec.resume_from is not None:
             self._restore(self.spec.resume_from)
         self.batches: Batches = make_batches(
@@ -261,6 +261,7 @@ class Trainer:
             "tokens": s.tokens,
             "skipped": s.skipped,
             "opt_t": self.opt.t,
+            "optimizer": self.spec.cfg["train"]["optimizer"],
             "seed": self.spec.cfg["train"]["seed"],
             "val_loss": val_loss,
             "mode": self.spec.mode,
@@ -296,10 +297,12 @@ class Trainer:
     def _loop(self, stop: StopFlag, bar: Any, log: MetricsLogger | None) -> bool:
         """Steps until the end (False) or until a signal stopped every rank (True, checkpoint written)."""
         total, every = self.spec.cfg["train"]["steps"], self.spec.cfg["log"]["every"]
+        start = time.perf_counter()
         for step in range(self.state.step, total):
             row, stopping = self._timed_step(step, stop)
             done = step + 1
             self._maybe_eval_and_save(done, total, row)
+            row["elapsed_s"] = time.perf_counter() - start  # wall time of this process's loop so far
             bar.update(row)
             if log is not None and (done % every == 0 or "val_loss" in row or done == total):
                 log.write(row)
@@ -365,8 +368,6 @@ class Trainer:
         """loss.png, a one-line summary and report.md (rank 0)."""
         if not self.comm.is_main:
             return
-        from euler_train.plot import plot_metrics
-
         try:
             plot_metrics(self.spec.run_dir / "metrics.jsonl", self.spec.run_dir / "loss.png")
         except ValueError as err:
