@@ -111,10 +111,10 @@ def evaluate_chat(
     same_tokenizer(model, meta.get("tokenizer_fingerprint"), f"{folder}/{SFT_META}")
     held_out, rows = len(rows), rows[:max_items]
     scores = score_rows(model, rows, batch_size, progress)
-    if scores.lost:
+    if scores.cut:
         note(
-            f"{scores.cut} examples are longer than the context + 1 ({model.mcfg.context + 1} tokens): "
-            f"{scores.lost} of their response tokens fell in the cut start and are not scored"
+            f"{scores.cut} examples are longer than the context + 1 ({model.mcfg.context + 1} tokens) and "
+            f"are scored on their end; {scores.lost} of their response tokens fell in the cut (not scored)"
         )
     n_bytes = sum(response_bytes(model.tokenizer, fit_row(r, model.mcfg.context)[0]) for r in rows)
     answered = replies(model, rows, max_new_tokens, progress)
