@@ -15,8 +15,14 @@ from pathlib import Path
 
 from euler_bpe.cli_parser import OneLineParser
 from euler_data.errors import DataError
+from euler_data.meta import read_meta
 from euler_data.network import resolve_mirror
+from euler_data.pipeline import prepare
 from euler_data.recipe import BYTE_TOKENIZER, SPLIT_MODES, Recipe, SourceSpec, check_vocab_size, load_recipe
+from euler_data.report import inspect_folder
+from euler_data.sft import build_sft
+from euler_data.sources import resolve
+from euler_data.tokenizer import load_tokenizer
 
 
 def source_from_cli(spec: str) -> SourceSpec:
@@ -76,8 +82,6 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    from euler_data.pipeline import prepare
-
     meta = prepare(recipe_from_args(args), args.out, mirror=args.mirror, quiet=args.quiet)
     fixes = {
         "train": "add sources",
@@ -95,24 +99,16 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
-    from euler_data.report import inspect_folder
-
     print(inspect_folder(args.folder, samples=args.samples))
 
 
 def sft_context(out: Path) -> int:
     """The context the folder's pretraining data was prepared for (meta.json), else the recipe default."""
-    from euler_data.meta import read_meta
-
     hint = read_meta(out).get("context_hint") if (out / "meta.json").is_file() else None
     return int(hint) if isinstance(hint, int) and hint > 0 else Recipe().context_hint
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
-    from euler_data.sft import build_sft
-    from euler_data.sources import resolve
-    from euler_data.tokenizer import load_tokenizer
-
     out = Path(args.out)
     tok_path = args.tokenizer or out / "tokenizer.json"
     if tok_path != BYTE_TOKENIZER and not Path(tok_path).is_file():

@@ -19,9 +19,10 @@ from tqdm.auto import tqdm
 from euler_bpe.progress import progress_stream
 from euler_data import clean, dedup, filters, ingest, mix, shards, split
 from euler_data import tokenizer as tokenizer_stage
+from euler_data.counts import build_meta
 from euler_data.db import connect
 from euler_data.errors import DataError
-from euler_data.meta import build_meta, write_meta
+from euler_data.meta import write_meta
 from euler_data.network import resolve_mirror
 from euler_data.raw_bytes import bytes_sql
 from euler_data.recipe import Recipe

@@ -13,12 +13,20 @@ A recipe is a TOML or JSON file; every field has a default, so ``sources`` is al
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from euler_bpe import CHAT_SPECIAL_TOKENS
 from euler_data.errors import DataError
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10: tomli if installed, else only JSON recipes
+    try:
+        import tomli as tomllib
+    except ImportError:
+        tomllib = None
 
 # how a text file is cut into documents; "raw": each file whole, its bytes as they are (bytes mode)
 SPLIT_MODES = ("document", "line", "paragraph", "eot", "raw")
@@ -101,8 +109,6 @@ class Recipe:
     filter: FilterConfig = field(default_factory=FilterConfig)
 
     def __post_init__(self) -> None:
-        from euler_bpe import CHAT_SPECIAL_TOKENS
-
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"Recipe: val_fraction={self.val_fraction} must be in [0, 1)")
         if self.vocab_size > 65536:
@@ -176,11 +182,6 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _load_toml(text: str) -> dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        try:
-            import tomli as tomllib
-        except ImportError as err:
-            raise ValueError("TOML recipes need Python 3.11+ or `tomli`; use a .json recipe") from err
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise ValueError("TOML recipes need Python 3.11+ or `tomli`; use a .json recipe")
     return tomllib.loads(text)

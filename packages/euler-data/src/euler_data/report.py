@@ -7,7 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from euler_bpe import Tokenizer
 from euler_data.meta import open_bin, read_meta
+from euler_data.sft import read_sft
 
 
 def doc_lengths(tokens: np.ndarray, eot: int) -> np.ndarray:
@@ -52,8 +54,6 @@ def sample_lines(folder: Path, eot: int, samples: int, chars: int = 160) -> list
     """The first ``samples`` documents of train.bin, decoded and cut to ``chars`` characters."""
     if samples <= 0:
         return []
-    from euler_bpe import Tokenizer
-
     tok = Tokenizer.load(folder / "tokenizer.json")
     tokens = open_bin(folder / "train.bin", np.uint16)
     ends = np.flatnonzero(tokens[:50_000_000] == eot)[:samples]
@@ -82,8 +82,6 @@ def shown(data: bytes, chars: int) -> str:
 
 def sft_lines(folder: Path) -> list[str]:
     """Counts and example lengths of an SFT set."""
-    from euler_data.sft import read_sft
-
     lines = []
     for split in ("train", "val"):
         _, _, offsets, meta = read_sft(folder, split)

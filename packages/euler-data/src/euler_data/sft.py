@@ -19,7 +19,7 @@ import numpy as np
 from euler_data.chat import _check, _segments, alpaca_messages, render_chat
 from euler_data.errors import DataError
 from euler_data.meta import open_bin
-from euler_data.shards import stop_workers
+from euler_data.workers import stop_workers
 
 SFT_META = "sft_meta.json"
 TEMPLATE = "<|user|>\\n{instruction}[\\n\\n{input}]<|end|>\\n<|assistant|>\\n{output}<|end|>"

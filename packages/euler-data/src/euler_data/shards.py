@@ -20,6 +20,7 @@ from euler_bpe import ENDOFTEXT, Tokenizer
 from euler_data.db import connect
 from euler_data.meta import open_bin
 from euler_data.raw_bytes import as_bytes, stored_bytes
+from euler_data.workers import stop_workers
 
 BATCH_CHARS = 64_000_000  # text per encode_batch call (the workers and their word caches stay between calls)
 SCRATCH = "pieces.tokens"
@@ -79,13 +80,6 @@ def encode_rows(tok: Tokenizer, rows: list[tuple[int, int, str, bool]], workers:
     texts = tok.encode_batch([text for *_, text, raw in rows if not raw], workers=workers, typecode="H")
     encoded = iter(texts)
     return [array("H", tok.encode_bytes(as_bytes(text))) if raw else next(encoded) for *_, text, raw in rows]
-
-
-def stop_workers(tok: Tokenizer) -> None:
-    """Stop the worker processes euler-bpe keeps between ``encode_batch`` calls, if it keeps any."""
-    close = getattr(tok, "close", None)
-    if callable(close):
-        close()
 
 
 def write_tokenized(con: duckdb.DuckDBPyConnection, index: Index) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 
 from euler_bpe import CHAT_SPECIAL_TOKENS, ENDOFTEXT, Tokenizer
+from euler_data.counts import drop_counts
 from euler_data.errors import DataError
-from euler_data.meta import drop_counts
 from euler_data.recipe import BYTE_TOKENIZER
 
 UINT16_LIMIT = 1 << 16
