@@ -477,10 +477,11 @@ def test_adamw_update_many_and_global_norm_dispatch_to_multi_tensor_kernels():
         assert rel(got, ref) < 1e-6
 
 
-@pytest.mark.parametrize("shape", [(96, 32), (32, 96), (64, 64)], ids=["tall", "wide", "square"])
+@pytest.mark.parametrize("shape", [(96, 32), (32, 96), (64, 48)], ids=["tall", "wide", "near-square"])
 def test_newton_schulz_bf16_on_the_gpu_follows_float64(shape):
     """The bf16 iteration (cuBLAS products, fused combine) equals the float64 NumPy iteration to bf16's
-    accuracy, and its singular values sit in the iteration's band."""
+    accuracy, and its singular values sit in the iteration's band (a random square matrix has singular
+    values near 0, which five steps do not lift into it: rectangular ones here)."""
     rng = np.random.default_rng(11)
     g = rng.standard_normal(shape).astype(np.float32)
     got = ek.to_numpy(cast.from_bf16(ek.newton_schulz(cp.asarray(g))))

@@ -20,6 +20,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import euler_model
+from euler_bpe import Tokenizer
+from euler_data import encode_chat
+from euler_train.config import ConfigError
+from euler_train.device import setup_device
+from euler_train.modelio import TOKENIZER, load_model
+
 USER, ASSISTANT, END, EOT = "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"
 TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0/C1 but \t \n \r
 
@@ -31,14 +38,11 @@ class SamplingModel:
     tokenizer: Any
 
 
-def load_for_sampling(path: str, device: str = "cpu") -> SamplingModel:
-    """Model and tokenizer from a checkpoint or run folder (the checkpoint carries tokenizer.json)."""
-    from euler_bpe import Tokenizer
-    from euler_train.config import ConfigError
-    from euler_train.device import setup_device
-    from euler_train.modelio import TOKENIZER, load_model
-
-    xp = setup_device(device, "fp32").xp
+def load_for_sampling(path: str, device: str = "cpu", precision: str = "fp32") -> SamplingModel:
+    """Model and tokenizer from a checkpoint or run folder (the checkpoint carries tokenizer.json).
+    `precision` sets the matmul mode as setup_device does (the report passes its run's, so sampling at the
+    end of a training process leaves that process's mode as it was)."""
+    xp = setup_device(device, precision if device != "cpu" else "fp32").xp
     mcfg, params, _, folder = load_model(path, xp)
     if not (folder / TOKENIZER).is_file():
         raise ConfigError(f"checkpoint {folder} has no {TOKENIZER}; cannot encode prompts")
@@ -58,8 +62,6 @@ def stream_ids(
     turn: int = 0,
 ) -> Iterator[int]:
     """Token ids from euler-model's generate, with the sampling flags of the command line."""
-    import euler_model
-
     room = model.mcfg.context - len(prompt_ids)
     yield from euler_model.generate(
         model.mcfg,
@@ -112,8 +114,6 @@ def for_terminal(piece: str) -> str:
 
 def encode_prompt(tok: Any, messages: list[dict[str, str]]) -> list[int]:
     """Ids of the chat template (euler-data's encode_chat) with an open assistant turn at the end."""
-    from euler_data import encode_chat
-
     return encode_chat(tok, messages, add_generation_prompt=True)[0]
 
 

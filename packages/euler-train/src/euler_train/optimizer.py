@@ -117,6 +117,7 @@ class Muon:
         self.ratio = tcfg["muon_lr"] / tcfg["lr"] if tcfg["lr"] > 0 else 0.0
         self.momentum, self.weight_decay = tcfg["muon_momentum"], tcfg["weight_decay"]
         self.bufs = {n: params[n] * 0 for n in self.names}  # momentum, zeros like the weights
+        self.scratch = [params[n] * 0 for n in self.names]  # the GPU's per-step updates, at fixed addresses
 
     @property
     def t(self) -> int:
@@ -144,6 +145,7 @@ class Muon:
             momentum=self.momentum,
             nesterov=True,
             weight_decay=self.weight_decay,
+            scratch=self.scratch,
         )
 
     def state_tensors(self) -> dict[str, Any]:

@@ -235,10 +235,12 @@ def quoted(title: str, text: str) -> str:
 def samples_section(checkpoint: Path | None, state: dict[str, Any], cfg: dict[str, Any], device: str) -> str:
     if checkpoint is None:
         return "## Samples\n\nNo checkpoint to sample from."
-    model = load_for_sampling(str(checkpoint), device)
-    if state.get("mode") == "sft":
-        return "## Samples\n\n" + chat_samples(model, cfg)
-    return "## Samples\n\n" + document_samples(model)
+    model = load_for_sampling(str(checkpoint), device, cfg.get("run", {}).get("precision", "fp32"))
+    try:
+        text = chat_samples(model, cfg) if state.get("mode") == "sft" else document_samples(model)
+    except ValueError as err:  # e.g. a diverged run: logits overflow, the probabilities are NaN
+        text = f"No samples: sampling from {checkpoint.name} failed ({err})."
+    return "## Samples\n\n" + text
 
 
 def document_samples(model: SamplingModel) -> str:

@@ -41,8 +41,11 @@ def muon_update(
     momentum: float = 0.95,
     nesterov: bool = True,
     weight_decay: float = 0.0,
+    scratch: list[Any] | None = None,
 ) -> None:
     """One Muon step on every matrix in `params`, in place on params and bufs (see the module docstring).
+    `scratch`: one array per matrix for the momentum-corrected update on the GPU, kept by the caller so a
+    captured step reuses the same addresses (and the multi-tensor tables built for them); None: fresh ones.
 
     >>> import numpy as np
     >>> p, m = [np.eye(2)], [np.zeros((2, 2))]
@@ -57,8 +60,8 @@ def muon_update(
     if params and cuda.fused(*params, *bufs, *grads, control, hyper):
         import cupy  # the fused path runs only where CuPy is
 
-        for p, m, g in zip(params, bufs, grads):
-            u = cupy.empty_like(g)
+        scratch = scratch or [cupy.empty_like(g) for g in grads]
+        for p, m, g, u in zip(params, bufs, grads, scratch):
             muon_cuda.muon_momentum(u, m, g, control, momentum, nesterov)
             ortho = newton_schulz(u)
             muon_cuda.muon_apply(p, ortho, control, hyper, lr_slot, muon_shape_scale(p.shape), weight_decay)
