@@ -114,5 +114,5 @@ def test_progress_in_a_log_is_plain_lines_and_reprepare_drops_a_stale_sft_set(co
         cmd = [sys.executable, "-m", "euler_data.cli", "prepare", *src, "--vocab-size", "300"]
         assert subprocess.run(cmd, stderr=err).returncode == 0
     text = log.read_text()
-    assert "\r" not in text and "prepare" in text and "removed the SFT set" in text
+    assert "\r" not in text and "\x1b" not in text and "prepare" in text and "removed the SFT set" in text
     assert not list(out.glob("sft_*")) and Tokenizer.load(out / "tokenizer.json").vocab_size == 300

@@ -13,11 +13,13 @@ one plain line every LINE_EVERY_S seconds and at the end, instead of thousands o
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import TextIO
 
 LINE_EVERY_S = 10.0
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class PlainLines:
@@ -44,7 +46,7 @@ class PlainLines:
         self.current = text.rsplit("\r", 1)[1] if "\r" in text else self.current + text
 
     def _emit(self) -> None:
-        line = self.current.strip()
+        line = ANSI_ESCAPE.sub("", self.current).strip()  # a nested bar moves the cursor: not in a log
         if line and line != self.last_line:
             self.stream.write(line + "\n")
             self.stream.flush()
