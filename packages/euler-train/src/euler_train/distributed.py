@@ -1,13 +1,10 @@
 """Data parallelism over NCCL (CuPy's bindings): one process per GPU, gradients all-reduced in buckets.
 
-`Comm` is the single-process world (every collective is the identity); `NcclComm` the real one. The
+`Comm` (comm.py) is the single-process world (every collective is the identity); `NcclComm` the real one
+over NCCL, `SocketComm` (socket_comm.py, EULER_COMM=socket) one over local sockets for CPU tests. The
 launcher `spawn(n, argv)` starts n copies of this CLI with RANK / WORLD_SIZE / LOCAL_RANK set and a shared
 NCCL id in EULER_NCCL_ID; a process started by another launcher (torchrun-style variables already set)
 rendezvous through a file in the run folder instead.
-
->>> comm = Comm()
->>> comm.rank, comm.world_size, comm.allreduce_scalars([1.5, 2.0])
-(0, 1, [1.5, 2.0])
 """
 
 from __future__ import annotations
@@ -21,6 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from euler_train.comm import Comm
+from euler_train.socket_comm import SocketComm
+
 BUCKET_BYTES = 25 * 2**20  # gradients are packed into flat buffers of about this size per all-reduce
 CLEAN_EXITS = (0, 128 + signal.SIGINT, 128 + signal.SIGTERM)  # done, or stopped by a signal after saving
 
@@ -33,31 +33,6 @@ def env_world() -> tuple[int, int, int]:
     if not 0 <= rank < world:
         raise ValueError(f"env_world: RANK={rank} must be in [0, WORLD_SIZE={world})")
     return rank, world, local
-
-
-class Comm:
-    """World of one process: collectives return their input."""
-
-    rank = 0
-    world_size = 1
-    local_rank = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def allreduce_grads(self, grads: dict[str, Any]) -> None:
-        """Sum gradients over ranks, in place (identity here)."""
-
-    def allreduce_scalars(self, values: list[float]) -> list[float]:
-        """Sum a few floats over ranks (identity here)."""
-        return list(values)
-
-    def barrier(self) -> None:
-        """Wait for every rank (nothing to wait for here)."""
-
-    def close(self) -> None:
-        """Release the communicator."""
 
 
 def buckets(names: list[str], sizes: dict[str, int], bucket_bytes: int) -> list[list[str]]:
@@ -174,8 +149,6 @@ def init_comm(gpus: int, run_dir: Path) -> Comm:
     if gpus not in (1, world):
         raise ValueError(f"init_comm: --gpus {gpus} disagrees with WORLD_SIZE={world} set by the launcher")
     if os.environ.get("EULER_COMM") == "socket":  # CPU world for tests (socket_comm.py)
-        from euler_train.socket_comm import SocketComm
-
         return SocketComm(rank, world, run_dir)
     comm = NcclComm(rank, world, local, shared_nccl_id(rank, run_dir))
     comm.barrier()

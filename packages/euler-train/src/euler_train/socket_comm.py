@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_train.distributed import Comm
+from euler_train.comm import Comm
 
 
 def _address_file(run_dir: Path) -> Path:
