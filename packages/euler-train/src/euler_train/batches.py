@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+import euler_data
 from euler_train.config import ConfigError
 
 
@@ -69,8 +70,6 @@ def _triple(batch: tuple) -> tuple[Any, Any, Any]:
 
 def make_batches(cfg: dict, mcfg: Any, kind: str, rank: int, world_size: int) -> Batches:
     """Build the train/val loaders of a pretrain or SFT set for this rank."""
-    import euler_data
-
     folder = Path(cfg["data"]["dir"])
     common = dict(
         context=mcfg.context,

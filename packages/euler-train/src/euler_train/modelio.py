@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+import euler_model
 from euler_train.checkpoint import CheckpointError, CheckpointManager, verify
 
 TOKENIZER = "tokenizer.json"
@@ -28,8 +29,6 @@ def write_model(
     folder: Path, mcfg: Any, params: dict[str, Any], metadata: dict[str, Any], tokenizer: Path | None
 ):
     """model.safetensors (+ whatever euler-model writes beside it) and a copy of tokenizer.json."""
-    import euler_model
-
     euler_model.save_checkpoint(folder / MODEL, mcfg, to_host(params), metadata=metadata)
     if tokenizer is not None:
         shutil.copyfile(tokenizer, folder / TOKENIZER)
@@ -62,8 +61,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def load_model(path: str | Path, xp: Any = np) -> tuple[Any, dict[str, Any], dict[str, Any], Path]:
     """(model config, params on xp, metadata, checkpoint folder) from a checkpoint or run folder."""
-    import euler_model
-
     folder = resolve_checkpoint(path)
     try:
         mcfg, params, metadata = euler_model.load_checkpoint(folder / MODEL, xp=xp)

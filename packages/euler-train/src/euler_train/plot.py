@@ -30,6 +30,7 @@ def metrics_path(run: str | Path) -> Path:
 
 
 def _pyplot() -> Any:
+    # start-up: importing matplotlib and pyplot costs over a second; only drawing needs them (Agg first)
     import matplotlib
 
     matplotlib.use("Agg")

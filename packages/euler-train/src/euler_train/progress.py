@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tqdm import tqdm
+
 from euler_bpe.progress import progress_stream
 
 
@@ -14,8 +16,6 @@ class Progress:
     def __init__(self, trainer: Any, total: int, enabled: bool = True) -> None:
         self.bar = None
         if enabled:
-            from tqdm import tqdm
-
             self.bar = tqdm(
                 total=total,
                 initial=trainer.state.step,

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from euler_bpe import Tokenizer
+from euler_model import ModelConfig, preset
 from euler_train.batches import check_kind
 from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
 from euler_train.config import ConfigError
+from euler_train.modelio import resolve_checkpoint
 from euler_train.runfolder import describe_run
 
 
@@ -45,16 +48,12 @@ def dataset_fingerprint(folder: Path, mode: str) -> str | None:
 
 def tokenizer_info(path: Path) -> tuple[int, str]:
     """(vocab_size, fingerprint) of a tokenizer.json."""
-    from euler_bpe import Tokenizer
-
     tok = Tokenizer.load(path)
     return tok.vocab_size, tok.fingerprint
 
 
 def model_overrides(cfg: dict) -> dict[str, Any]:
     """The [model] keys other than `preset`, checked against ModelConfig's fields."""
-    from euler_model import ModelConfig
-
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     overrides = {k: v for k, v in cfg["model"].items() if k != "preset"}
     for key in overrides:
@@ -65,8 +64,6 @@ def model_overrides(cfg: dict) -> dict[str, Any]:
 
 def build_model_config(cfg: dict, vocab_size: int) -> Any:
     """preset + overrides, vocab_size defaulting to the tokenizer's; ConfigError for impossible shapes."""
-    from euler_model import preset
-
     overrides = model_overrides(cfg)
     if overrides.get("vocab_size", vocab_size) < vocab_size:
         raise ConfigError(
@@ -163,8 +160,6 @@ def plan_run(
     cfg: dict, run_dir: str | Path, mode: str, resume: bool = False, overwrite: bool = False
 ) -> RunSpec:
     """Validate data, tokenizer, model, checkpoints and the run folder for a pretrain or sft run."""
-    from euler_model import ModelConfig
-
     run_dir = Path(run_dir)
     folder = check_data(cfg, mode)
     data_fp = dataset_fingerprint(folder, mode)
@@ -211,8 +206,6 @@ def _sft_model_section(cfg: dict, mcfg: Any) -> None:
 
 def _sft_init(cfg: dict, data_fp: str | None) -> Path:
     """The sft starting checkpoint: data.init (a checkpoint or run folder), verified, same tokenizer."""
-    from euler_train.modelio import resolve_checkpoint
-
     if not cfg["data"]["init"]:
         raise ConfigError(
             "data.init is not set: sft needs --init CHECKPOINT (a pretrain checkpoint or run folder)"
