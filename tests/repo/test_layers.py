@@ -1,4 +1,5 @@
-"""The layering of DESIGN.md holds: no package imports one above it, and euler-bpe stays NumPy-free."""
+"""The layering of DESIGN.md holds: no package imports one above it, euler-bpe stays NumPy-free, the
+imports inside a package read top-down (no circle) and sit at the top of each module."""
 
 from __future__ import annotations
 
@@ -73,6 +74,175 @@ def test_euler_bpe_has_no_numpy() -> None:
     assert "numpy" not in imported_top_modules(src)
     code = "import sys, euler_bpe; assert 'numpy' not in sys.modules, 'euler_bpe pulled in numpy'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_euler_data_loads_no_duckdb() -> None:
+    """Reading a dataset folder (the loaders, read_meta) needs no DuckDB: euler-train starts without it."""
+    code = "import sys, euler_data; assert 'duckdb' not in sys.modules, 'import euler_data pulled in duckdb'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- import structure inside a package: no circle, imports at the top of the module ---------------------
+# Imports that may sit inside a function. An optional dependency (a package extra), anywhere:
+OPTIONAL = {
+    "cupy": "the [gpu] extra; CPU machines have no CuPy",
+    "cupy.cuda": "the [gpu] extra (CuPy's NCCL bindings)",
+    "cuda.pathfinder": "comes with CuPy's CUDA wheels ([gpu] extra); finds cuBLASLt",
+    "tensorboardX": "the [tensorboard] extra of euler-train",
+}
+# A declared dependency kept out of start-up, in exactly this module:
+LAZY_FOR_STARTUP = {
+    ("euler-data/src/euler_data/__init__.py", "euler_data.pipeline"): "prepare: DuckDB stays out of "
+    "`import euler_data`, which the loaders and read_meta (and so euler-train's start-up) need",
+    ("euler-train/src/euler_train/plot.py", "matplotlib"): "over a second to import; only drawing needs it",
+    ("euler-train/src/euler_train/plot.py", "matplotlib.pyplot"): "the same, after matplotlib.use('Agg')",
+}
+# pending: lead engineer (issue 16): these euler-train modules still import inside functions and form the
+# circles cli -> commands -> cli and quickstart -> cli.main; remove each entry once its module is done.
+PENDING = {
+    f"euler-train/src/euler_train/{name}"
+    for name in ("cli.py", "commands.py", "trainer.py", "report.py", "quickstart.py")
+}
+PENDING_FOLDERS = ("euler-train/src/euler_train/evals/",)
+
+
+def is_pending(rel: str) -> bool:
+    return rel in PENDING or rel.startswith(PENDING_FOLDERS)
+
+
+def own_modules(module: str) -> dict[str, Path]:
+    """Dotted name -> file of every module of a package (a package's __init__.py is the package)."""
+    src = PACKAGES / DIST_NAME[module] / "src"
+    out = {}
+    for file in (src / module).rglob("*.py"):
+        parts = file.relative_to(src).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    return out
+
+
+def imported_names(node: ast.Import | ast.ImportFrom, here: str, is_package: bool) -> list[str]:
+    """The dotted modules an import statement names: `from a import b` is a.b when that is a module
+    (checked by the caller), else a; relative imports are resolved against `here`."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = here.split(".")[: None if is_package else -1]
+        package = package[: len(package) - node.level + 1]
+        base = ".".join(package + ([base] if base else []))
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def import_graph(module: str) -> dict[str, set[str]]:
+    """Module -> the package's own modules it imports (top-level, function-level, TYPE_CHECKING alike)."""
+    modules = own_modules(module)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, file in modules.items():
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            targets = imported_names(node, name, file.name == "__init__.py")
+            if isinstance(node, ast.ImportFrom):  # `from a import b`: the module a.b, or else a itself
+                base, members = targets[0], targets[1:]
+                targets = [m for m in members if m in modules] or [base]
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one module (Tarjan), each one a set of modules that all
+    reach each other through imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def one_cycle(graph: dict[str, set[str]], part: list[str]) -> list[str]:
+    """A path a -> b -> ... -> a inside one strongly connected part, to show in a failure."""
+    path, members = [part[0]], set(part)
+    while True:
+        step = min(w for w in graph[path[-1]] if w in members)
+        if step in path:
+            return [*path[path.index(step) :], step]
+        path.append(step)
+
+
+def test_circles_finds_a_cycle_and_only_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert one_cycle(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
+def test_no_import_circle_inside_a_package(module: str) -> None:
+    """The imports among a package's own modules read top-down: no module is imported back, directly or
+    through others, by a module it imports (a circle made only of pending modules waits for their fix)."""
+    graph = import_graph(module)
+    files = own_modules(module)
+    bad = [
+        f"{' -> '.join(one_cycle(graph, part))} (all of {part} reach each other)"
+        for part in circles(graph)
+        if not all(is_pending(str(files[m].relative_to(PACKAGES))) for m in part)
+    ]
+    assert not bad, f"import circles in {module}: {bad}"
+
+
+def function_level_imports(file: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import statement inside a function or method of a file."""
+    found = []
+    for fn in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    found += [(node.lineno, alias.name) for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    found.append((node.lineno, "." * node.level + (node.module or "")))
+    return sorted(set(found))  # a nested function's imports are walked from each enclosing function
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
+def test_imports_sit_at_the_top_of_the_module(module: str) -> None:
+    """No import inside a function, except an optional dependency or a listed start-up exception."""
+    offenders = []
+    for file in sorted((PACKAGES / DIST_NAME[module] / "src" / module).rglob("*.py")):
+        rel = str(file.relative_to(PACKAGES))
+        if is_pending(rel):
+            continue
+        offenders += [
+            f"{rel}:{line}: {name}"
+            for line, name in function_level_imports(file)
+            if name not in OPTIONAL and (rel, name) not in LAZY_FOR_STARTUP
+        ]
+    assert not offenders, f"imports inside functions (move them to the top of the module): {offenders}"
+
+
+def test_the_allowed_lazy_imports_still_exist() -> None:
+    """Every start-up exception names an import that is still there (a stale entry would allow a new one)."""
+    for rel, name in LAZY_FOR_STARTUP:
+        assert name in {n for _, n in function_level_imports(PACKAGES / rel)}, f"stale entry {rel}: {name}"
 
 
 # --- euler-kernels: the route ops/X.py -> cuda/X.py -> cuda/X.cu (DESIGN.md, "Layout of an op") ---------
