@@ -15,7 +15,7 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
-from euler_kernels.cuda import muon as muon_cuda
+from euler_kernels.cuda import newton_schulz as newton_schulz_cuda
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -38,7 +38,9 @@ def newton_schulz(
     if g.ndim != 2:
         raise ValueError(f"newton_schulz: needs a 2-D matrix, got shape {g.shape}")
     if cuda.fused(g):
-        return muon_cuda.newton_schulz_bf16(g if g.flags.c_contiguous else g.copy(), steps, coefficients, eps)
+        return newton_schulz_cuda.newton_schulz_bf16(
+            g if g.flags.c_contiguous else g.copy(), steps, coefficients, eps
+        )
     xp = get_array_module(g)
     a, b, c = coefficients
     x = g.T if g.shape[0] > g.shape[1] else g
