@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import torch_loss, torch_tables
 
 import euler_model
+from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.batches import Batches, bits_per_byte, make_batches
-from euler_train.cli import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.commands import config_from_args
 from euler_train.config import ConfigError, save_config
 from euler_train.device import PEAK_FLOPS, flops_per_token

@@ -97,17 +97,6 @@ LAZY_FOR_STARTUP = {
     ("euler-train/src/euler_train/plot.py", "matplotlib"): "over a second to import; only drawing needs it",
     ("euler-train/src/euler_train/plot.py", "matplotlib.pyplot"): "the same, after matplotlib.use('Agg')",
 }
-# pending: lead engineer (issue 16): these euler-train modules still import inside functions and form the
-# circles cli -> commands -> cli and quickstart -> cli.main; remove each entry once its module is done.
-PENDING = {
-    f"euler-train/src/euler_train/{name}"
-    for name in ("cli.py", "commands.py", "trainer.py", "report.py", "quickstart.py")
-}
-PENDING_FOLDERS = ("euler-train/src/euler_train/evals/",)
-
-
-def is_pending(rel: str) -> bool:
-    return rel in PENDING or rel.startswith(PENDING_FOLDERS)
 
 
 def own_modules(module: str) -> dict[str, Path]:
@@ -199,13 +188,10 @@ def test_circles_finds_a_cycle_and_only_cycles() -> None:
 @pytest.mark.parametrize("module", sorted(ALLOWED))
 def test_no_import_circle_inside_a_package(module: str) -> None:
     """The imports among a package's own modules read top-down: no module is imported back, directly or
-    through others, by a module it imports (a circle made only of pending modules waits for their fix)."""
+    through others, by a module it imports."""
     graph = import_graph(module)
-    files = own_modules(module)
     bad = [
-        f"{' -> '.join(one_cycle(graph, part))} (all of {part} reach each other)"
-        for part in circles(graph)
-        if not all(is_pending(str(files[m].relative_to(PACKAGES))) for m in part)
+        f"{' -> '.join(one_cycle(graph, part))} (all of {part} reach each other)" for part in circles(graph)
     ]
     assert not bad, f"import circles in {module}: {bad}"
 
@@ -229,8 +215,6 @@ def test_imports_sit_at_the_top_of_the_module(module: str) -> None:
     offenders = []
     for file in sorted((PACKAGES / DIST_NAME[module] / "src" / module).rglob("*.py")):
         rel = str(file.relative_to(PACKAGES))
-        if is_pending(rel):
-            continue
         offenders += [
             f"{rel}:{line}: {name}"
             for line, name in function_level_imports(file)

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from euler_train.cli import build_parser, main
+from euler_train.args import build_parser
+from euler_train.cli import main
 
 SUBCOMMANDS = ["pretrain", "sft", "chat", "generate", "check", "export-hf", "plot", "quickstart"]
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from euler_train.args import build_parser
 from euler_train.checkpoint import CheckpointManager, read_state
-from euler_train.cli import build_parser, main
+from euler_train.cli import main
 from euler_train.metrics import read_metrics
 
 # a tiny pretrain long enough to interrupt: 120 steps, checkpoints every 10

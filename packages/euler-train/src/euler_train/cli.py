@@ -6,171 +6,19 @@ Exit codes: 0 done; 2 bad config or arguments (message names the key); 3 non-fin
 
 from __future__ import annotations
 
-import argparse
-import math
 import sys
-from typing import Any
 
-from euler_bpe.cli_parser import OneLineParser
-from euler_train.__about__ import __version__
-from euler_train.evals.args import add_eval_args
-
-EXIT_CONFIG = 2
-EXIT_CODES = "exit codes: 0 done, 2 bad config/arguments/data/checkpoint, 3 non-finite loss, 130/143 signal"
-
-# plain flags -> config keys
-TRAIN_FLAGS = {
-    "data": "data.dir",
-    "init": "data.init",
-    "steps": "train.steps",
-    "batch_size": "train.batch_size",
-    "grad_accum": "train.grad_accum",
-    "lr": "train.lr",
-    "optimizer": "train.optimizer",
-    "seed": "train.seed",
-    "ckpt_every": "checkpoint.every",
-    "eval_every": "eval.every",
-    "device": "run.device",
-    "precision": "run.precision",
-    "gpus": "run.gpus",
-}
-
-
-def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
-    p.add_argument(
-        "--data", metavar="DIR", help="dataset folder made by euler-data" + (" (SFT set)" if sft else "")
-    )
-    if sft:
-        p.add_argument(
-            "--init", metavar="CHECKPOINT", help="pretrained checkpoint or run folder to start from"
-        )
-    p.add_argument("--out", metavar="RUN", required=True, help="run folder (config, metrics, checkpoints)")
-    p.add_argument("--preset", choices=["tiny", "small", "gpu"], help="run preset (default: tiny)")
-    p.add_argument("--config", metavar="TOML", help="a run config file applied over the preset")
-    p.add_argument("--device", choices=["cpu", "gpu", "auto"], help="auto: the GPU when CuPy sees one")
-    p.add_argument(
-        "--precision",
-        choices=["fp32", "tf32", "bf16"],
-        help="GPU only: tf32 or bf16 matmuls (float32 storage)",
-    )
-    p.add_argument("--gpus", type=int, metavar="N", help="data-parallel processes, one per GPU (NCCL)")
-    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
-    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per micro-batch per GPU")
-    p.add_argument("--grad-accum", type=int, metavar="K", help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine to train.min_lr)")
-    p.add_argument(
-        "--optimizer", choices=["adamw", "muon"], help="muon: Muon for the block matrices (train.muon_lr)"
-    )
-    p.add_argument("--ckpt-every", type=int, metavar="K", help="checkpoint every K steps (and at the end)")
-    p.add_argument("--eval-every", type=int, metavar="K", help="val loss / bits per byte every K steps")
-    p.add_argument("--seed", type=int, metavar="S", help="weights and batches are functions of (seed, step)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in RUN")
-    p.add_argument(
-        "--overwrite", action="store_true", help="RUN already holds a run: delete it and start again"
-    )
-    p.add_argument("--no-eval", action="store_true", help="never evaluate (eval.enabled = false)")
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.lr=3e-4"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def number(kind: type, low: float, high: float = math.inf, low_open: bool = False) -> Any:
-    """An argparse type: `kind` in [low, high] ((low, high] when low_open), else a one-line error."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not (low < value if low_open else low <= value) or value > high or value != value:
-            bounds = f"{'(' if low_open else '['}{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"must be in {bounds}, got {text}")
-        return value
-
-    return parse
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
-    p.add_argument("--max-new-tokens", type=number(int, 1), default=200)
-    p.add_argument("--temperature", type=number(float, 0.0), default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=number(int, 0), default=50, help="0: no top-k cut")
-    p.add_argument("--top-p", type=number(float, 0.0, 1.0, low_open=True), default=0.95)
-    p.add_argument("--repetition-penalty", type=number(float, 0.0, low_open=True), default=1.0)
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    p.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="euler-train", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"euler-train {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, epilog=EXIT_CODES)
-
-    add_train_args(add("pretrain", "pretrain a model on a dataset folder"), sft=False)
-    add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True)
-    chat = add("chat", "chat REPL: /reset, /temp X, /quit")
-    add_sampling_args(chat)
-    gen = add("generate", "sample a continuation of one prompt")
-    add_sampling_args(gen)
-    gen.add_argument("--prompt", required=True, help='"" samples a new document from its start')
-    gen.add_argument(
-        "--speculative", action="store_true", help="draft with the MTP heads, verify with head 0"
-    )
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    check = add("check", "gradient check of every op and of the whole model (float64)")
-    check.add_argument("--quick", action="store_true", help="fewer cases")
-    exp = add("export-hf", "write a Hugging Face LlamaForCausalLM folder")
-    exp.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
-    exp.add_argument("--out", required=True, metavar="DIR")
-    plot = add("plot", "metrics.jsonl -> PNG of train and val loss; several runs: overlaid and compared")
-    plot.add_argument("runs", nargs="+", metavar="RUN", help="run folder or metrics.jsonl (one or more)")
-    plot.add_argument("--labels", metavar="A,B,...", help="names of the runs (default: folder names)")
-    plot.add_argument("--title", help="plot title")
-    plot.add_argument("--out", metavar="PNG", help="default: RUN/loss.png, or FIRST_RUN/compare.png")
-    add_eval_args(
-        add("eval", "score a checkpoint: bpb, hellaswag, arc, chat (--json: one object)"),
-        EXIT_CODES,
-        number(int, 1),
-    )
-    report = add("report", "write RUN/report.md: config, data, throughput, loss, evals, samples")
-    report.add_argument("run", metavar="RUN", help="run folder")
-    report.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu", help="for the samples")
-    quick = add("quickstart", "data -> tokenizer -> small pretrain on CPU -> samples")
-    quick.add_argument("--out", default="runs/quickstart", metavar="DIR")
-    quick.add_argument(
-        "--mirror", metavar="DIR", help="local data mirror (default: $EULER_DATA_MIRROR, else download)"
-    )
-    quick.add_argument("--steps", type=int, default=None, help="pretrain steps (default: the small preset's)")
-    quick.add_argument("--preset", choices=["tiny", "small"], default="small")
-    return parser
+from euler_train.args import build_parser
+from euler_train.commands import dispatch, guard
+from euler_train.quickstart import quickstart
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    from euler_data import DataError
-    from euler_train.checkpoint import CheckpointError
-    from euler_train.config import ConfigError
-
-    try:
-        return dispatch(args, argv)
-    except (ConfigError, CheckpointError, DataError, NotImplementedError) as err:
-        print(f"euler-train {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-
-
-def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.command in ("pretrain", "sft"):
-        from euler_train.commands import run_training
-
-        return run_training(args, argv)
-    from euler_train import commands
-
-    return getattr(commands, "run_" + args.command.replace("-", "_"))(args)
+    if args.command == "quickstart":
+        return guard(args.command, lambda: quickstart(args))
+    return guard(args.command, lambda: dispatch(args, argv))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,32 @@
-"""The subcommands behind cli.py (each imports the heavy packages only when it runs)."""
+"""The subcommands behind cli.py: `dispatch` runs one parsed command, `guard` turns the errors a user's
+input causes into one line and exit code 2."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from euler_train.checkpoint import STATE
-from euler_train.cli import EXIT_CONFIG, TRAIN_FLAGS
+import euler_model
+from euler_bpe import Tokenizer
+from euler_data import CHAT_TEMPLATE, DataError
+from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
+from euler_train.chat import ASSISTANT, END, EOT, USER, chat_repl, load_for_sampling, write_generation
+from euler_train.check import run_check as check
+from euler_train.checkpoint import STATE, CheckpointError, read_state
 from euler_train.config import PRESETS, ConfigError, cpu_world, load_toml, resolve_config
+from euler_train.device import setup_device
+from euler_train.distributed import env_world, init_comm, spawn
+from euler_train.evals.command import run_eval as evaluate
 from euler_train.memory_check import check_memory
+from euler_train.modelio import TOKENIZER, load_model
+from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
+from euler_train.report import write_report
+from euler_train.runspec import plan_run
+from euler_train.signals import StopFlag
+from euler_train.trainer import EXIT_NONFINITE, NonFiniteError, Trainer
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -46,14 +62,10 @@ def init_preset(init: Path) -> str | None:
 
 def run_training(args: argparse.Namespace, argv: list[str]) -> int:
     """pretrain / sft: validate everything, then train (spawning one process per GPU when asked)."""
-    from euler_train.distributed import env_world, spawn
-
     cfg = config_from_args(args)
     _, world, local = env_world()
     if cfg["run"]["gpus"] > 1 and world == 1:
         return spawn(cfg["run"]["gpus"], argv)
-    from euler_train.runspec import plan_run
-
     spec = plan_run(cfg, args.out, args.command, resume=args.resume, overwrite=args.overwrite)
     if args.resume and spec.resume_from is None:
         print(
@@ -63,11 +75,6 @@ def run_training(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _train(spec: Any, local_rank: int) -> int:
-    from euler_train.device import setup_device
-    from euler_train.distributed import init_comm
-    from euler_train.signals import StopFlag
-    from euler_train.trainer import EXIT_NONFINITE, NonFiniteError, Trainer
-
     try:
         device = setup_device(spec.cfg["run"]["device"], spec.cfg["run"]["precision"], local_rank)
     except (RuntimeError, ValueError) as err:
@@ -90,23 +97,17 @@ def _train(spec: Any, local_rank: int) -> int:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from euler_train.chat import chat_repl, load_for_sampling
-
     model = load_for_sampling(args.checkpoint, args.device)
     return chat_repl(model, args, sys.stdin, sys.stdout)
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from euler_train.chat import load_for_sampling, write_generation
-
     model = load_for_sampling(args.checkpoint, args.device)
     write_generation(model, args, sys.stdout)
     return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from euler_train.check import run_check as check
-
     return check(quick=args.quick)
 
 
@@ -116,13 +117,6 @@ def run_export_hf(args: argparse.Namespace) -> int:
     An SFT checkpoint stops `generate` at <|end|> or <|endoftext|> (eos_token <|end|>, as `chat` does); a
     pretrained one at <|endoftext|>. The pad token is <|endoftext|>.
     """
-    import euler_model
-    from euler_bpe import Tokenizer
-    from euler_data import CHAT_TEMPLATE
-    from euler_train.chat import ASSISTANT, END, EOT, USER
-    from euler_train.checkpoint import read_state
-    from euler_train.modelio import TOKENIZER, load_model
-
     mcfg, params, _, folder = load_model(args.checkpoint)
     tok, meta = None, {}
     if (folder / TOKENIZER).is_file():
@@ -141,8 +135,6 @@ def run_export_hf(args: argparse.Namespace) -> int:
 
 def run_plot(args: argparse.Namespace) -> int:
     """One run: its loss.png. Several: train loss and val bpb overlaid, and their final values compared."""
-    from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
-
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
     try:
         first = metrics_path(args.runs[0])
@@ -159,19 +151,37 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from euler_train.evals.command import run_eval as evaluate
-
     return evaluate(args)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from euler_train.report import write_report
-
     print(f"euler-train report: wrote {write_report(Path(args.run), args.device)}")
     return 0
 
 
-def run_quickstart(args: argparse.Namespace) -> int:
-    from euler_train.quickstart import quickstart
+COMMANDS = {
+    "chat": run_chat,
+    "generate": run_generate,
+    "check": run_check,
+    "export-hf": run_export_hf,
+    "plot": run_plot,
+    "eval": run_eval,
+    "report": run_report,
+}
 
-    return quickstart(args)
+
+def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run one parsed command (argv: the command line, which --gpus N hands to its processes)."""
+    if args.command in ("pretrain", "sft"):
+        return run_training(args, argv)
+    return COMMANDS[args.command](args)
+
+
+def guard(command: str, run: Callable[[], int]) -> int:
+    """run(), with an error caused by the user's input (config, arguments, data, checkpoint) printed as
+    one line and exit code 2 instead of a traceback."""
+    try:
+        return run()
+    except (ConfigError, CheckpointError, DataError, NotImplementedError) as err:
+        print(f"euler-train {command}: error: {err}", file=sys.stderr)
+        return EXIT_CONFIG

@@ -1,7 +1,8 @@
 """`euler-train quickstart`: Tiny Shakespeare -> BPE tokenizer -> `small` pretrain on CPU -> samples.
 
 Uses the data mirror when one is given (--mirror or $EULER_DATA_MIRROR), else euler-data downloads the
-source. Re-running reuses the prepared data and resumes (or re-samples) the run.
+source, else (offline) the copy of Tiny Shakespeare shipped in euler-data. Re-running reuses the prepared
+data and resumes (or re-samples) the run.
 """
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from euler_data.cli import main as euler_data
+from euler_train.args import build_parser
+from euler_train.chat import generate_text, load_for_sampling
+from euler_train.commands import dispatch
 
 PROMPTS = ("ROMEO:", "First Citizen:\nWhat", "KING HENRY:\nMy lord,")
 QUICK_STEPS = {"tiny": 60, "small": 400}  # 1-5 minutes on two CPU cores, depending on load
@@ -19,8 +25,6 @@ def prepare_data(folder: Path, mirror: str | None) -> None:
     if (folder / "train.bin").is_file():
         print(f"quickstart: reusing the dataset in {folder}")
         return
-    from euler_data.cli import main as euler_data
-
     argv = ["prepare", "--source", "tinyshakespeare", "--vocab-size", "512", "--out", str(folder)]
     argv += ["--mirror", mirror] if mirror else []
     print("quickstart: preparing Tiny Shakespeare and training a 512-token BPE tokenizer ...")
@@ -30,8 +34,6 @@ def prepare_data(folder: Path, mirror: str | None) -> None:
 
 def print_samples(run: Path, seed: int = 0) -> None:
     """A few sampled continuations from the newest checkpoint of `run`."""
-    from euler_train.chat import generate_text, load_for_sampling
-
     model = load_for_sampling(str(run))
     args = argparse.Namespace(
         max_new_tokens=96, temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=seed
@@ -44,8 +46,6 @@ def print_samples(run: Path, seed: int = 0) -> None:
 
 def quickstart(args: argparse.Namespace) -> int:
     """Data, tokenizer, pretrain, samples; returns the pretrain's exit code on failure."""
-    from euler_train.cli import main as euler_train
-
     out = Path(args.out)
     data, run = out / "data", out / "run"
     prepare_data(data, args.mirror)
@@ -68,7 +68,7 @@ def quickstart(args: argparse.Namespace) -> int:
         "--resume",
     ]
     print(f"quickstart: pretraining the {args.preset} model for {steps} steps on the CPU ...")
-    code = euler_train(argv)
+    code = dispatch(build_parser().parse_args(argv), argv)  # cli.main's guard covers the quick start
     if code != 0:
         return code
     print_samples(run)

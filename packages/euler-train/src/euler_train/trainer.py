@@ -30,6 +30,7 @@ from euler_train.metrics import MetricsLogger
 from euler_train.optimizer import make_optimizer
 from euler_train.plot import plot_metrics
 from euler_train.progress import Progress
+from euler_train.report import write_report
 from euler_train.runfolder import clear_run
 from euler_train.runspec import RunSpec
 from euler_train.schedule import lr_at
@@ -378,8 +379,6 @@ class Trainer:
             + (f", val loss {v:.4f}" if v is not None else "")
             + f"; run folder {self.spec.run_dir}"
         )
-        from euler_train.report import write_report
-
         write_report(self.spec.run_dir, self.device.kind)
 
     def mfu(self, tokens_per_s: float) -> float | None:
