@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from euler_bpe import CHAT_SPECIAL_TOKENS, Tokenizer
+from euler_data.meta import split_paths
 from euler_data.sft import read_sft
 
 WORDS = (
@@ -106,10 +107,10 @@ def corpus(tmp_path: Path) -> dict:
 
 
 def _decode_docs(folder: Path, split: str) -> list[str]:
-    """The documents of a bin, decoded: the bin is split at ``<|endoftext|>``."""
+    """The documents of a split (its bin, or its shards end to end), decoded: split at ``<|endoftext|>``."""
     tok = Tokenizer.load(folder / "tokenizer.json")
     eot = tok.special_tokens["<|endoftext|>"]
-    data = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
+    data = np.concatenate([np.fromfile(p, dtype=np.uint16) for p in split_paths(folder, split)])
     assert len(data) == 0 or data[-1] == eot, "a bin must end with <|endoftext|>"
     ends = np.flatnonzero(data == eot)
     starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)

@@ -47,7 +47,7 @@ def prepared(mirror, tmp_path_factory):
     )
     out = tmp / "out"
     recipe = Recipe(sources=sources, vocab_size=512, tokenizer_sample_bytes=1_000_000)
-    meta = prepare(recipe, out, mirror=mirror, quiet=True)
+    meta = prepare(recipe, out, mirror=mirror, quiet=True, keep_intermediate=True)  # the tests read `clean`
     return out, meta
 
 

@@ -122,7 +122,7 @@ def test_stages_are_tables_that_can_be_inspected_and_rerun(corpus, tok_path, tmp
     from euler_data import clean, dedup, filters
 
     out = tmp_path / "out"
-    meta = prepare(_recipe(corpus, tok_path), out, quiet=True)
+    meta = prepare(_recipe(corpus, tok_path), out, quiet=True, keep_intermediate=True)
     con = duckdb.connect(str(out / "pipeline.duckdb"))
     tables = {t for (t,) in con.execute("SHOW TABLES").fetchall()}
     assert {"raw", "clean", "filtered", "deduped", "pieces", "mixed", "tokenized", "sources"} <= tables

@@ -123,7 +123,8 @@ def test_doc_lengths_and_histogram_of_a_bin():
 
     eot = 9
     tokens = np.array([1, 2, 9, 9, 3, 4, 5, 6, 9], dtype=np.uint16)  # documents of 2, 0 and 4 tokens
-    assert doc_lengths(tokens, eot).tolist() == [2, 0, 4]
+    assert doc_lengths([tokens], eot).tolist() == [2, 0, 4]
+    assert doc_lengths([tokens[:2], tokens[2:5], tokens[5:]], eot).tolist() == [2, 0, 4]  # across shards
     lines = histogram(np.array([1, 2, 3, 900]))
     counts = [int(line.split(")")[1].split()[0]) for line in lines]
     assert counts == [1, 2, 1]  # [0, 2): 1, [2, 4): 2, [512, 1024): 1

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import duckdb
 
+from euler_data.db import source_attr
+
 # RE2 patterns; (?s) lets '.' cross lines
 CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F-\x9F\x{FEFF}]"
 PG_HEADER = r"(?s)^.*?\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG[^\n]*\n"
@@ -33,10 +35,11 @@ def clean_sql(column: str) -> str:
 
 def clean(con: duckdb.DuckDBPyConnection) -> int:
     """Stage 2: ``clean(doc_id, source, text, score, reason)``; returns the number of rows."""
-    con.execute(
+    raw = source_attr(con, "raw", "r.source")
+    con.execute(  # a projection of `raw`, streamed in its doc_id order
         f"CREATE OR REPLACE TABLE clean AS SELECT r.doc_id, r.source, CASE WHEN r.reason IS NOT NULL "
-        f"THEN NULL WHEN s.raw THEN r.text ELSE {clean_sql('r.text')} END AS text, r.score, r.reason "
-        "FROM raw r JOIN sources s USING (source) ORDER BY r.doc_id"
+        f"THEN NULL WHEN {raw} THEN r.text ELSE {clean_sql('r.text')} END AS text, r.score, r.reason "
+        "FROM raw r"
     )
     return con.execute("SELECT count(*) FROM clean").fetchone()[0]
 

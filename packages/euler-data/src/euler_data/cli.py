@@ -72,6 +72,7 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
         "seed": args.seed,
         "context_hint": args.context,
         "workers": args.workers,
+        "shard_tokens": args.shard_tokens,
     }
     changes = {k: v for k, v in flags.items() if v is not None}
     filters = {"min_chars": args.min_chars, "minhash_threshold": args.minhash}
@@ -82,7 +83,10 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    meta = prepare(recipe_from_args(args), args.out, mirror=args.mirror, quiet=args.quiet)
+    recipe = recipe_from_args(args)
+    meta = prepare(
+        recipe, args.out, mirror=args.mirror, quiet=args.quiet, keep_intermediate=args.keep_intermediate
+    )
     fixes = {
         "train": "add sources",
         "val": "raise --val-fraction or add documents, or pretrain with --no-eval",
@@ -156,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="tokenization processes (default 2)")
     p.add_argument("--min-chars", type=int, help="drop cleaned documents shorter than this")
     p.add_argument("--minhash", type=float, help="also drop MinHash-similar documents (Jaccard >= this)")
+    p.add_argument("--shard-tokens", type=int, help="a train split of more tokens: shards "
+                   "train_00000.bin, ... of this many (default 2**30; fewer: one train.bin)")  # fmt: skip
+    p.add_argument("--keep-intermediate", action="store_true", help="keep every stage's table "
+                   "and the scratch token file (default: dropped once used; the DB compacted)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_prepare)
     i = sub.add_parser("inspect", help="counts, samples and a token-length histogram of a dataset folder")

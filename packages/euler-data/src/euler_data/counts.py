@@ -54,7 +54,7 @@ def split_totals(sources: dict[str, dict[str, Any]], key: str) -> dict[str, int]
 def build_meta(con: duckdb.DuckDBPyConnection, tok, extra: dict[str, Any]) -> dict[str, Any]:
     """The meta.json dict (see the module docstring and the README for every key)."""
     sources = per_source(con)
-    n_in = con.execute("SELECT count(*) FROM raw").fetchone()[0]
+    n_in = con.execute("SELECT count(*) FROM deduped").fetchone()[0]  # every document in, kept or not
     n_kept = con.execute("SELECT count(*) FROM deduped WHERE reason IS NULL").fetchone()[0]
     return {
         "format": "euler-data/1",

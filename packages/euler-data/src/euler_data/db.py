@@ -1,12 +1,21 @@
-"""The pipeline's persistent DuckDB database: one file per output folder, one table per stage."""
+"""The pipeline's persistent DuckDB database: one file per output folder, one table per stage.
+
+Every connection runs under an explicit ``memory_limit`` (``MEMORY_LIMIT``, or the environment variable
+``EULER_DATA_MEMORY_LIMIT``, e.g. ``4GB``) and spills what does not fit to ``DIR/duckdb_tmp/``, so a
+stage's memory does not grow with the corpus (DuckDB's own default is 80% of the machine's RAM).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import duckdb
 
 DB_NAME = "pipeline.duckdb"
+TEMP_NAME = "duckdb_tmp"
+MEMORY_LIMIT = "1GB"  # DuckDB's buffer pool; sorts, joins and windows spill beyond it
 
 
 def connect(folder: str | Path) -> duckdb.DuckDBPyConnection:
@@ -18,9 +27,43 @@ def connect(folder: str | Path) -> duckdb.DuckDBPyConnection:
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(folder / DB_NAME))
+    limit = os.environ.get("EULER_DATA_MEMORY_LIMIT") or MEMORY_LIMIT
+    config = {"memory_limit": limit, "temp_directory": str(folder / TEMP_NAME)}
+    try:
+        con = duckdb.connect(str(folder / DB_NAME), config=config)
+    except duckdb.Error as err:
+        if "memory" in str(err).lower():
+            raise ValueError(f"EULER_DATA_MEMORY_LIMIT={limit!r}: {str(err).splitlines()[0]}") from err
+        raise
     con.execute("SET preserve_insertion_order = true")
     return con
+
+
+def remove_temp(folder: str | Path) -> None:
+    """Remove the spill folder (DuckDB leaves it behind when a process is killed)."""
+    shutil.rmtree(Path(folder) / TEMP_NAME, ignore_errors=True)
+
+
+def sql_literal(value) -> str:
+    """A Python value as a SQL literal (strings quoted, None as NULL)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(float(value))
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def source_attr(con: duckdb.DuckDBPyConnection, column: str, name: str = "source") -> str:
+    """SQL for the ``sources`` table's ``column`` of each row's source, as a CASE over literals.
+
+    A join with ``sources`` would do the same, but a projection keeps the rows streaming in their stored
+    (doc_id) order, so the big text tables need no sort.
+    """
+    rows = con.execute(f"SELECT source, {column} FROM sources ORDER BY source").fetchall()
+    whens = " ".join(f"WHEN {sql_literal(s)} THEN {sql_literal(v)}" for s, v in rows)
+    return f"(CASE {name} {whens} END)" if rows else "NULL"
 
 
 def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):

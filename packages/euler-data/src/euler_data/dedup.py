@@ -12,28 +12,45 @@ from __future__ import annotations
 
 import duckdb
 
+from euler_data.db import source_attr
+
 NORMAL_FORM = r"trim(lower(regexp_replace(text, '[^\p{L}\p{N}]+', ' ', 'g')))"
 
 
 def dedup(con: duckdb.DuckDBPyConnection, near: bool = True) -> int:
-    """Stage 4: ``deduped(doc_id, source, text, hash, reason)``; returns how many are kept."""
+    """Stage 4: ``deduped(doc_id, source, text, hash, reason)``; returns how many are kept.
+
+    The ranking runs over a narrow table of hashes (no text), sorted; the text joins back by position
+    (both tables in doc_id order), so the text is streamed once and never sorted.
+    """
+    raw = source_attr(con, "raw", "source")
+    con.execute(
+        f"""CREATE OR REPLACE TABLE dedup_keys AS SELECT doc_id, reason,
+            CASE WHEN reason IS NULL THEN md5(text) END AS hash,
+            CASE WHEN reason IS NOT NULL THEN NULL WHEN {raw} THEN 'raw:' || md5(text)
+                ELSE md5({NORMAL_FORM}) END AS norm
+        FROM filtered"""
+    )
     near_rule = "WHEN row_number() OVER (PARTITION BY norm ORDER BY doc_id) > 1 THEN 'near_duplicate'"
     con.execute(
-        f"""CREATE OR REPLACE TABLE deduped AS
-        WITH h AS (
-            SELECT f.*, md5(text) AS hash,
-                CASE WHEN s.raw THEN 'raw:' || md5(text) ELSE md5({NORMAL_FORM}) END AS norm
-            FROM filtered f JOIN sources s USING (source) WHERE reason IS NULL
-        ), ranked AS (
-            SELECT doc_id, source, text, hash, CASE
-                WHEN row_number() OVER (PARTITION BY hash ORDER BY doc_id) > 1 THEN 'duplicate'
-                {near_rule if near else ""}
-            END AS reason FROM h
-        )
-        SELECT * FROM ranked
-        UNION ALL SELECT doc_id, source, NULL, NULL, reason FROM filtered WHERE reason IS NOT NULL
-        ORDER BY doc_id"""
+        f"""CREATE OR REPLACE TABLE dedup_reasons AS SELECT doc_id, hash, CASE
+            WHEN reason IS NOT NULL THEN reason
+            WHEN row_number() OVER (PARTITION BY hash ORDER BY doc_id) > 1 THEN 'duplicate'
+            {near_rule if near else ""}
+        END AS reason FROM dedup_keys ORDER BY doc_id"""
     )
+    misaligned = con.execute(
+        "SELECT count(*) FROM filtered f POSITIONAL JOIN dedup_reasons r "
+        "WHERE f.doc_id IS DISTINCT FROM r.doc_id"
+    ).fetchone()[0]
+    if misaligned:  # the positional join below needs both sides in doc_id order
+        raise RuntimeError(f"dedup: {misaligned} rows of filtered and dedup_reasons do not line up")
+    con.execute(
+        """CREATE OR REPLACE TABLE deduped AS SELECT f.doc_id, f.source,
+            CASE WHEN f.reason IS NULL THEN f.text END AS text, r.hash, r.reason
+        FROM filtered f POSITIONAL JOIN dedup_reasons r"""
+    )
+    con.execute("DROP TABLE dedup_keys; DROP TABLE dedup_reasons")
     return con.execute("SELECT count(*) FROM deduped WHERE reason IS NULL").fetchone()[0]
 
 

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import duckdb
 
+from euler_data.db import source_attr
 from euler_data.recipe import FilterConfig
 
 
-def reason_sql(f: FilterConfig) -> str:
-    """The SQL CASE giving a document's drop reason (NULL = kept)."""
+def reason_sql(f: FilterConfig, raw: str = "s.raw", min_score: str = "s.min_score") -> str:
+    """The SQL CASE giving a document's drop reason (NULL = kept); ``raw`` and ``min_score`` are the
+    SQL of the document's source's attributes."""
     letters = r"length(regexp_replace(c.text, '[^\p{L}\s]', '', 'g'))"
     words = r"len(regexp_extract_all(c.text, '\S+'))"
     return f"""CASE
         WHEN c.reason IS NOT NULL THEN c.reason
         WHEN length(c.text) = 0 THEN 'empty'
         WHEN length(c.text) > {int(f.max_chars)} THEN 'too_long'
-        WHEN s.raw THEN NULL
+        WHEN {raw} THEN NULL
         WHEN length(c.text) < {int(f.min_chars)} THEN 'too_short'
-        WHEN s.min_score IS NOT NULL AND coalesce(c.score, -1e300) < s.min_score THEN 'low_score'
+        WHEN {min_score} IS NOT NULL AND coalesce(c.score, -1e300) < {min_score} THEN 'low_score'
         WHEN {words} < {int(f.min_words)} THEN 'too_few_words'
         WHEN {letters} < {float(f.min_alpha_ratio)} * length(c.text) THEN 'not_prose'
     END"""
@@ -31,8 +33,9 @@ def reason_sql(f: FilterConfig) -> str:
 
 def filter_docs(con: duckdb.DuckDBPyConnection, f: FilterConfig) -> int:
     """Stage 3: ``filtered(doc_id, source, text, reason)``; returns how many are kept."""
-    con.execute(
-        f"CREATE OR REPLACE TABLE filtered AS SELECT c.doc_id, c.source, c.text, {reason_sql(f)} AS reason "
-        "FROM clean c JOIN sources s USING (source) ORDER BY c.doc_id"
+    reason = reason_sql(f, source_attr(con, "raw", "c.source"), source_attr(con, "min_score", "c.source"))
+    con.execute(  # a projection of `clean`, streamed in its doc_id order
+        f"CREATE OR REPLACE TABLE filtered AS SELECT c.doc_id, c.source, c.text, {reason} AS reason "
+        "FROM clean c"
     )
     return con.execute("SELECT count(*) FROM filtered WHERE reason IS NULL").fetchone()[0]

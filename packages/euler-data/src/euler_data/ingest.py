@@ -55,24 +55,40 @@ def python_records(item: Input, source: SourceSpec, max_chars: int) -> Iterator[
     return read_json_file(path, source.text_field, source.score_field)
 
 
-def write_staging(staging, records: Iterable[Record], source: str, file: str, first_id: int) -> int:
-    """Append records as JSON lines that DuckDB loads in one query; returns the next free doc_id."""
-    next_id = first_id
+def write_staging(
+    staging, records: Iterable[Record], source: str, file: str, first_id: int
+) -> tuple[int, int]:
+    """Append records as JSON lines that DuckDB loads in one query; returns the next free doc_id and
+    the longest line's UTF-8 bytes."""
+    next_id, longest = first_id, 0
     for text, score, reason in records:
         row = {"doc_id": next_id, "source": source, "file": file, "text": text, "score": score}
-        staging.write(json.dumps({**row, "reason": reason}, ensure_ascii=False) + "\n")
+        line = json.dumps({**row, "reason": reason}, ensure_ascii=False) + "\n"
+        staging.write(line)
+        longest = max(longest, len(line) if line.isascii() else len(line.encode("utf-8")))
         next_id += 1
-    return next_id
+    return next_id, longest
 
 
-def load_staging(con: duckdb.DuckDBPyConnection, staging: Path) -> None:
-    """``raw`` += the staged JSON lines (DuckDB's JSON reader, typed columns, no size cap per record)."""
+def load_staging(con: duckdb.DuckDBPyConnection, staging: Path, longest: int) -> None:
+    """``raw`` += the staged JSON lines (DuckDB's JSON reader, typed columns); its read buffers are sized
+    by the longest line (the reader allocates ``maximum_object_size`` per thread)."""
     columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in RAW_COLUMNS.items()) + "}"
     con.execute(
         f"INSERT INTO raw SELECT * FROM read_json(?, format = 'newline_delimited', columns = {columns}, "
-        "maximum_object_size = 2000000000)",
+        f"maximum_object_size = {max(longest + 1, 1 << 20)})",
         [str(staging)],
     )
+
+
+def flush_staging(con: duckdb.DuckDBPyConnection, out, staging: Path, longest: int) -> int:
+    """Load the records staged so far (if any) and empty the staging file; returns the new longest (0)."""
+    out.flush()
+    if out.tell():
+        load_staging(con, staging, longest)
+        out.seek(0)
+        out.truncate()
+    return 0
 
 
 def parquet_columns(con: duckdb.DuckDBPyConnection, location: str) -> list[str]:
@@ -109,17 +125,19 @@ def ingest(con, recipe: Recipe, inputs: dict[str, list[Input]], workdir: Path, p
     """Stage 1: fill ``raw`` from every source's inputs; returns the number of documents in."""
     create_tables(con, recipe)
     staging = workdir / "raw_staging.jsonl"
-    next_id = 0
+    next_id, longest = 0, 0
     with open(staging, "w", encoding="utf-8") as out:
         for source in recipe.sources:
             for item in inputs[source.label]:
                 if item.fmt == "parquet" and source.docs != "raw":
+                    longest = flush_staging(con, out, staging, longest)  # raw stays in doc_id order
                     next_id = ingest_parquet(con, item, source, next_id)
                 else:
                     records = python_records(item, source, recipe.filter.max_chars)
-                    next_id = write_staging(out, records, source.label, item.location, next_id)
+                    next_id, line = write_staging(out, records, source.label, item.location, next_id)
+                    longest = max(longest, line)
                 if progress is not None:
                     progress.update(1)
-    load_staging(con, staging)
+        flush_staging(con, out, staging, longest)
     staging.unlink()
     return con.execute("SELECT count(*) FROM raw").fetchone()[0]

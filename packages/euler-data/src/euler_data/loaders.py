@@ -13,7 +13,7 @@ import numpy as np
 
 from euler_data.device import to_device
 from euler_data.errors import DataError
-from euler_data.meta import open_bin, read_meta
+from euler_data.meta import open_split, read_meta, split_paths
 from euler_data.sft import read_sft
 
 
@@ -31,7 +31,8 @@ def _check_args(
 
 
 class PretrainLoader:
-    """Random windows of ``context + extra_targets`` tokens from ``train.bin`` / ``val.bin``.
+    """Random windows of ``context + extra_targets`` tokens from a split's token files (``train.bin`` /
+    ``val.bin``, or shards): a window never crosses from one shard into the next.
 
     ``tokens = w[:T]`` and ``targets = w[1:]`` of each window ``w`` (MTP head k uses ``targets[:, k:k+T]``).
 
@@ -44,24 +45,33 @@ class PretrainLoader:
         _check_args("PretrainLoader", split, context, extra_targets, batch_size, rank, world_size)
         self.folder, self.split, self.device = Path(folder), split, device
         self.meta = read_meta(folder)
-        self.data = open_bin(self.folder / f"{split}.bin", np.uint16)  # (N,)
+        self.shards = open_split(self.folder, split, self.meta)  # [(N_i,)], in order
         self.window = context + extra_targets
         self.context, self.batch_size, self.seed = context, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        if len(self.data) < self.window:
-            raise DataError(
-                str(self.folder / f"{split}.bin"), f"{len(self.data)} tokens < one window of {self.window}"
-            )
+        # windows lie inside one shard: shard i has N_i - window + 1 starts (a single file: all of them)
+        starts = np.array([max(len(d) - self.window + 1, 0) for d in self.shards], dtype=np.int64)
+        self.first_start = np.concatenate([[0], np.cumsum(starts)])  # (shards + 1,)
+        if self.first_start[-1] < 1:
+            paths = split_paths(self.folder, split, self.meta)
+            where = str(paths[0]) if len(paths) == 1 else f"{self.folder} ({split} shards)"
+            raise DataError(where, f"{max(len(d) for d in self.shards)} tokens < one window of {self.window}")
 
     def starts(self, step: int) -> np.ndarray:
-        """This rank's window starts for ``step``: (batch_size,) int64."""
+        """This rank's global window starts for ``step`` (over every shard's starts): (batch_size,) int64."""
         rng = np.random.default_rng([self.seed, step])
-        starts = rng.integers(0, len(self.data) - self.window + 1, size=self.batch_size * self.world_size)
+        starts = rng.integers(0, self.first_start[-1], size=self.batch_size * self.world_size)
         return starts[self.rank :: self.world_size]
+
+    def window_at(self, start: int) -> np.ndarray:
+        """The (window,) tokens of global start ``start``."""
+        shard = int(np.searchsorted(self.first_start, start, side="right")) - 1
+        local = start - int(self.first_start[shard])
+        return self.shards[shard][local : local + self.window]
 
     def batch(self, step: int):
         """(tokens (B, T) int64, targets (B, T + K - 1) int64) for ``step``."""
-        windows = [self.data[s : s + self.window] for s in self.starts(step)]
+        windows = [self.window_at(int(s)) for s in self.starts(step)]
         rows = np.stack(windows).astype(np.int64)  # (B, T+K)
         return to_device(rows[:, : self.context], self.device), to_device(rows[:, 1:], self.device)
 

@@ -1,4 +1,5 @@
-"""A dataset folder's files: ``meta.json`` (written and read) and memory-mapped token files.
+"""A dataset folder's files: ``meta.json`` (written and read) and memory-mapped token files (one
+``{split}.bin``, or the shards ``meta.json["shards"]`` lists).
 
 What meta.json holds is counted by SQL over the pipeline tables (``counts.build_meta``). Reading a
 folder needs no DuckDB, so ``import euler_data`` (the loaders) does not pull it in.
@@ -32,6 +33,20 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as err:
         raise DataError(str(path), f"not valid JSON: {err}") from err
+
+
+def split_paths(folder: str | Path, split: str, meta: dict[str, Any] | None = None) -> list[Path]:
+    """The token files of a split in order: ``meta.json["shards"][split]``, or ``{split}.bin`` for a folder
+    written before shards (or by another tool in nanoGPT's layout)."""
+    folder = Path(folder)
+    meta = read_meta(folder) if meta is None else meta
+    files = meta.get("shards", {}).get(split)
+    return [folder / f["file"] for f in files] if files else [folder / f"{split}.bin"]
+
+
+def open_split(folder: str | Path, split: str, meta: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """Read-only memmaps of a split's token files, in order (concatenated, they are the split's stream)."""
+    return [open_bin(path, np.uint16) for path in split_paths(folder, split, meta)]
 
 
 def open_bin(path: str | Path, dtype) -> np.ndarray:

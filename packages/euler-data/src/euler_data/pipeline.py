@@ -3,10 +3,14 @@
 >>> meta = prepare(Recipe(sources=(SourceSpec("tinyshakespeare"),)), "out", mirror="mirror")  # doctest: +SKIP
 >>> sorted(p.name for p in Path("out").iterdir())  # doctest: +SKIP
 ['meta.json', 'pipeline.duckdb', 'tokenizer.json', 'train.bin', 'val.bin']
+
+``pipeline.duckdb`` keeps the per-document accounting (``sources``, ``deduped``, ``pieces``, ``mixed``,
+``tokenized``, without text) unless ``keep_intermediate`` keeps every stage's table whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -20,7 +24,7 @@ from euler_bpe.progress import progress_stream
 from euler_data import clean, dedup, filters, ingest, mix, shards, split
 from euler_data import tokenizer as tokenizer_stage
 from euler_data.counts import build_meta
-from euler_data.db import connect
+from euler_data.db import DB_NAME, connect, remove_temp
 from euler_data.errors import DataError
 from euler_data.meta import write_meta
 from euler_data.network import resolve_mirror
@@ -29,6 +33,7 @@ from euler_data.recipe import Recipe
 from euler_data.sft import SFT_META, sft_files
 from euler_data.sources import resolve
 
+TRAINED = "pipeline.tokenizer.json"  # the trained tokenizer while a run is unfinished
 STAGES = ("ingest", "clean", "filter", "dedup", "split", "mix", "tokenizer", "tokenize")
 
 
@@ -38,11 +43,6 @@ def check_sources(recipe: Recipe) -> None:
     twice = [label for label, n in Counter(s.label for s in recipe.sources).items() if n > 1]
     if twice:
         raise DataError("prepare", f"two sources are named {twice}; give them distinct `name`s")
-
-
-def _tokenizer(con, recipe: Recipe):
-    """Stage 7 when no tokenizer was given (a given one is loaded before any stage runs)."""
-    return tokenizer_stage.train_tokenizer(con, recipe.vocab_size, recipe.tokenizer_sample_bytes)
 
 
 def _dedup(con, recipe: Recipe) -> int:
@@ -67,9 +67,54 @@ def _stage_bytes(con, name: str, recipe: Recipe) -> int:
     return nbytes
 
 
-def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool) -> dict:
-    """Run the stages in order over ``state["con"]``; fills ``state`` and returns per-stage timings."""
-    timings: dict[str, dict[str, float]] = {}
+CONSUMED = {
+    "clean": ("raw",),
+    "filter": ("clean",),
+    "dedup": ("filtered",),
+}  # tables a stage's output replaces
+
+
+def run_key(recipe: Recipe, inputs) -> str:
+    """What a finished stage is valid for: the recipe and every input's location, size and mtime."""
+    files = []
+    for items in inputs.values():
+        for item in items:
+            path = Path(item.location)
+            stat = path.stat() if "://" not in item.location and path.exists() else None
+            files.append([item.location, stat and stat.st_size, stat and stat.st_mtime_ns, item.limit])
+    blob = json.dumps([recipe.to_dict(), files], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def finished_stages(con, key: str, out: Path) -> dict[str, dict[str, float]]:
+    """Stages an interrupted run with the same ``key`` finished (name -> timing); else a fresh start."""
+    con.execute("CREATE TABLE IF NOT EXISTS progress (key VARCHAR, stage VARCHAR, timing VARCHAR)")
+    con.execute("DELETE FROM progress WHERE key <> ?", [key])  # another recipe or changed inputs
+    rows = con.execute("SELECT stage, timing FROM progress").fetchall()
+    if not rows:  # a fresh start: no batch of an earlier run's tokenize may be resumed
+        con.execute("DROP TABLE IF EXISTS tokenized")
+        (out / shards.SCRATCH).unlink(missing_ok=True)
+    return {stage: json.loads(timing) for stage, timing in rows}
+
+
+def finish_stage(con, key: str, name: str, timing: dict, keep: bool) -> None:
+    """Record a finished stage, then drop what it consumed (unless ``keep``) and let DuckDB reuse it."""
+    con.execute("INSERT INTO progress VALUES (?, ?, ?)", [key, name, json.dumps(timing)])
+    dropped = () if keep else CONSUMED.get(name, ())
+    for table in dropped:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+    if name == "split" and not keep:  # pieces hold the text now: deduped keeps its accounting only
+        con.execute("CREATE OR REPLACE TABLE deduped AS SELECT doc_id, source, hash, reason FROM deduped")
+    if dropped or name == "split":
+        con.execute("CHECKPOINT")  # freed blocks are reused by the next stage
+
+
+def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool, keep: bool) -> dict:
+    """Run the stages not yet finished in order over ``state["con"]``; returns per-stage timings."""
+    key = run_key(recipe, inputs)
+    timings = finished_stages(state["con"], key, out)
+    if "tokenizer" in timings and state["tok"] is None:  # trained by the killed run
+        state["tok"] = tokenizer_stage.load_tokenizer(out / TRAINED)
     bar = tqdm(total=len(STAGES), desc="prepare", unit="stage", disable=quiet, file=progress_stream())
     con = lambda: state["con"]  # noqa: E731  (tokenize reopens the connection)
     steps = {
@@ -79,45 +124,104 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
         "dedup": lambda: _dedup(con(), recipe),
         "split": lambda: split.split(con(), recipe.val_fraction, recipe.seed),
         "mix": lambda: mix.mix(con(), recipe.seed),
-        "tokenizer": lambda: state["tok"] or state.update(tok=_tokenizer(con(), recipe)),  # given: loaded
-        "tokenize": lambda: state.setdefault("tokens", _tokenize(state, out, recipe, quiet)),
+        "tokenizer": lambda: _tokenizer(state, recipe, out),
+        "tokenize": lambda: _tokenize(state, out, recipe, quiet),
     }
     for name in STAGES:
         bar.set_postfix_str(name)
-        start = time.perf_counter()
-        steps[name]()
-        seconds = time.perf_counter() - start
-        mb = _stage_bytes(con(), name, recipe) / 1e6
-        timings[name] = {"seconds": round(seconds, 3), "mb": round(mb, 3), "mb_per_s": round(mb / seconds, 2)}
+        if name not in timings:
+            start = time.perf_counter()
+            steps[name]()
+            seconds = time.perf_counter() - start
+            mb = _stage_bytes(con(), name, recipe) / 1e6
+            timings[name] = {
+                "seconds": round(seconds, 3),
+                "mb": round(mb, 3),
+                "mb_per_s": round(mb / seconds, 2),
+            }
+            finish_stage(con(), key, name, timings[name], keep)
         bar.update(1)
     bar.close()
-    return timings
+    if "shards" not in state:  # tokenize finished in an earlier run: its shard list is in the table
+        state["shards"] = shard_list(con())
+    return {name: timings[name] for name in STAGES}
 
 
-def _tokenize(state: dict[str, Any], out: Path, recipe: Recipe, quiet: bool) -> dict[str, int]:
+def _tokenizer(state: dict[str, Any], recipe: Recipe, out: Path) -> None:
+    """Stage 7 when no tokenizer was given (a given one is loaded before any stage runs); the trained one
+    is saved so that a resumed run tokenizes with it."""
+    if state["tok"] is None:
+        tok = tokenizer_stage.train_tokenizer(state["con"], recipe.vocab_size, recipe.tokenizer_sample_bytes)
+        tok.save(out / TRAINED)
+        state["tok"] = tok
+
+
+def _tokenize(state: dict[str, Any], out: Path, recipe: Recipe, quiet: bool) -> None:
     """Encode with DuckDB closed (its threads must not be running when the workers fork), then write."""
     total = _text_bytes(state["con"], "pieces")
     state["con"].close()
     bar = tqdm(total=total, desc="tokenize", unit="B", unit_scale=True, disable=quiet, file=progress_stream())
     with bar:
-        index = shards.encode_pieces(out, state["tok"], recipe.workers, bar)
+        shards.encode_pieces(out, state["tok"], recipe.workers, bar)
     state["con"] = connect(out)
-    return shards.tokenize(state["con"], index, state["tok"], out)
+    state["shards"] = shards.tokenize(state["con"], state["tok"], out, recipe.shard_tokens)
+    state["con"].execute("CREATE OR REPLACE TABLE shard_files AS SELECT unnest(?::VARCHAR[]) AS list",
+                         [[json.dumps(state["shards"])]])  # fmt: skip
 
 
-def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, quiet: bool = False) -> dict:
-    """Run ingest -> clean -> filter -> dedup -> split -> mix -> tokenizer -> tokenize; returns meta."""
+def shard_list(con) -> dict[str, list[dict]]:
+    return json.loads(con.execute("SELECT list FROM shard_files").fetchone()[0])
+
+
+def compact(out: Path) -> None:
+    """Keep only the accounting (no text) in ``pipeline.duckdb``; remove the scratch files."""
+    for name in (shards.SCRATCH, TRAINED):
+        (out / name).unlink(missing_ok=True)
+    db, small = out / DB_NAME, out / f"{DB_NAME}.compact"
+    small.unlink(missing_ok=True)
+    con = connect(out)
+    con.execute(f"ATTACH '{small}' AS small")
+    for table, columns in COMPACT_TABLES.items():
+        con.execute(f"CREATE TABLE small.{table} AS SELECT {columns} FROM {table}")
+    con.close()
+    small.replace(db)
+    Path(f"{db}.wal").unlink(missing_ok=True)
+    remove_temp(out)
+
+
+COMPACT_TABLES = {
+    "sources": "*",
+    "deduped": "doc_id, source, hash, reason",
+    "pieces": "doc_id, part, source, split",
+    "mixed": "*",
+    "tokenized": "*",
+}
+
+
+def prepare(
+    recipe: Recipe,
+    out: str | Path,
+    mirror: str | Path | None = None,
+    quiet: bool = False,
+    keep_intermediate: bool = False,
+) -> dict:
+    """Run ingest -> clean -> filter -> dedup -> split -> mix -> tokenizer -> tokenize; returns meta.
+
+    A run killed part-way and started again with the same recipe and inputs continues after its last
+    finished stage (or, inside tokenize, its last encoded batch). Tables a stage has consumed are
+    dropped, and the database is compacted to its accounting at the end, unless ``keep_intermediate``.
+    """
     check_sources(recipe)
     out = Path(out)
     mirror_path = resolve_mirror(mirror)
     inputs = {s.label: resolve(s, mirror_path, out / "downloads") for s in recipe.sources}
     given = tokenizer_stage.load_tokenizer(recipe.tokenizer) if recipe.tokenizer else None  # fail early
     out.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"con": connect(out)}
-    state["tok"] = given
+    remove_temp(out)  # spill files of a killed run
+    state: dict[str, Any] = {"con": connect(out), "tok": given}
     try:
-        timings = run_stages(state, recipe, inputs, out, quiet)
-        tok, tokens, con = state["tok"], state["tokens"], state["con"]
+        timings = run_stages(state, recipe, inputs, out, quiet, keep_intermediate)
+        tok, con = state["tok"], state["con"]
         tok.save(out / "tokenizer.json")
         extra = {
             "context_hint": recipe.context_hint,
@@ -125,10 +229,15 @@ def prepare(recipe: Recipe, out: str | Path, mirror: str | Path | None = None, q
             "val_fraction": recipe.val_fraction,
         }
         meta = build_meta(con, tok, {**extra, "stages": timings, "recipe": recipe.to_dict()})
+        con.execute("DELETE FROM progress")  # a finished run: the same command again starts over
     finally:
         state["con"].close()
-    if meta["tokens"] != tokens:  # the per-source counts must add up to the bins
-        raise RuntimeError(f"prepare: meta.json tokens {meta['tokens']} != tokens written {tokens}")
+    written = {split: sum(f["tokens"] for f in files) for split, files in state["shards"].items()}
+    if meta["tokens"] != written:  # the per-source counts must add up to the shards
+        raise RuntimeError(f"prepare: meta.json tokens {meta['tokens']} != tokens written {written}")
+    meta["shards"] = state["shards"]
+    if not keep_intermediate:
+        compact(out)
     write_meta(out, meta)
     _drop_stale_sft(out, tok.fingerprint)
     return meta

@@ -106,11 +106,14 @@ class Recipe:
     seed: int = 0
     context_hint: int = 512  # the context length this set is meant for (written to meta.json)
     workers: int = 2  # tokenization processes
+    shard_tokens: int = 1 << 30  # a train split above this many tokens is cut into shards of this size
     filter: FilterConfig = field(default_factory=FilterConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"Recipe: val_fraction={self.val_fraction} must be in [0, 1)")
+        if self.shard_tokens < 1:
+            raise ValueError(f"Recipe: shard_tokens={self.shard_tokens} must be >= 1")
         if self.vocab_size > 65536:
             raise ValueError(f"Recipe: vocab_size={self.vocab_size} must be at most 65536 (uint16 shards)")
         smallest = 256 + len(CHAT_SPECIAL_TOKENS) + 1  # the bytes, the specials and one merge

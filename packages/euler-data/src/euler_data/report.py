@@ -8,14 +8,18 @@ from pathlib import Path
 import numpy as np
 
 from euler_bpe import Tokenizer
-from euler_data.meta import open_bin, read_meta
+from euler_data.meta import open_split, read_meta
 from euler_data.sft import read_sft
 
 
-def doc_lengths(tokens: np.ndarray, eot: int) -> np.ndarray:
-    """Token count of each document in a bin (documents end with ``eot``): (documents,) int64."""
-    ends = np.flatnonzero(tokens == eot)  # positions of the separators
-    return np.diff(np.concatenate([[-1], ends])) - 1
+def doc_lengths(shards: list[np.ndarray], eot: int) -> np.ndarray:
+    """Token count of each document of a split's files, read one file at a time (documents end with
+    ``eot``; a document may continue into the next shard): (documents,) int64."""
+    ends, offset = [np.array([-1])], 0
+    for tokens in shards:
+        ends.append(np.flatnonzero(tokens == eot) + offset)  # positions of the separators
+        offset += len(tokens)
+    return np.diff(np.concatenate(ends)) - 1
 
 
 def histogram(lengths: np.ndarray, width: int = 40) -> list[str]:
@@ -51,11 +55,12 @@ def counts_lines(meta: dict) -> list[str]:
 
 
 def sample_lines(folder: Path, eot: int, samples: int, chars: int = 160) -> list[str]:
-    """The first ``samples`` documents of train.bin, decoded and cut to ``chars`` characters."""
+    """The first ``samples`` documents of train.bin (or of the first train shard), decoded and cut to
+    ``chars`` characters."""
     if samples <= 0:
         return []
     tok = Tokenizer.load(folder / "tokenizer.json")
-    tokens = open_bin(folder / "train.bin", np.uint16)
+    tokens = open_split(folder, "train")[0]
     ends = np.flatnonzero(tokens[:50_000_000] == eot)[:samples]
     lines, start = [], 0
     for end in ends:
@@ -100,7 +105,7 @@ def inspect_folder(folder: str | Path, samples: int = 3) -> str:
     meta = read_meta(folder)
     lines = counts_lines(meta)
     for split in ("train", "val"):
-        lengths = doc_lengths(open_bin(folder / f"{split}.bin", np.uint16), meta["eot_id"])
+        lengths = doc_lengths(open_split(folder, split, meta), meta["eot_id"])
         lines.append(f"{split}: tokens per document ({len(lengths)} documents)")
         lines += histogram(lengths)
     lines.append(f"samples (first {samples} train documents):")

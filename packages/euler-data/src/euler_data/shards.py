@@ -1,14 +1,23 @@
-"""Stage 8, tokenize: every piece encoded once (both cores), written in mix order to train.bin / val.bin.
+"""Stage 8, tokenize: every piece encoded once (both cores), then written in mix order as token shards.
 
-A bin is uint16 token ids, each document followed by ``<|endoftext|>``: ``doc0 <eot> doc1 <eot> ...``.
+A shard is uint16 token ids, each document followed by ``<|endoftext|>``: ``doc0 <eot> doc1 <eot> ...``.
 Pieces are encoded in batches of about ``BATCH_CHARS`` characters and appended to a scratch file
-(``pieces.tokens``), so memory holds one batch; the bins are then cut from it in the mix order.
-Per-piece token counts go to the ``tokenized`` table for ``meta.json`` and ``inspect``. A piece of a raw
-source (``::raw``) is encoded from its exact bytes (``encode_bytes``), never as text.
+(``pieces.tokens``); after a batch is on disk (fsync), its ``(doc_id, part, start, tokens)`` rows go to
+the ``tokenized`` table, so a killed run resumes after the last recorded batch (the scratch file is cut
+back to what the table accounts for). Memory holds one batch, never the corpus or its index.
+
+The shards are then cut from the scratch file in the mix order, streamed: ``val.bin`` always (one file:
+euler-train's bpb eval reads it whole), and ``train.bin`` while the train split has at most
+``shard_tokens`` tokens (nanoGPT's layout); a larger train split is cut into ``train_00000.bin``,
+``train_00001.bin``, ... of exactly ``shard_tokens`` tokens (the last one shorter; a document may
+continue in the next shard), which concatenated are the ``train.bin`` a single file would have been.
+``meta.json["shards"]`` lists each split's files and token counts in order. A piece of a raw source
+(``::raw``) is encoded from its exact bytes (``encode_bytes``), never as text.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from array import array
 from pathlib import Path
@@ -18,60 +27,99 @@ import numpy as np
 
 from euler_bpe import ENDOFTEXT, Tokenizer
 from euler_data.db import connect
-from euler_data.meta import open_bin
 from euler_data.raw_bytes import as_bytes, stored_bytes
 from euler_data.workers import stop_workers
 
 BATCH_CHARS = 64_000_000  # text per encode_batch call (the workers and their word caches stay between calls)
 SCRATCH = "pieces.tokens"
-Index = dict[tuple[int, int], tuple[int, int]]  # (doc_id, part) -> (start, length) in the scratch file
+FETCH_ROWS = 65_536  # mix-order rows per fetch while writing the shards
+Batch = list[tuple[int, int, int, int]]  # (doc_id, part, start, tokens) of each piece of a batch
 
 
 def write_uint16_le(out, ids: array) -> None:
-    """Write an ``array('H')`` of token ids as little-endian uint16 (the bins' layout)."""
+    """Write an ``array('H')`` of token ids as little-endian uint16 (the shards' layout)."""
     if sys.byteorder == "big":
         ids.byteswap()
     ids.tofile(out)
 
 
-def fetch_batch(folder: Path, after: tuple[int, int]) -> list[tuple[int, int, str, bool]]:
-    """The next pieces ``(doc_id, part, text, raw)`` after ``after`` in (doc_id, part) order, about
-    BATCH_CHARS characters.
+def create_tokenized(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "CREATE OR REPLACE TABLE tokenized (doc_id BIGINT, part INTEGER, start BIGINT, tokens BIGINT)"
+    )
 
-    The connection is closed on return: encode_batch forks its workers, and forking while DuckDB's
-    threads run can crash or hang the children.
-    """
-    con = connect(folder)
-    try:
-        cursor = con.execute(
-            "SELECT doc_id, part, text, s.raw FROM pieces JOIN sources s USING (source) "
-            "WHERE doc_id > ? OR (doc_id = ? AND part > ?) ORDER BY doc_id, part",
-            [after[0], after[0], after[1]],
+
+def record_batch(con: duckdb.DuckDBPyConnection, batch: Batch) -> None:
+    """``tokenized`` += one encoded batch's rows (four lists in one statement: executemany is slow)."""
+    if batch:
+        columns = [list(c) for c in zip(*batch)]
+        con.execute(
+            "INSERT INTO tokenized SELECT unnest(?::BIGINT[]), unnest(?::INTEGER[]), unnest(?::BIGINT[]), "
+            "unnest(?::BIGINT[])",
+            columns,
         )
-        rows, size = [], 0
-        while size < BATCH_CHARS and (row := cursor.fetchone()) is not None:
-            rows.append(row)
-            size += len(row[2])
-        return rows
-    finally:
-        con.close()
 
 
-def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> Index:
-    """Encode every piece once into ``folder/pieces.tokens``; returns where each one lies."""
-    index: Index = {}
-    offset, after = 0, (-1, -1)
-    with open(folder / SCRATCH, "wb") as out:
-        while rows := fetch_batch(folder, after):
+def resume_point(con: duckdb.DuckDBPyConnection, scratch: Path) -> tuple[int, tuple[int, int]]:
+    """(tokens already in the scratch file, last (doc_id, part) encoded); starts over when they disagree."""
+    tables = {t for (t,) in con.execute("SHOW TABLES").fetchall()}
+    if "tokenized" in tables and scratch.is_file():
+        done = con.execute("SELECT coalesce(sum(tokens), 0) FROM tokenized").fetchone()[0]
+        last = con.execute(
+            "SELECT doc_id, part FROM tokenized ORDER BY doc_id DESC, part DESC LIMIT 1"
+        ).fetchone()
+        if last is not None and scratch.stat().st_size >= 2 * done:
+            return int(done), (int(last[0]), int(last[1]))
+    create_tokenized(con)
+    return 0, (-1, -1)
+
+
+def fetch_batch(con: duckdb.DuckDBPyConnection, after: tuple[int, int]) -> list[tuple[int, int, str, bool]]:
+    """The next pieces ``(doc_id, part, text, raw)`` after ``after`` in (doc_id, part) order, about
+    BATCH_CHARS characters."""
+    cursor = con.execute(
+        "SELECT doc_id, part, text, s.raw FROM pieces JOIN sources s USING (source) "
+        "WHERE doc_id > ? OR (doc_id = ? AND part > ?) ORDER BY doc_id, part",
+        [after[0], after[0], after[1]],
+    )
+    rows, size = [], 0
+    while size < BATCH_CHARS and (chunk := cursor.fetchmany(64)):  # overshoot: at most 63 pieces
+        rows += chunk
+        size += sum(len(row[2]) for row in chunk)
+    return rows
+
+
+def encode_pieces(folder: Path, tok: Tokenizer, workers: int, progress=None) -> int:
+    """Encode every piece once into ``folder/pieces.tokens`` and ``tokenized``; returns the tokens.
+
+    The connection is closed while a batch is encoded: encode_batch forks its workers, and forking while
+    DuckDB's threads run can crash or hang the children.
+    """
+    scratch = folder / SCRATCH
+    con = connect(folder)
+    offset, after = resume_point(con, scratch)
+    with open(scratch, "ab") as out:
+        out.truncate(2 * offset)  # drop a batch written but not recorded before a kill
+        batch: Batch = []
+        while True:
+            record_batch(con, batch)
+            rows = fetch_batch(con, after)
+            con.close()
+            if not rows:
+                break
+            batch = []
             for (doc_id, part, text, raw), seq in zip(rows, encode_rows(tok, rows, workers)):
                 write_uint16_le(out, seq)
-                index[(doc_id, part)] = (offset, len(seq))
+                batch.append((doc_id, part, offset, len(seq)))
                 offset += len(seq)
                 if progress is not None:
                     progress.update(stored_bytes(text, raw))
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the table says so
             after = rows[-1][:2]
+            con = connect(folder)
     stop_workers(tok)
-    return index
+    return offset
 
 
 def encode_rows(tok: Tokenizer, rows: list[tuple[int, int, str, bool]], workers: int) -> list[array]:
@@ -82,39 +130,71 @@ def encode_rows(tok: Tokenizer, rows: list[tuple[int, int, str, bool]], workers:
     return [array("H", tok.encode_bytes(as_bytes(text))) if raw else next(encoded) for *_, text, raw in rows]
 
 
-def write_tokenized(con: duckdb.DuckDBPyConnection, index: Index) -> None:
-    """The ``tokenized(doc_id, part, tokens)`` table of token counts."""
-    keys = list(index)
-    columns = [[d for d, _ in keys], [p for _, p in keys], [index[k][1] for k in keys]]
-    con.execute(  # three lists in one statement: executemany costs ~0.5 ms per row
-        "CREATE OR REPLACE TABLE tokenized AS SELECT unnest(?::BIGINT[]) AS doc_id, "
-        "unnest(?::INTEGER[]) AS part, unnest(?::BIGINT[]) AS tokens",
-        columns,
+class ShardWriter:
+    """Writes one split's token stream as ``{split}.bin``, or as shards of ``shard_tokens`` tokens."""
+
+    def __init__(self, folder: Path, split: str, shard_tokens: int | None):
+        self.folder, self.split, self.size = folder, split, shard_tokens
+        self.files: list[dict] = []
+        self.out = None
+
+    def _next_file(self) -> None:
+        if self.out is not None:
+            self.out.close()
+        name = f"{self.split}.bin" if self.size is None else f"{self.split}_{len(self.files):05d}.bin"
+        self.files.append({"file": name, "tokens": 0})
+        self.out = open(self.folder / name, "wb")
+
+    def write(self, data: bytes) -> None:
+        """Append uint16 tokens, starting a new shard whenever the current one is full."""
+        while data or self.out is None:
+            if self.out is None or (self.size is not None and self.files[-1]["tokens"] == self.size):
+                self._next_file()
+            room = len(data) // 2 if self.size is None else self.size - self.files[-1]["tokens"]
+            head, data = data[: 2 * room], data[2 * room :]
+            self.out.write(head)
+            self.files[-1]["tokens"] += len(head) // 2
+
+    def close(self) -> list[dict]:
+        if self.out is None:
+            self._next_file()  # an empty split is one empty file, as before
+        self.out.close()
+        return self.files
+
+
+def split_files(folder: Path, split: str) -> list[Path]:
+    """Token files of a split left in ``folder`` (by an earlier or interrupted run)."""
+    return [p for p in [folder / f"{split}.bin", *sorted(folder.glob(f"{split}_[0-9]*.bin"))] if p.is_file()]
+
+
+def write_split(con, split: str, eot: int, folder: Path, shard_tokens: int | None) -> list[dict]:
+    """Write one split in the ``mixed`` order, streamed from the scratch file; returns its shard list."""
+    total = con.execute(
+        "SELECT coalesce(sum(t.tokens + 1), 0) FROM mixed m JOIN tokenized t USING (doc_id, part) "
+        "WHERE m.split = ?",
+        [split],
+    ).fetchone()[0]
+    sharded = split == "train" and shard_tokens is not None and total > shard_tokens
+    for path in split_files(folder, split):
+        path.unlink()
+    writer = ShardWriter(folder, split, shard_tokens if sharded else None)
+    eot_bytes = np.array([eot], dtype="<u2").tobytes()
+    cursor = con.execute(
+        "SELECT t.start, t.tokens FROM mixed m JOIN tokenized t USING (doc_id, part) WHERE m.split = ? "
+        "ORDER BY m.ord",
+        [split],
     )
+    fd = os.open(folder / SCRATCH, os.O_RDONLY)
+    try:
+        while rows := cursor.fetchmany(FETCH_ROWS):
+            # pread, not a memory map: mapped pages of the scratch file would count in the RSS
+            writer.write(b"".join(os.pread(fd, 2 * n, 2 * start) + eot_bytes for start, n in rows))
+    finally:
+        os.close(fd)
+    return writer.close()
 
 
-def write_bins(con, index: Index, eot: int, folder: Path) -> dict[str, int]:
-    """Write ``train.bin`` and ``val.bin`` in the ``mixed`` order; returns tokens per split."""
-    scratch = folder / SCRATCH
-    tokens = open_bin(scratch, np.uint16)  # every piece's tokens, back to back
-    eot_bytes = np.array([eot], dtype=np.uint16).tobytes()
-    totals = {}
-    for split in ("train", "val"):
-        order = con.execute("SELECT doc_id, part FROM mixed WHERE split = ? ORDER BY ord", [split]).fetchall()
-        total = 0
-        with open(folder / f"{split}.bin", "wb") as out:
-            for key in order:
-                start, length = index[key]
-                out.write(tokens[start : start + length].tobytes() + eot_bytes)
-                total += length + 1
-        totals[split] = total
-    del tokens  # release the map before the scratch file goes
-    return totals
-
-
-def tokenize(con: duckdb.DuckDBPyConnection, index: Index, tok: Tokenizer, folder: Path) -> dict[str, int]:
-    """Stage 8 (after ``encode_pieces``): the counts table and the bins; returns tokens per split."""
-    write_tokenized(con, index)
-    totals = write_bins(con, index, tok.special_tokens[ENDOFTEXT], folder)
-    (folder / SCRATCH).unlink()
-    return totals
+def tokenize(con: duckdb.DuckDBPyConnection, tok: Tokenizer, folder: Path, shard_tokens: int | None) -> dict:
+    """Stage 8 (after ``encode_pieces``): the shards; returns ``{split: [{"file", "tokens"}, ...]}``."""
+    eot = tok.special_tokens[ENDOFTEXT]
+    return {split: write_split(con, split, eot, folder, shard_tokens) for split in ("train", "val")}

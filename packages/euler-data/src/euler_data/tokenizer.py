@@ -51,19 +51,25 @@ def sample_texts(con: duckdb.DuckDBPyConnection, sample_bytes: int) -> list[str]
     """A prefix of each train piece, together about ``sample_bytes`` of UTF-8."""
     n = con.execute("SELECT count(*) FROM mixed WHERE split = 'train' AND copy = 0").fetchone()[0]
     per_piece = max(sample_bytes // max(n, 1), 4096)
-    rows = con.execute(
-        """SELECT substr(p.text, 1, ?) FROM mixed m JOIN pieces p USING (doc_id, part)
-        WHERE m.split = 'train' AND m.copy = 0 ORDER BY m.ord""",
-        [per_piece],
-    ).fetchall()
+    # the first pieces in mix order (a piece has at least ~min_chars characters, so sample_bytes // 64 of
+    # them are plenty), their prefixes streamed: nothing holds every piece's prefix
+    first = min(n, max(sample_bytes // 64, 1))
+    cursor = con.execute(
+        """WITH first AS (
+            SELECT doc_id, part, ord FROM mixed WHERE split = 'train' AND copy = 0 ORDER BY ord LIMIT ?
+        )
+        SELECT substr(p.text, 1, ?) FROM first f JOIN pieces p USING (doc_id, part) ORDER BY f.ord""",
+        [first, per_piece],
+    )
     out, total = [], 0
-    for (text,) in rows:
-        cut = text.rfind("\n") if len(text) == per_piece else -1
-        text = text[: cut + 1] if cut > 0 else text  # end on a line boundary when truncated
-        out.append(text)
-        total += len(text.encode("utf-8"))
-        if total >= sample_bytes:
-            break
+    while total < sample_bytes and (chunk := cursor.fetchmany(256)):
+        for (text,) in chunk:
+            cut = text.rfind("\n") if len(text) == per_piece else -1
+            text = text[: cut + 1] if cut > 0 else text  # end on a line boundary when truncated
+            out.append(text)
+            total += len(text.encode("utf-8"))
+            if total >= sample_bytes:
+                break
     return out
 
 
