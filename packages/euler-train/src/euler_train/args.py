@@ -17,7 +17,10 @@ from euler_train.evals.args import add_eval_args
 
 DESCRIPTION = "pretrain, sft, chat, generate, check, export-hf, plot, eval, report, quickstart"
 EXIT_CONFIG = 2
-EXIT_CODES = "exit codes: 0 done, 2 bad config/arguments/data/checkpoint, 3 non-finite loss, 130/143 signal"
+EXIT_CODES = (
+    "exit codes: 0 done, 2 bad config/arguments/data/checkpoint, 3 non-finite loss, 4 another rank was lost, "
+    "130/143 signal"
+)
 
 # plain flags -> config keys
 TRAIN_FLAGS = {

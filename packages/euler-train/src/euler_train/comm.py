@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+EXIT_LOST_RANK = 4  # the exit code of a rank that stops because another rank died or fell silent
+
+
+class CommError(RuntimeError):
+    """A collective cannot finish: another rank died (its connection closed) or sent nothing in time."""
+
 
 class Comm:
     """World of one process: collectives return their input."""

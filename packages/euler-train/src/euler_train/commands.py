@@ -16,6 +16,7 @@ from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.chat import ASSISTANT, END, EOT, USER, chat_repl, load_for_sampling, write_generation
 from euler_train.check import run_check as check
 from euler_train.checkpoint import STATE, CheckpointError, read_state
+from euler_train.comm import EXIT_LOST_RANK, CommError
 from euler_train.config import PRESETS, ConfigError, cpu_world, load_toml, resolve_config
 from euler_train.device import setup_device
 from euler_train.distributed import env_world, init_comm, spawn
@@ -64,9 +65,12 @@ def run_training(args: argparse.Namespace, argv: list[str]) -> int:
     """pretrain / sft: validate everything, then train (spawning one process per GPU when asked)."""
     cfg = config_from_args(args)
     _, world, local = env_world()
-    if cfg["run"]["gpus"] > 1 and world == 1:
+    launching = cfg["run"]["gpus"] > 1 and world == 1
+    # checked before spawning too: a bad plan is one line and exit 2 from the launcher, not N workers' errors
+    processes = cfg["run"]["gpus"] if launching else world
+    spec = plan_run(cfg, args.out, args.command, args.resume, args.overwrite, processes)
+    if launching:
         return spawn(cfg["run"]["gpus"], argv)
-    spec = plan_run(cfg, args.out, args.command, resume=args.resume, overwrite=args.overwrite)
     if args.resume and spec.resume_from is None:
         print(
             f"euler-train: --resume: no checkpoint in {args.out} yet; starting from step 0", file=sys.stderr
@@ -83,15 +87,18 @@ def _train(spec: Any, local_rank: int) -> int:
         raise ConfigError("run.gpus > 1 needs GPUs (NCCL); this process resolved to the CPU")
     check_memory(spec.cfg, spec.mcfg, device, processes=spec.cfg["run"]["gpus"])
     comm = init_comm(spec.cfg["run"]["gpus"], spec.run_dir)
-    trainer = Trainer(spec, device, comm)
-    trainer.setup()
     stop = StopFlag()
     try:
+        trainer = Trainer(spec, device, comm)
+        trainer.setup()
         with stop.installed():
             return trainer.run(stop)
     except NonFiniteError as err:
         print(f"euler-train {spec.mode}: error: {err}", file=sys.stderr)
         return EXIT_NONFINITE
+    except CommError as err:  # another rank died or fell silent: stop, not hang
+        print(f"euler-train {spec.mode}: error: {err}", file=sys.stderr)
+        return EXIT_LOST_RANK
     finally:
         comm.close()
 

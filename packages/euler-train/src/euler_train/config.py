@@ -52,6 +52,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "seed": 0,  # every random choice is a function of (seed, step)
         "on_nonfinite": "stop",  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
         "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
+        "zero": 0,  # 1: ZeRO stage 1, each process keeps its share of the optimizer state (zero.py)
     },
     "eval": {
         "every": 25,  # steps between evaluations (and at the last step); 0: only at the last step
@@ -99,6 +100,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "train.on_nonfinite": ("stop", "skip"),
     "train.optimizer": ("adamw", "muon"),
+    "train.zero": (0, 1),
     "run.device": ("cpu", "gpu", "auto"),
     "run.precision": ("fp32", "tf32", "bf16"),
 }

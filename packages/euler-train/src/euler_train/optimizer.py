@@ -162,6 +162,14 @@ class Muon:
             self.bufs[name] = xp.asarray(tensors[key], dtype=current.dtype)
 
 
+def state_names(params: dict[str, Any], tcfg: dict[str, Any]) -> dict[str, str]:
+    """The keys of make_optimizer(params, tcfg).state_tensors(), each with its parameter's name, without
+    making the state (ZeRO gathers every rank's share under these keys)."""
+    muon = set(muon_names(params)) if tcfg["optimizer"] == "muon" else set()
+    kinds = {n: ("muon",) if n in muon else ("m", "v") for n in params}
+    return {f"{kind}.{n}": n for n in params for kind in kinds[n]}
+
+
 def make_optimizer(params: dict[str, Any], tcfg: dict[str, Any]) -> AdamW | Muon:
     """train.optimizer: "adamw" (every weight) or "muon" (Muon for the block matrices, AdamW the rest)."""
     if tcfg["optimizer"] == "muon":

@@ -137,6 +137,27 @@ def check_same_model(where: Path, saved: dict[str, Any], wanted: dict[str, Any])
         raise ConfigError(f"--resume: checkpoint {where} has another model shape ({'; '.join(diff)})")
 
 
+def check_same_global_batch(where: Path, saved: dict[str, Any], train: dict[str, Any], world: int) -> None:
+    """ConfigError unless this run reads the checkpoint's rows: a step's rows are drawn as one global batch
+    of batch_size x processes per micro-batch (euler_data's loaders), so a resume on another number of
+    processes must keep that product and grad_accum (older checkpoints, which lack them, are not checked)."""
+    if "global_batch" not in saved:
+        return
+    want, accum = saved["global_batch"], saved["grad_accum"]
+    have = train["batch_size"] * world
+    if (have, train["grad_accum"]) == (want, accum):
+        return
+    if want % world:
+        fix = f"run it on a number of processes that divides {want}"
+    else:
+        fix = f"on {world} process(es) pass --batch-size {want // world} --grad-accum {accum}"
+    raise ConfigError(
+        f"--resume: checkpoint {where} was trained with a global batch of {want} sequences (batch_size x "
+        f"processes) and grad_accum {accum}, this run has {have} ({train['batch_size']} x {world}) and "
+        f"{train['grad_accum']}; to continue it exactly {fix}"
+    )
+
+
 def find_resume(run_dir: Path) -> Path | None:
     try:
         return CheckpointManager(run_dir / "checkpoints").latest_valid()
@@ -157,9 +178,10 @@ def check_run_folder(run_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 def plan_run(
-    cfg: dict, run_dir: str | Path, mode: str, resume: bool = False, overwrite: bool = False
+    cfg: dict, run_dir: str | Path, mode: str, resume: bool = False, overwrite: bool = False, world: int = 1
 ) -> RunSpec:
-    """Validate data, tokenizer, model, checkpoints and the run folder for a pretrain or sft run."""
+    """Validate data, tokenizer, model, checkpoints and the run folder for a pretrain or sft run of
+    `world` processes."""
     run_dir = Path(run_dir)
     folder = check_data(cfg, mode)
     data_fp = dataset_fingerprint(folder, mode)
@@ -181,6 +203,7 @@ def plan_run(
         saved = read_state(resume_from)
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
         check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
+        check_same_global_batch(resume_from, saved, cfg["train"], world)
         if saved.get("optimizer", "adamw") != cfg["train"]["optimizer"]:
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} was trained with train.optimizer="

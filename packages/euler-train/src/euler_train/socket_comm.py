@@ -5,6 +5,11 @@ Rank 0 listens on an ephemeral localhost port and writes it, with a random key, 
 folder; the other ranks connect. An all-reduce sends each rank's flat float buffer to rank 0, which adds
 them in rank order (deterministic) and sends the sum back. Raw bytes only, no pickles.
 
+A rank that dies closes its connection and one that hangs stops sending: rank 0 names the lost rank,
+tells the other ranks (an empty message, then the reason as text) and every survivor raises CommError.
+A collective waits at most EULER_COMM_TIMEOUT seconds (default 600) for a rank's buffer on rank 0, and
+twice that for rank 0's answer on the other ranks (rank 0 may itself be waiting out a silent rank).
+
 >>> # RANK=0 WORLD_SIZE=2 EULER_COMM=socket euler-train pretrain ...   (and RANK=1 beside it)
 """
 
@@ -16,22 +21,43 @@ import secrets
 import time
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from euler_train.comm import Comm
+from euler_train.comm import Comm, CommError
+
+DIED = "its connection closed (the process died or was killed)"
+NOTICE_S = 5.0  # how long rank 0 waits for the ranks it told of a lost rank to hang up
+
+
+def collective_timeout() -> float:
+    """Seconds a collective waits for a rank: EULER_COMM_TIMEOUT, default 600 (a checkpoint or an
+    evaluation on rank 0 must fit in it)."""
+    return float(os.environ.get("EULER_COMM_TIMEOUT", "600"))
 
 
 def _address_file(run_dir: Path) -> Path:
     return run_dir / f".socket-{os.environ.get('MASTER_PORT', '0')}.json"
 
 
+def _drain(conn: Connection, deadline: float) -> None:
+    """Read and drop what `conn` sends until it closes, or until `deadline` (time.monotonic())."""
+    try:
+        while conn.poll(max(deadline - time.monotonic(), 0.0)):
+            conn.recv_bytes()
+    except (OSError, EOFError):
+        pass
+
+
 class SocketComm(Comm):
     """Star all-reduce through rank 0 over multiprocessing.connection (localhost)."""
 
-    def __init__(self, rank: int, world_size: int, run_dir: Path, timeout: float = 120.0) -> None:
+    def __init__(
+        self, rank: int, world_size: int, run_dir: Path, timeout: float = 120.0, wait: float | None = None
+    ) -> None:
         self.rank, self.world_size, self.local_rank = rank, world_size, rank
+        self.wait = collective_timeout() if wait is None else wait  # seconds a collective waits for a rank
         self.peers: list[Connection] = []
         path = _address_file(run_dir)
         if rank == 0:
@@ -68,16 +94,60 @@ class SocketComm(Comm):
                 time.sleep(0.05)
 
     def _allreduce(self, flat: np.ndarray) -> np.ndarray:
-        """Sum of `flat` (1-D) over ranks, added in rank order on rank 0."""
+        """Sum of `flat` (1-D, not empty) over ranks, added in rank order on rank 0; CommError when a rank
+        is lost."""
         if self.rank != 0:
-            self.peers[0].send_bytes(flat.tobytes())
-            return np.frombuffer(self.peers[0].recv_bytes(), dtype=flat.dtype).copy()
+            return self._through_hub(flat)
         total = flat.copy()
-        for conn in self.peers:
-            total += np.frombuffer(conn.recv_bytes(), dtype=flat.dtype)
-        for conn in self.peers:
-            conn.send_bytes(total.tobytes())
+        for r, conn in enumerate(self.peers, start=1):
+            total += np.frombuffer(self._receive(r, conn, self.wait), dtype=flat.dtype)
+        for r, conn in enumerate(self.peers, start=1):
+            try:
+                conn.send_bytes(total.tobytes())
+            except OSError:
+                self._lost(r, DIED)
         return total
+
+    def _through_hub(self, flat: np.ndarray) -> np.ndarray:
+        """A non-zero rank's side: send to rank 0, read the sum (or rank 0's notice of a lost rank)."""
+        hub = self.peers[0]
+        try:
+            hub.send_bytes(flat.tobytes())
+        except OSError:
+            self._lost(0, DIED)
+        reply = self._receive(0, hub, 2 * self.wait)
+        if not reply:  # rank 0's notice: another rank is lost, the reason follows
+            notice = self._receive(0, hub, self.wait).decode("utf-8", "replace")
+            self._stop(f"{notice} (told by rank 0)")
+        return np.frombuffer(reply, dtype=flat.dtype).copy()
+
+    def _receive(self, peer: int, conn: Connection, wait: float) -> bytes:
+        """The next message from rank `peer`; a closed connection or `wait` seconds of silence lose it."""
+        try:
+            if conn.poll(wait):
+                return conn.recv_bytes()
+        except (OSError, EOFError):
+            self._lost(peer, DIED)
+        self._lost(peer, f"it sent nothing for {wait:.0f} s (EULER_COMM_TIMEOUT)")
+
+    def _lost(self, peer: int, reason: str) -> NoReturn:
+        """Rank `peer` is gone: rank 0 tells every other rank; then this rank stops."""
+        what = f"rank {peer} was lost: {reason}"
+        if self.rank == 0:
+            told = [conn for r, conn in enumerate(self.peers, start=1) if r != peer]
+            for conn in told:
+                try:
+                    conn.send_bytes(b"")
+                    conn.send_bytes(what.encode("utf-8"))
+                except OSError:
+                    pass  # that one is gone too; it cannot be told
+            for conn in told:  # closing with unread bytes would reset the notice away: wait for their close
+                _drain(conn, time.monotonic() + NOTICE_S)
+        self._stop(what)
+
+    def _stop(self, what: str) -> NoReturn:
+        world = self.world_size
+        raise CommError(f"{what}; rank {self.rank} of {world} stops (resume from the last checkpoint)")
 
     def allreduce_grads(self, grads: dict[str, Any]) -> None:
         names = list(grads)

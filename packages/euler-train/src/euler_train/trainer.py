@@ -27,7 +27,6 @@ from euler_train.device import Device, flops_per_token, peak_flops
 from euler_train.distributed import Comm
 from euler_train.graph_step import CapturedOrEager, GraphStep
 from euler_train.metrics import MetricsLogger
-from euler_train.optimizer import make_optimizer
 from euler_train.plot import plot_metrics
 from euler_train.progress import Progress
 from euler_train.report import write_report
@@ -36,6 +35,7 @@ from euler_train.runspec import RunSpec
 from euler_train.schedule import lr_at
 from euler_train.signals import StopFlag
 from euler_train.step import EagerStep
+from euler_train.zero import make_sharded_or_not
 
 EXIT_NONFINITE = 3
 
@@ -73,7 +73,7 @@ class Trainer:
             _, self.params, _, _ = modelio.load_model(self.spec.init, xp)
         else:
             self.params = euler_model.init_params(self.spec.mcfg, seed=tcfg["seed"], xp=xp)
-        self.opt = make_optimizer(self.params, tcfg)
+        self.opt = make_sharded_or_not(self.params, tcfg, self.comm)
         if self.spec.resume_from is not None:
             self._restore(self.spec.resume_from)
         self.batches: Batches = make_batches(
@@ -237,7 +237,9 @@ class Trainer:
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save(self, val_loss: float | None = None) -> None:
-        """Checkpoint this step (rank 0); refuses non-finite weights so a good one is never replaced."""
+        """Checkpoint this step (rank 0 writes, every rank calls: under train.zero = 1 each gives its share
+        of the optimizer state); refuses non-finite weights so a good one is never replaced."""
+        opt_state = self.opt.state_tensors()  # a collective under ZeRO
         if not self.comm.is_main:
             return
         if not all(bool(self.device.xp.isfinite(p).all()) for p in self.params.values()):
@@ -251,7 +253,7 @@ class Trainer:
             modelio.write_model(
                 folder, self.spec.mcfg, self.params, {"step": str(self.state.step)}, self.spec.tokenizer_path
             )
-            modelio.write_optimizer(folder, self.opt.state_tensors())
+            modelio.write_optimizer(folder, opt_state)
 
         self.ckpts.save(self.state.step, write, state)
 
@@ -269,6 +271,8 @@ class Trainer:
             "model_config": self.spec.mcfg.to_dict(),
             "tokenizer_fingerprint": self.spec.fingerprint,
             "world_size": self.comm.world_size,
+            "global_batch": self.spec.cfg["train"]["batch_size"] * self.comm.world_size,  # rows per micro
+            "grad_accum": self.spec.cfg["train"]["grad_accum"],
             "time": time.time(),
         }
 
@@ -302,13 +306,13 @@ class Trainer:
         for step in range(self.state.step, total):
             row, stopping = self._timed_step(step, stop)
             done = step + 1
-            self._maybe_eval_and_save(done, total, row)
+            saved = self._maybe_eval_and_save(done, total, row)
             row["elapsed_s"] = time.perf_counter() - start  # wall time of this process's loop so far
             bar.update(row)
             if log is not None and (done % every == 0 or "val_loss" in row or done == total):
                 log.write(row)
             if stopping and done < total:
-                if not self._saved_at(done):
+                if not saved:  # decided alike on every rank (save is a collective under ZeRO)
                     self.save()
                 return True
         return False
@@ -340,10 +344,8 @@ class Trainer:
             f"{self.device.kind} ({self.spec.cfg['run']['precision']}), {start}"
         )
 
-    def _saved_at(self, step: int) -> bool:
-        return (self.ckpts.root / f"step_{step}").is_dir()
-
-    def _maybe_eval_and_save(self, done: int, total: int, row: dict[str, Any]) -> None:
+    def _maybe_eval_and_save(self, done: int, total: int, row: dict[str, Any]) -> bool:
+        """Evaluate and checkpoint when this step is due; returns whether it was a checkpoint step."""
         cfg = self.spec.cfg
         last = done == total
         val = None
@@ -352,8 +354,10 @@ class Trainer:
             val = row.get("val_loss")
             self.state.val_loss = val
         every = cfg["checkpoint"]["every"]
-        if (every and done % every == 0) or last:
+        due = bool(every and done % every == 0) or last
+        if due:
             self.save(val)
+        return due
 
     def _interrupted(self, stop: StopFlag) -> int:
         signum = stop.signum or signal.SIGTERM  # told by another rank: report it like a launcher's stop
