@@ -306,11 +306,12 @@ class Trainer:
         for step in range(self.state.step, total):
             row, stopping = self._timed_step(step, stop)
             done = step + 1
-            saved = self._maybe_eval_and_save(done, total, row)
+            val = self._maybe_eval(done, total, row)
             row["elapsed_s"] = time.perf_counter() - start  # wall time of this process's loop so far
             bar.update(row)
             if log is not None and (done % every == 0 or "val_loss" in row or done == total):
-                log.write(row)
+                log.write(row)  # before the checkpoint: a checkpoint of step N has its metrics rows on disk
+            saved = self._maybe_save(done, total, val)
             if stopping and done < total:
                 if not saved:  # decided alike on every rank (save is a collective under ZeRO)
                     self.save()
@@ -344,17 +345,21 @@ class Trainer:
             f"{self.device.kind} ({self.spec.cfg['run']['precision']}), {start}"
         )
 
-    def _maybe_eval_and_save(self, done: int, total: int, row: dict[str, Any]) -> bool:
-        """Evaluate and checkpoint when this step is due; returns whether it was a checkpoint step."""
+    def _maybe_eval(self, done: int, total: int, row: dict[str, Any]) -> float | None:
+        """Evaluate into `row` when this step is due (and at the last step); returns the val loss."""
         cfg = self.spec.cfg
-        last = done == total
-        val = None
-        if cfg["eval"]["enabled"] and ((cfg["eval"]["every"] and done % cfg["eval"]["every"] == 0) or last):
+        if cfg["eval"]["enabled"] and (
+            (cfg["eval"]["every"] and done % cfg["eval"]["every"] == 0) or done == total
+        ):
             row.update(self.evaluate())
-            val = row.get("val_loss")
-            self.state.val_loss = val
-        every = cfg["checkpoint"]["every"]
-        due = bool(every and done % every == 0) or last
+            self.state.val_loss = row.get("val_loss")
+            return self.state.val_loss
+        return None
+
+    def _maybe_save(self, done: int, total: int, val: float | None) -> bool:
+        """Checkpoint when this step is due (and at the last step); returns whether it checkpointed."""
+        every = self.spec.cfg["checkpoint"]["every"]
+        due = bool(every and done % every == 0) or done == total
         if due:
             self.save(val)
         return due
