@@ -8,7 +8,7 @@ from euler_data.__about__ import __version__
 from euler_data.chat import CHAT_TEMPLATE, alpaca_messages, encode_chat, render_chat
 from euler_data.errors import DataError
 from euler_data.loaders import PretrainLoader, SFTLoader
-from euler_data.meta import read_meta
+from euler_data.meta import read_meta, split_paths
 from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
 from euler_data.sft import build_sft
 
@@ -37,4 +37,5 @@ __all__ = [
     "prepare",
     "read_meta",
     "render_chat",
+    "split_paths",
 ]

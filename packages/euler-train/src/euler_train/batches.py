@@ -18,11 +18,25 @@ from euler_train.config import ConfigError
 
 
 def check_kind(folder: Path, mode: str) -> None:
-    """ConfigError unless `folder` holds a pretrain set (train.bin) or an SFT set (sft_meta.json) as asked."""
-    marker = "sft_meta.json" if mode == "sft" else "train.bin"
-    if not (folder / marker).is_file():
+    """ConfigError unless `folder` holds a pretrain set (train.bin, or the train shards meta.json lists) or
+    an SFT set (sft_meta.json) as asked."""
+    ok = (folder / "sft_meta.json").is_file() if mode == "sft" else bool(split_files(folder, "train"))
+    if not ok:
+        marker = "sft_meta.json" if mode == "sft" else "train.bin (or train shards in meta.json)"
         made_by = "euler-data sft" if mode == "sft" else "euler-data prepare"
         raise ConfigError(f"data.dir {folder} has no {marker}: `{mode}` needs a folder made by `{made_by}`")
+
+
+def split_files(folder: Path, split: str) -> list[Path]:
+    """The token files of a pretrain split (euler-data's split_paths), [] when any of them is missing."""
+    meta = euler_data.read_meta(folder) if (folder / "meta.json").is_file() else {}
+    files = euler_data.split_paths(folder, split, meta)
+    return files if all(f.is_file() for f in files) else []
+
+
+def split_tokens(folder: Path, split: str) -> int:
+    """Tokens in a pretrain split, from its files' sizes (uint16: 2 bytes a token)."""
+    return sum(f.stat().st_size for f in split_files(folder, split)) // 2
 
 
 def bytes_per_token(meta: dict[str, Any], split: str) -> float | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from euler_bpe import Tokenizer
 from euler_model import ModelConfig, preset
-from euler_train.batches import check_kind
+from euler_train.batches import check_kind, split_tokens
 from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
 from euler_train.config import ConfigError
 from euler_train.modelio import resolve_checkpoint
@@ -100,8 +100,7 @@ def check_splits(cfg: dict, mcfg: Any, folder: Path, mode: str) -> None:
             have = int(meta.get(split, {}).get("examples", 0))
             short = f"{have} examples" if have < 1 else None
         else:
-            path = folder / f"{split}.bin"
-            have = path.stat().st_size // 2 if path.is_file() else 0
+            have = split_tokens(folder, split)
             short = (
                 f"{have} tokens, fewer than one window of {window} (model.context {mcfg.context} + "
                 f"{mcfg.n_mtp_heads} heads)"
