@@ -1,5 +1,6 @@
-"""The bf16 tensor-core FlashAttention (flash_attention_bf16.cu) against float64 NumPy attention on the same
-bf16-rounded inputs.
+"""The bf16 tensor-core FlashAttention against float64 NumPy attention on the same bf16-rounded inputs: every
+test runs once per kernel family the GPU has (the mma.sync kernels of flash_attention_bf16.cu everywhere,
+the wgmma kernels of flash_attention_sm90.cu on Hopper), chosen through EULER_FLASH_KERNEL.
 
 Tolerances. Products of bf16 inputs are exact and every sum is fp32, so scores and lse are float32-accurate:
 lse within 1e-4 absolute (it is O(5); fp32 rounding gives ~1e-6). What remains are three roundings to bf16,
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from euler_kernels.testing import bf16_bits, bf16_values, relative_error
@@ -34,13 +35,23 @@ except cp.cuda.runtime.CUDARuntimeError:
 if _devices == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from euler_kernels.cuda import flash_attention  # noqa: E402
+from euler_kernels.cuda import flash_attention, flash_attention_sm90  # noqa: E402
 from euler_kernels.cuda.flash_attention import (  # noqa: E402
     flash_attention_backward_bf16,
     flash_attention_forward_bf16,
 )
 
 OUT_TOL, GRAD_TOL, LSE_TOL = 1e-2, 1e-2, 1e-4
+_HOPPER = cp.cuda.Device().compute_capability.startswith("9")
+
+
+@pytest.fixture(autouse=True, params=["sm90", "mma"])
+def kernel_family(request, monkeypatch):
+    """Run the test with the Hopper kernels (skipped on other GPUs) and with the mma.sync kernels."""
+    if request.param == "sm90" and not _HOPPER:
+        pytest.skip("the wgmma kernels need a Hopper GPU (compute capability 9.x)")
+    monkeypatch.setenv(flash_attention_sm90.KERNEL_ENV, request.param)
+    return request.param
 
 
 def reference(q, k, v, dout, causal, shift=0, head_map=None, delta_out=None):
@@ -131,7 +142,7 @@ def test_bf16_flash_attention_matches_float64(b, t, s, hq, hkv, d, causal):
     check(bits, exact, causal, f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal}: ")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.integers(1, 2),
     st.integers(1, 150),

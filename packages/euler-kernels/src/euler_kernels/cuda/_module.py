@@ -8,6 +8,8 @@ name the real file and line.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,48 @@ def load_module(filename: str, defines: tuple[tuple[str, int], ...] = ()):
 def get_kernel(filename: str, name: str, **defines: int):
     """One kernel function of a compiled `.cu` file."""
     return load_module(filename, tuple(sorted(defines.items()))).get_function(name)
+
+
+def cubin_cache_dir() -> Path:
+    """Where sm_90a cubins are kept between runs: $EULER_CACHE_DIR/cubin, default ~/.cache/euler/cubin."""
+    root = os.environ.get("EULER_CACHE_DIR") or Path.home() / ".cache" / "euler"
+    return Path(root) / "cubin"
+
+
+@functools.cache
+def load_module_sm90a(filename: str, defines: tuple[tuple[str, int], ...] = ()):
+    """`filename` compiled by NVRTC for sm_90a (Hopper's wgmma needs the `a` target, which CuPy's own
+    `-arch=sm_90` would replace), loaded from its cubin; cubins are cached by the hash of the source, its
+    headers, the options and the NVRTC version."""
+    cupy = require_cuda()
+    nvrtc = cupy.cuda.nvrtc
+    path = CUDA_DIR / filename
+    source = f'#line 1 "{path}"\n' + path.read_text()
+    options = ("-std=c++17", f"-I{CUDA_DIR}", "--gpu-architecture=sm_90a")
+    options += tuple(f"-D{name}={value}" for name, value in defines)
+    key = hashlib.sha256(repr((source, options, nvrtc.getVersion())).encode())
+    for header in sorted(CUDA_DIR.glob("*.cuh")):
+        key.update(header.read_bytes())
+    cached = cubin_cache_dir() / f"{path.stem}-{key.hexdigest()[:24]}.cubin"
+    if not cached.exists():
+        program = nvrtc.createProgram(source, filename, (), ())
+        try:
+            nvrtc.compileProgram(program, options)
+            cubin = nvrtc.getCUBIN(program)
+        except nvrtc.NVRTCError as error:
+            raise RuntimeError(f"{filename}: NVRTC failed:\n{nvrtc.getProgramLog(program)}") from error
+        finally:
+            nvrtc.destroyProgram(program)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.part")  # written whole, then renamed into place
+        partial.write_bytes(cubin)
+        partial.replace(cached)
+    return cupy.RawModule(path=str(cached))
+
+
+def get_kernel_sm90a(filename: str, name: str, **defines: int):
+    """One kernel function of a `.cu` file compiled for sm_90a."""
+    return load_module_sm90a(filename, tuple(sorted(defines.items()))).get_function(name)
 
 
 def blocks(n: int, threads: int) -> int:

@@ -1,6 +1,6 @@
 """Launchers of every FlashAttention kernel: exact float32 (flash_attention.cu), TF32 tensor cores
 (flash_attention_tf32.cu, when CUPY_TF32=1) and bf16 tensor cores for bf16 activations
-(flash_attention_bf16.cu).
+(flash_attention_bf16.cu; on Hopper GPUs the wgmma kernels of flash_attention_sm90.py).
 
 All take q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq a multiple of Hkv; query t sits at key position
 S - T + t; forward saves only out and the log-sum-exp lse (B, Hq, T), backward recomputes the
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.cuda import flash_attention_sm90
 from euler_kernels.cuda._module import THREADS, blocks, contiguous, get_kernel
 
 HEAD_DIMS = (64, 128)  # the head sizes the kernels are compiled for (-D HEAD_DIM)
@@ -188,6 +189,9 @@ def flash_attention_forward_bf16(q16: Any, k16: Any, v16: Any, causal: bool) -> 
     lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
     if out16.size == 0:
         return out16, lse
+    if flash_attention_sm90.use_sm90():  # Hopper: wgmma (the rule is in flash_attention_sm90.py)
+        flash_attention_sm90.forward(q16, k16, v16, causal, out16, lse)
+        return out16, lse
     smem = _bf16_smem_forward(D)
     kernel = _bf16_kernel("flash_attention_forward_bf16", D, smem)
     args = (out16, lse, q16, k16, v16, *_sizes(q16, k16, causal))
@@ -219,6 +223,9 @@ def flash_attention_backward_bf16(
     n_rows = B * T * Hq  # eight threads per row
     delta_args = (delta, dout16, out16, np.int32(T), np.int32(Hq), np.int64(n_rows))
     _bf16_kernel("flash_attention_delta_bf16", D)((blocks(n_rows * 8, 256),), (256,), delta_args)
+    if flash_attention_sm90.use_sm90():  # Hopper: wgmma
+        flash_attention_sm90.backward(dout16, q16, k16, v16, lse, delta, causal, dq, dk, dv)
+        return dq, dk, dv
     smem = _bf16_smem_backward(D)
     kernel = _bf16_kernel("flash_attention_backward_bf16", D, smem)
     args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *_sizes(q16, k16, causal))

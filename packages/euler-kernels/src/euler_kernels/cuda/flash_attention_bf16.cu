@@ -27,6 +27,7 @@
 // Tiles are staged global -> shared with 16-byte cp.async (zero-filled past the end of the sequence) into
 // rows padded by 8 bf16 (16 bytes), so the 8 row addresses of one ldmatrix fall in 8 distinct bank quads.
 #include "common.cuh"
+#include "flash_common.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -50,28 +51,9 @@
 #ifndef BWD_MIN_BLOCKS
 #define BWD_MIN_BLOCKS (HEAD_DIM == 64 ? 3 : 2)
 #endif
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
-typedef unsigned short bf16_t;
 
 // --- small device helpers -------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without passing through registers; valid == false writes 16 zero bytes.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// wait until at most N of this thread's committed groups are still in flight
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 __device__ __forceinline__ void ldsm_x4(unsigned* r, const bf16_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -91,23 +73,6 @@ __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, un
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// 2^x on the special-function unit (one MUFU.EX2; exp2f adds denormal handling): 2^-inf = 0, and results
-// below 2^-126 flush to 0, which no probability here needs
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// two floats -> two bf16 (round to nearest even) in one register, lo in the low half
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ float bf16_lo(unsigned x) { return __uint_as_float(x << 16); }
-__device__ __forceinline__ float bf16_hi(unsigned x) { return __uint_as_float(x & 0xffff0000u); }
 
 // Four C fragments (n-tiles 2j, 2j + 1 for j = 0, 1 ... ) -> the A fragment of k-step j (see the header)
 __device__ __forceinline__ void c_to_a(unsigned* a, const float* c0, const float* c1) {
@@ -151,15 +116,6 @@ __device__ __forceinline__ void load_tile(bf16_t* tile, const bf16_t* src, int r
         const bool valid = row0 + r < limit;
         cp_async16(tile + r * LD + c, src + (size_t)(valid ? row0 + r : 0) * stride + c, valid);
     }
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
-    return fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(FULL_MASK, v, 1);
-    return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
 // --- forward --------------------------------------------------------------------------------------------

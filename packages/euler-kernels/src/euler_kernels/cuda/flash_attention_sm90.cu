@@ -1,0 +1,358 @@
+// FlashAttention forward on Hopper (sm_90a): the products on wgmma (warpgroup MMA), fp32 accumulation.
+//
+// Same contract as flash_attention_bf16.cu's forward: q (B, T, Hq, D), k, v (B, S, Hkv, D) bf16 bit patterns,
+// out (B, T, Hq, D) bf16 and lse (B, Hq, T) float32 (natural log of the scaled scores' sum of exponentials);
+// query t sits at key position S - T + t; query head h reads kv head h / (Hq / Hkv) (no K/V copies).
+//
+// One block per (BM-query tile, query head, batch) with CONSUMERS warpgroups of 64 query rows each. The
+// block stages Q once and K, V tiles of BN keys through STAGES shared-memory buffers (16-byte cp.async,
+// the next tile copied while this one is multiplied), all in the 128-byte swizzled layout of wgmma.cuh.
+// Per tile, each warpgroup computes S = Q K^T (64 x BN, A and B from shared memory), runs the online softmax
+// on its registers, and adds P V (P from registers, bf16, V from shared memory read MN-major) into O.
+#include "common.cuh"
+#include "flash_common.cuh"
+#include "wgmma.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef CONSUMERS
+#define CONSUMERS 2                // warpgroups per block, 64 query rows each
+#endif
+#define NT (128 * CONSUMERS)
+#define BM (64 * CONSUMERS)        // query rows per block
+#define BN 128                     // keys per tile
+#define STAGES 2
+#define PANELS (HEAD_DIM / 64)     // 128-byte panels per row of D bf16
+#define Q_BYTES (BM * HEAD_DIM * 2)
+#define KV_BYTES (BN * HEAD_DIM * 2)
+
+// Copy ROWS rows of D bf16 (global row stride `stride` elements, from row `row0`) into a swizzled tile at
+// shared address `tile`, THREADS threads taking part; rows at or past `limit` are zero-filled.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile_swizzled(unsigned tile, const bf16_t* src, int row0, int limit,
+                                                   size_t stride) {
+    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte pieces per row
+    static_assert(ROWS * CHUNKS % THREADS == 0, "every thread copies the same number of pieces");
+#pragma unroll
+    for (int j = 0; j < ROWS * CHUNKS / THREADS; j++) {
+        const int i = threadIdx.x + j * THREADS, r = i / CHUNKS, c = i % CHUNKS;
+        const bool valid = row0 + r < limit;
+        const unsigned dst = tile + (c / 8) * (ROWS * 128) + r * 128 + (((c % 8) ^ (r & 7)) << 4);
+        const bf16_t* from = src + (size_t)(valid ? row0 + r : 0) * stride + c * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from),
+                     "r"(valid ? 16 : 0));
+    }
+}
+
+// S (64 x BN) = Q (this warpgroup's 64 rows) K^T over the head dimension, in 16-wide k-steps
+__device__ __forceinline__ void scores(float* s, unsigned q_rows, unsigned k_tile) {
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+        const unsigned step = (kk % 4) * 32;  // bytes along the row inside a panel
+        const u64 a = smem_desc(q_rows + (kk / 4) * (BM * 128) + step, 16, 1024);
+        const u64 b = smem_desc(k_tile + (kk / 4) * (BN * 128) + step, 16, 1024);
+        wgmma_ss_n128(s, a, b, kk > 0);
+    }
+}
+
+// O (64 x D) += P (64 x BN, registers) V (BN x D), 16 keys per k-step
+__device__ __forceinline__ void add_pv(float* o, const unsigned (*p)[4], unsigned v_tile) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        const u64 b = smem_desc(v_tile + kk * 16 * 128, BN * 128, 1024);
+#if HEAD_DIM == 64
+        wgmma_rs_n64(o, p[kk], b, 1);
+#else
+        wgmma_rs_n128(o, p[kk], b, 1);
+#endif
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+flash_attention_forward_sm90(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, int T,
+                             int S, int Hq, int Hkv, float scale, int causal) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the swizzle repeats every 1024 bytes
+    const unsigned Qs = base, Ks = Qs + Q_BYTES, Vs = Ks + STAGES * KV_BYTES;
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    // the last query tiles see the most keys under a causal mask: start them first
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    const int offset = S - T, row0 = wg * 64 + warp * 16;  // this warp's first row in the block's tile
+    const size_t q_stride = (size_t)Hq * HEAD_DIM, kv_stride = (size_t)Hkv * HEAD_DIM;
+    const bf16_t* kb = k + (size_t)b * S * kv_stride + hk * HEAD_DIM;
+    const bf16_t* vb = v + (size_t)b * S * kv_stride + hk * HEAD_DIM;
+    const float sl2 = scale * LOG2E;  // scores -> log2 units
+    const int kv_end = causal ? min(S, offset + min(q0 + BM, T)) : S;  // causal: skip tiles past the block
+    const int n_tiles = (kv_end + BN - 1) / BN;
+
+    load_tile_swizzled<BM, NT>(Qs, q + (size_t)b * T * q_stride + h * HEAD_DIM, q0, T, q_stride);
+    load_tile_swizzled<BN, NT>(Ks, kb, 0, S, kv_stride);
+    load_tile_swizzled<BN, NT>(Vs, vb, 0, S, kv_stride);
+    cp_async_commit();
+
+    float o[HEAD_DIM / 2];                // O accumulator (accumulator layout of wgmma.cuh)
+    float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
+    float l[2] = {0.0f, 0.0f};            // this thread's share of the running sums (quad-summed at the end)
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; i++) o[i] = 0.0f;
+    // positions of rows g and g + 8; padding rows (t >= T) borrow the last real one
+    const int pos0 = offset + min(q0 + row0 + g, T - 1), pos1 = offset + min(q0 + row0 + g + 8, T - 1);
+
+    for (int it = 0; it < n_tiles; it++) {
+        const int k0 = it * BN, buf = it % STAGES;
+        cp_async_wait<0>();   // this thread's pieces of tile `it` (and Q) have landed
+        fence_proxy_async();  // ... where the tensor cores will read them
+        __syncthreads();      // every thread's pieces; and every warpgroup is done with tile it - 1
+        if (it + 1 < n_tiles) {  // prefetch the next K and V tiles into the other buffer
+            load_tile_swizzled<BN, NT>(Ks + ((it + 1) % STAGES) * KV_BYTES, kb, k0 + BN, S, kv_stride);
+            load_tile_swizzled<BN, NT>(Vs + ((it + 1) % STAGES) * KV_BYTES, vb, k0 + BN, S, kv_stride);
+        }
+        cp_async_commit();
+
+        float s[BN / 2];  // raw scores: rows g, g + 8 of this warp; keys 8j + 2t, + 1
+        wgmma_fence();
+        scores(s, Qs + wg * 64 * 128, Ks + buf * KV_BYTES);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<BN / 2>(s);
+
+        // mask only tiles that reach past S or past this warp's first position (warp-uniform branch)
+        if (k0 + BN > S || (causal && k0 + BN - 1 > offset + q0 + row0)) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) {
+                const int key = k0 + (i / 4) * 8 + 2 * t + (i & 1);
+                if (key >= S || (causal && key > ((i & 2) ? pos1 : pos0))) s[i] = -INFINITY;
+            }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        float alpha[2], m_new[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            // finite after the first tile: key 0 is visible to every row
+            m_new[r] = fmaxf(m[r], quad_max(mx[r]) * sl2);
+            alpha[r] = fast_exp2(m[r] - m_new[r]);
+            m[r] = m_new[r];
+            l[r] *= alpha[r];
+        }
+        unsigned p[BN / 16][4];  // P in bf16 as the A operand of k-step j (keys 16j .. 16j + 15)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {
+            const int r = (i >> 1) & 1;
+            const float p0 = fast_exp2(fmaf(s[i], sl2, -m_new[r]));  // unnormalised probabilities
+            const float p1 = fast_exp2(fmaf(s[i + 1], sl2, -m_new[r]));
+            l[r] += p0 + p1;
+            p[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
+        }
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+
+        fence_regs<HEAD_DIM / 2>(o);
+        wgmma_fence();
+        add_pv(o, p, Vs + buf * KV_BYTES);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<HEAD_DIM / 2>(o);
+        fence_regs<BN / 16>(p);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int tq = q0 + row0 + g + 8 * r;
+        const float sum = quad_sum(l[r]);  // all lanes take part in the shuffle
+        if (tq >= T) continue;
+        const float inv = 1.0f / sum;
+        bf16_t* orow = out + ((size_t)b * T + tq) * q_stride + h * HEAD_DIM;
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 8; j++)
+            *reinterpret_cast<unsigned*>(orow + j * 8 + 2 * t) =
+                pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        if (t == 0) lse[((size_t)b * Hq + h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+    }
+}
+
+// --- backward -------------------------------------------------------------------------------------------
+// One block per (BK-key tile, kv head, batch), two warpgroups; warpgroup w owns keys 64w .. 64w + 63 of the
+// tile and keeps their dK, dV accumulators in registers over every (query head of the group, BQ-query tile)
+// that sees them (no atomics for dK, dV). Per query tile, with Q, dO, lse and delta double-buffered:
+//   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; A and B K-major from shared memory)
+//   P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)                   (registers, fp32, then bf16)
+//   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
+//   dQ += dS K                         (dS^T through shared memory, read M-major; warpgroup w computes
+//                                       head-dimension half w of dQ over all BK keys; atomics into dq)
+// delta = rowsum(dout * out) comes from flash_attention_delta_bf16 (flash_attention_bf16.cu). The scores'
+// scale is applied once, to dK at the end and to dQ as it is added.
+#define BK 128                       // keys per backward block
+#define BQ 64                        // queries per backward tile
+#define BWD_NT 256
+#define K_BYTES (BK * HEAD_DIM * 2)
+#define QT_BYTES (BQ * HEAD_DIM * 2)
+#define DST_BYTES (BK * BQ * 2)
+
+// Stage query tile `it` of the block's loop: head h = first + it / n_q, rows i0 = q_first + (it % n_q) BQ
+__device__ __forceinline__ void load_query_tile(unsigned qs, unsigned dos, float* lse_s, float* delta_s,
+                                                const bf16_t* q, const bf16_t* dout, const float* lse,
+                                                const float* delta, int b, int h, int i0, int T, int Hq) {
+    const size_t stride = (size_t)Hq * HEAD_DIM, head = ((size_t)b * T * Hq + h) * HEAD_DIM;
+    load_tile_swizzled<BQ, BWD_NT>(qs, q + head, i0, T, stride);
+    load_tile_swizzled<BQ, BWD_NT>(dos, dout + head, i0, T, stride);
+    if (threadIdx.x < 2 * BQ) {  // one float each of lse (threads 0..63) and delta (64..127)
+        const int r = threadIdx.x % BQ;
+        const bool valid = i0 + r < T;
+        const float* src = (threadIdx.x < BQ ? lse : delta) + ((size_t)b * Hq + h) * T + (valid ? i0 + r : 0);
+        float* dst = (threadIdx.x < BQ ? lse_s : delta_s) + r;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                     "r"(valid ? 4 : 0));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BWD_NT, 1)
+flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                              const bf16_t* dout, const float* lse, const float* delta, int T, int S, int Hq,
+                              int Hkv, float scale, int causal) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const unsigned Ks = base, Vs = Ks + K_BYTES, Qs = Vs + K_BYTES, dOs = Qs + 2 * QT_BYTES;
+    const unsigned dSt = dOs + 2 * QT_BYTES;  // dS^T (BK keys, BQ queries) bf16, swizzled
+    float* lse_s = reinterpret_cast<float*>(smem_raw + (dSt + DST_BYTES - smem_u32(smem_raw)));  // 2 x BQ
+    float* delta_s = lse_s + 2 * BQ;                                                               // 2 x BQ
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int n0 = blockIdx.x * BK, hk = blockIdx.y, b = blockIdx.z, G = Hq / Hkv, offset = S - T;
+    const size_t kv_stride = (size_t)Hkv * HEAD_DIM;
+    const float sl2 = scale * LOG2E;
+    // causal: query tiles before the first one whose last query sees key n0 see none of this block
+    const int q_first = causal ? max(0, n0 - offset) / BQ * BQ : 0;
+    const int n_q = q_first < T ? (T - q_first + BQ - 1) / BQ : 0, total = G * n_q;
+    const int kr0 = n0 + wg * 64 + warp * 16 + g;  // this thread's key rows kr0 and kr0 + 8
+    const int lr0 = wg * 64 + warp * 16 + g;       // ... as rows of the block's tiles
+
+    load_tile_swizzled<BK, BWD_NT>(Ks, k + (size_t)b * S * kv_stride + hk * HEAD_DIM, n0, S, kv_stride);
+    load_tile_swizzled<BK, BWD_NT>(Vs, v + (size_t)b * S * kv_stride + hk * HEAD_DIM, n0, S, kv_stride);
+    if (total > 0) load_query_tile(Qs, dOs, lse_s, delta_s, q, dout, lse, delta, b, hk * G, q_first, T, Hq);
+    cp_async_commit();
+
+    float dk_acc[HEAD_DIM / 2], dv_acc[HEAD_DIM / 2];
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
+
+    for (int it = 0; it < total; it++) {
+        const int st = it % 2, h = hk * G + it / n_q, i0 = q_first + (it % n_q) * BQ;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // tile `it` is in; every warpgroup is done with tile it - 1 and its dS^T
+        if (it + 1 < total) {
+            const int nt = it + 1;
+            load_query_tile(Qs + (st ^ 1) * QT_BYTES, dOs + (st ^ 1) * QT_BYTES, lse_s + (st ^ 1) * BQ,
+                            delta_s + (st ^ 1) * BQ, q, dout, lse, delta, b, hk * G + nt / n_q,
+                            q_first + (nt % n_q) * BQ, T, Hq);
+        }
+        cp_async_commit();
+        const unsigned qt = Qs + st * QT_BYTES, dot = dOs + st * QT_BYTES;
+        const float* lse_t = lse_s + st * BQ;
+        const float* delta_t = delta_s + st * BQ;
+
+        float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
+            const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
+            wgmma_ss_n64(s, smem_desc(Ks + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
+        }
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
+            const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
+            wgmma_ss_n64(dp, smem_desc(Vs + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<BQ / 2>(s);
+        fence_regs<BQ / 2>(dp);
+
+        // a causal tile needs the mask where this warp's last key is later than the tile's first query
+        const bool masked = causal && n0 + wg * 64 + warp * 16 + 15 > offset + i0;
+        unsigned pf[BQ / 16][4], df[BQ / 16][4];  // P^T, dS^T as A operands (k = queries 16j .. 16j + 15)
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i += 2) {
+            const int c = (i / 4) * 8 + 2 * t, row = (i & 2) ? 8 : 0, kr = kr0 + row;
+            float p0 = fast_exp2(fmaf(s[i], sl2, -lse_t[c] * LOG2E));
+            float p1 = fast_exp2(fmaf(s[i + 1], sl2, -lse_t[c + 1] * LOG2E));
+            if (masked) {
+                if (kr > offset + i0 + c) p0 = 0.0f;
+                if (kr > offset + i0 + c + 1) p1 = 0.0f;
+            }
+            const unsigned ds = pack_bf16(p0 * (dp[i] - delta_t[c]), p1 * (dp[i + 1] - delta_t[c + 1]));
+            pf[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
+            df[i / 8][(i / 2) % 4] = ds;
+            const int lr = lr0 + row;  // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
+            const unsigned at = dSt + lr * 128 + ((((c / 8) ^ (lr & 7))) << 4) + (c % 8) * 2;
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(ds));
+        }
+
+        fence_regs<HEAD_DIM / 2>(dv_acc);
+        fence_regs<HEAD_DIM / 2>(dk_acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {  // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15
+            const u64 bo = smem_desc(dot + kk * 16 * 128, BQ * 128, 1024);
+            const u64 bq = smem_desc(qt + kk * 16 * 128, BQ * 128, 1024);
+#if HEAD_DIM == 64
+            wgmma_rs_n64(dv_acc, pf[kk], bo, 1);
+            wgmma_rs_n64(dk_acc, df[kk], bq, 1);
+#else
+            wgmma_rs_n128(dv_acc, pf[kk], bo, 1);
+            wgmma_rs_n128(dk_acc, df[kk], bq, 1);
+#endif
+        }
+        wgmma_commit();
+
+        fence_proxy_async();  // this thread's dS^T stores, for the tensor cores
+        __syncthreads();      // ... and every thread's
+        float dq_acc[HEAD_DIM / 4];  // dQ (BQ queries, head-dimension half wg): rows g, g + 8 of this warp
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
+            const u64 a = smem_desc(dSt + kk * 16 * 128, BQ * 128, 1024);
+#if HEAD_DIM == 64
+            const u64 bk = smem_desc(Ks + kk * 16 * 128 + wg * 64, BK * 128, 1024);  // columns 32 wg ..
+            wgmma_ss_tt_n32(dq_acc, a, bk, kk > 0);
+#else
+            const u64 bk = smem_desc(Ks + wg * (BK * 128) + kk * 16 * 128, BK * 128, 1024);  // panel wg
+            wgmma_ss_tt_n64(dq_acc, a, bk, kk > 0);
+#endif
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<HEAD_DIM / 4>(dq_acc);
+        fence_regs<HEAD_DIM / 2>(dv_acc);
+        fence_regs<HEAD_DIM / 2>(dk_acc);
+        fence_regs<BQ / 16>(pf);
+        fence_regs<BQ / 16>(df);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int tq = i0 + warp * 16 + g + 8 * r;
+            if (tq >= T) continue;
+            float* row = dq + (((size_t)b * T + tq) * Hq + h) * HEAD_DIM + wg * (HEAD_DIM / 2) + 2 * t;
+#pragma unroll
+            for (int j = 0; j < HEAD_DIM / 16; j++)
+                atomicAdd(reinterpret_cast<float2*>(row + 8 * j),
+                          make_float2(dq_acc[4 * j + 2 * r] * scale, dq_acc[4 * j + 2 * r + 1] * scale));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int kr = kr0 + 8 * r;
+        if (kr >= S) continue;
+        const size_t at = (((size_t)b * S + kr) * Hkv + hk) * HEAD_DIM + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 8; j++) {
+            *reinterpret_cast<float2*>(dk + at + 8 * j) =
+                make_float2(dk_acc[4 * j + 2 * r] * scale, dk_acc[4 * j + 2 * r + 1] * scale);
+            *reinterpret_cast<float2*>(dv + at + 8 * j) = make_float2(dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
+        }
+    }
+}

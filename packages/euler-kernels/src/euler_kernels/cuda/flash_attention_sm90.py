@@ -1,0 +1,93 @@
+"""Launchers of the Hopper bf16 FlashAttention kernels (flash_attention_sm90.cu: wgmma, compiled for sm_90a),
+and the rule that picks them.
+
+The rule: bf16 attention runs the Hopper kernels on a GPU of compute capability 9.x (H100, H200) and the
+mma.sync kernels of flash_attention_bf16.cu on every other GPU. `EULER_FLASH_KERNEL=mma` makes a Hopper
+GPU run the mma.sync kernels too (to compare them); `EULER_FLASH_KERNEL=sm90` asks for the Hopper ones and
+fails on other GPUs. Both families take the same arrays and give the same results to bf16 rounding; the
+forward's lse is the same quantity, so either backward can follow either forward.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import get_kernel_sm90a
+
+_SOURCE = "flash_attention_sm90.cu"
+KERNEL_ENV = "EULER_FLASH_KERNEL"
+_CHOICES = ("auto", "sm90", "mma")
+_BN = 128  # keys per tile (BN in the .cu file)
+_STAGES = 2
+
+
+@functools.cache
+def _is_hopper(device: int) -> bool:
+    import cupy
+
+    return cupy.cuda.Device(device).compute_capability.startswith("9")
+
+
+def use_sm90() -> bool:
+    """Whether bf16 attention on the current GPU runs the Hopper kernels (the rule in this module's doc)."""
+    import cupy
+
+    choice = os.environ.get(KERNEL_ENV, "auto")
+    if choice not in _CHOICES:
+        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(_CHOICES)}, got {choice!r}")
+    hopper = _is_hopper(cupy.cuda.runtime.getDevice())
+    if choice == "sm90" and not hopper:
+        raise ValueError(f"{KERNEL_ENV}=sm90 needs a GPU of compute capability 9.x (Hopper)")
+    return hopper and choice != "mma"
+
+
+def _consumers(head_dim: int) -> int:
+    """Warpgroups of 64 query rows per forward block (CONSUMERS in the .cu file)."""
+    return 2
+
+
+def _forward_smem(head_dim: int) -> int:
+    """Q (BM, D) + STAGES x (K, V) (BN, D) bf16, + 1024 bytes to align the swizzled tiles."""
+    bm = 64 * _consumers(head_dim)
+    return 2 * head_dim * (bm + 2 * _STAGES * _BN) + 1024
+
+
+def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any) -> None:
+    """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
+    (B, S, Hkv, D) bf16, written in place."""
+    B, T, Hq, D = q16.shape
+    S, Hkv = k16.shape[1], k16.shape[2]
+    consumers = _consumers(D)
+    smem = _forward_smem(D)
+    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", HEAD_DIM=D, CONSUMERS=consumers)
+    kernel.max_dynamic_shared_size_bytes = smem
+    sizes = (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
+    bm = 64 * consumers
+    grid = ((T + bm - 1) // bm, Hq, B)
+    kernel(grid, (128 * consumers,), (out16, lse, q16, k16, v16, *sizes), shared_mem=smem)
+
+
+_BK, _BQ = 128, 64  # backward: keys per block, queries per tile (BK, BQ in the .cu file)
+
+
+def _backward_smem(head_dim: int) -> int:
+    """K, V (BK, D) + 2 x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, 2 x lse and delta (BQ,) float32, + 1024."""
+    return 2 * (2 * _BK * head_dim + 4 * _BQ * head_dim + _BK * _BQ) + 4 * 4 * _BQ + 1024
+
+
+def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv) -> None:
+    """float32 dq (zeroed: the kernel adds into it), dk, dv of contiguous, checked bf16 inputs, from the
+    forward's lse and delta = rowsum(dout * out), written in place."""
+    B, T, Hq, D = q16.shape
+    S, Hkv = k16.shape[1], k16.shape[2]
+    smem = _backward_smem(D)
+    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, CONSUMERS=_consumers(D))
+    kernel.max_dynamic_shared_size_bytes = smem
+    sizes = (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
+    grid = ((S + _BK - 1) // _BK, Hkv, B)
+    args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *sizes)
+    kernel(grid, (256,), args, shared_mem=smem)
