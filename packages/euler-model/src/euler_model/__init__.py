@@ -12,6 +12,7 @@ from euler_model.__about__ import __version__
 from euler_model.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from euler_model.config import PRESETS, ModelConfig, preset
 from euler_model.generate import GenerationStats, generate
+from euler_model.generate_batch import Completion, generate_batch
 from euler_model.hf import load_hf, save_hf
 from euler_model.kv_cache import KVCache
 from euler_model.memory import step_memory
@@ -21,6 +22,7 @@ from euler_model.params import count_params, describe_params, gradcheck_params, 
 __all__ = [
     "FORMAT_VERSION",
     "PRESETS",
+    "Completion",
     "GenerationStats",
     "KVCache",
     "ModelConfig",
@@ -29,6 +31,7 @@ __all__ = [
     "describe_params",
     "forward_loss",
     "generate",
+    "generate_batch",
     "gradcheck_params",
     "init_params",
     "load_checkpoint",

@@ -32,6 +32,7 @@ class GenerationStats:
     generated: int = 0  # tokens yielded
     drafted: int = 0  # speculative drafts proposed by heads 1..K-1
     accepted: int = 0  # drafts that head 0 agreed with
+    decode: str = ""  # generate_batch: how its decode steps ran ("eager", "cuda graph", ...)
 
     @property
     def acceptance_rate(self) -> float:
@@ -120,6 +121,16 @@ def _speculative(config, params, cache, history, pick, stats, budget: int, thres
             break
 
 
+def checked_prompt(config: ModelConfig, prompt_ids: Sequence[int], what: str) -> list[int]:
+    """The prompt as a list of ints; ValueError unless it has 1 to context - 1 ids, each in the vocabulary."""
+    prompt = [int(t) for t in prompt_ids]
+    if not 1 <= len(prompt) < config.context:
+        raise ValueError(f"{what} needs 1 to {config.context - 1} tokens, got {len(prompt)}")
+    if min(prompt) < 0 or max(prompt) >= config.vocab_size:
+        raise ValueError(f"{what} ids must be in [0, {config.vocab_size}), got {min(prompt)}..{max(prompt)}")
+    return prompt
+
+
 def generate(
     config: ModelConfig,
     params: dict[str, Any],
@@ -150,13 +161,7 @@ def generate(
     >>> len(list(generate(cfg, p, [1, 2, 3], 4, temperature=0.0)))
     4
     """
-    prompt = [int(t) for t in prompt_ids]
-    if not 1 <= len(prompt) < config.context:
-        raise ValueError(f"generate: the prompt needs 1 to {config.context - 1} tokens, got {len(prompt)}")
-    if min(prompt) < 0 or max(prompt) >= config.vocab_size:
-        raise ValueError(
-            f"generate: prompt ids must be in [0, {config.vocab_size}), got {min(prompt)}..{max(prompt)}"
-        )
+    prompt = checked_prompt(config, prompt_ids, "generate: the prompt")
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     pick = partial(
         choose_token,

@@ -1,0 +1,108 @@
+"""Everything a batched decode step reads and writes, preallocated on the device once per batch.
+
+Row b of the batch is one sequence: `last[b]` is its newest token, at position `pos[b]`, not yet fed to
+the model; a step feeds it, writes its keys/values into slot pos[b] of the static cache, and `record`s the
+next token. A row that is done (a stop token came, or its limit was reached) keeps being computed, since
+the step has a fixed shape, but nothing of it changes any more: it re-feeds the same token at the same
+slot, and emits nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import euler_kernels as ek
+from euler_model.config import ModelConfig
+from euler_model.kv_cache import KVCache
+
+
+@dataclass
+class DecodeState:
+    """The device buffers of one batch of B sequences (S = context, N = the largest limit)."""
+
+    k: Any  # (L, B, Hkv, S, D) keys, a sequence's slots contiguous per head
+    v: Any  # (L, B, Hkv, S, D) values
+    last: Any  # (B,) int64 the newest token of each row, fed by the next step
+    pos: Any  # (B,) int64 its position
+    count: Any  # (B,) int64 tokens emitted so far
+    limit: Any  # (B,) int64 tokens a row may emit
+    done: Any  # (B,) bool
+    stopped_by: Any  # (B,) int64 the stop token that ended a row, -1 for none
+    stop: Any  # (B, V) bool the stop tokens of each row
+    seen: Any  # (B, V) bool the tokens of each row so far (prompt included), for the repetition penalty
+    uniforms: Any  # (B, N + 1) float64 row b's j-th sampled token uses uniforms[b, j]
+    out: Any  # (B, N + 1) int64 emitted tokens; column N takes the writes of rows that emit nothing
+    bad: Any  # (B,) bool a row sampled from probabilities that were not finite
+    rows: Any  # (B,) int64 arange(B)
+    keys: Any  # (S,) int64 arange(S)
+
+    @classmethod
+    def allocate(
+        cls,
+        config: ModelConfig,
+        xp: Any,
+        dtype: Any,
+        prompts: list[list[int]],
+        limits: list[int],
+        stops: list[set[int]],
+        uniforms: np.ndarray,
+    ) -> DecodeState:
+        """Buffers for these prompts (each 1..context-1 ids), each row's limit and stop set, and the host
+        uniforms (B, N + 1); the caches start empty (see copy_prefill)."""
+        b, v, width = len(prompts), config.vocab_size, uniforms.shape[1] - 1
+        shape = (config.n_layers, b, config.n_kv_heads, config.context, config.head_dim)
+        stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
+        for i, (prompt, row_stops) in enumerate(zip(prompts, stops)):
+            stop[i, [t for t in sorted(row_stops) if 0 <= t < v]] = True  # others can never come
+            seen[i, prompt] = True
+        limit = np.asarray(limits, dtype=np.int64)
+
+        def ids(values: Any) -> Any:
+            return xp.asarray(np.asarray(values, dtype=np.int64))
+
+        return cls(
+            k=xp.zeros(shape, dtype=dtype),
+            v=xp.zeros(shape, dtype=dtype),
+            last=ids([p[-1] for p in prompts]),
+            pos=ids([len(p) - 1 for p in prompts]),
+            count=ids(np.zeros(b)),
+            limit=ids(limit),
+            done=xp.asarray(limit <= 0),
+            stopped_by=ids(np.full(b, -1)),
+            stop=xp.asarray(stop),
+            seen=xp.asarray(seen),
+            uniforms=xp.asarray(uniforms),
+            out=ids(np.zeros((b, width + 1))),
+            bad=xp.zeros(b, dtype=bool),
+            rows=ids(np.arange(b)),
+            keys=ids(np.arange(config.context)),
+        )
+
+    def copy_prefill(self, row: int, cache: KVCache) -> None:
+        """Copy the keys/values of one prompt, filled by a batch-1 KVCache, into this row's slots."""
+        n = cache.length
+        self.k[:, row, :, :n] = cache.k[:, 0, :n].transpose(0, 2, 1, 3)  # (L, n, Hkv, D) -> (L, Hkv, n, D)
+        self.v[:, row, :, :n] = cache.v[:, 0, :n].transpose(0, 2, 1, 3)
+
+    def record(self, token: Any) -> None:
+        """Take each row's next token (B,): emitted by the rows still going that did not draw a stop
+        token; a stop token or the row's limit ends the row. Device operations only (no host sync)."""
+        xp = ek.get_array_module(token)
+        going = ~self.done
+        stop_hit = self.stop[self.rows, token]  # (B,)
+        emit = going & ~stop_hit
+        self.out[self.rows, xp.where(emit, self.count, self.out.shape[1] - 1)] = token
+        self.stopped_by[...] = xp.where(going & stop_hit, token, self.stopped_by)
+        self.seen[self.rows, token] |= emit
+        self.last[...] = xp.where(emit, token, self.last)
+        self.count += emit
+        self.pos += emit
+        self.done |= stop_hit | (self.count >= self.limit)
+
+    def results(self) -> list[tuple[list[int], int | None]]:
+        """(tokens, the stop token that ended the row or None) of every row, read back to the host."""
+        count, out, stopped = (ek.to_numpy(a) for a in (self.count, self.out, self.stopped_by))
+        return [(out[b, : count[b]].tolist(), int(s) if s >= 0 else None) for b, s in enumerate(stopped)]

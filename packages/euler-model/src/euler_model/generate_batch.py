@@ -1,0 +1,142 @@
+"""Batched generation: B prompts of different lengths decoded together, each with its own stops.
+
+Each prompt is prefilled on its own by the training kernels (trunk_forward into a batch-1 KVCache, the
+one-prompt generator's exact computation), its keys/values copied into its row of the static cache; the
+rows then advance together, one decode_step per token for the whole batch (captured as a CUDA graph on
+the GPU), until every row has met a stop token or its limit. Sampling runs on the device with the rules
+of sampling.py; row b draws its uniforms from numpy.random.default_rng(seeds[b]) in the order the
+one-prompt generator draws them, so row b's tokens are those of
+`generate(prompts[b], max_new_tokens[b], seed=seeds[b], ...)` (up to the rounding of a batched product,
+which decides a token only at an exact tie).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import euler_kernels as ek
+from euler_model.config import ModelConfig
+from euler_model.decode_graph import decode_runner
+from euler_model.decode_state import DecodeState
+from euler_model.decode_step import Picker, decode_step, inference_weights
+from euler_model.generate import GenerationStats, checked_prompt
+from euler_model.kv_cache import KVCache
+from euler_model.model import trunk_forward
+from euler_model.sampling import check_sampling_args
+
+SYNC_EVERY = 16  # on the GPU, decode steps between two looks at whether every row is done
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One row's result: the new tokens (a stop token excluded) and the stop token that ended them (None
+    when the row's limit or the context did)."""
+
+    tokens: list[int]
+    stop: int | None
+
+
+def _per_row(value: Any, b: int, what: str) -> list:
+    """A per-row argument as a list of b items: one value for every row, or a sequence of b values."""
+    if isinstance(value, int | float | np.integer) or value is None:
+        return [value] * b
+    items = list(value)
+    if len(items) != b:
+        raise ValueError(f"generate_batch: {what} needs one value or one per prompt ({b}), got {len(items)}")
+    return items
+
+
+def _stop_sets(stop_tokens: Any, b: int) -> list[set[int]]:
+    """Stop ids shared by every row (ints) or one collection per row."""
+    items = list(stop_tokens)
+    if all(isinstance(t, int | np.integer) for t in items):
+        return [{int(t) for t in items}] * b
+    return [{int(t) for t in row} for row in _per_row(items, b, "stop_tokens")]
+
+
+def _uniforms(seeds: list[int | None], width: int) -> np.ndarray:
+    """(B, width + 1) draws: row b's from numpy.random.default_rng(seeds[b]), in order."""
+    return np.stack([np.random.default_rng(s).random(width + 1) for s in seeds])
+
+
+def _prefill(
+    config: ModelConfig, params: dict[str, Any], state: DecodeState, prompts: list[list[int]]
+) -> Any:
+    """Each prompt through the trunk on its own, its keys/values copied into its row; head 0's logits
+    (B, V) after each prompt's last token."""
+    xp = ek.get_array_module(params["embed"])
+    cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
+    rows = []
+    for b, prompt in enumerate(prompts):
+        cache.rollback(0)
+        h = trunk_forward(config, params, xp.asarray([prompt], dtype=xp.int64), kv=cache)[0]  # (1, T, C)
+        state.copy_prefill(b, cache)
+        rows.append(ek.linear_forward(h[0, -1:], params["heads.0"])[0])  # (1, V)
+    return xp.concatenate(rows)
+
+
+def generate_batch(
+    config: ModelConfig,
+    params: dict[str, Any],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int | Sequence[int],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    stop_tokens: Sequence[int] | Sequence[Sequence[int]] = (),
+    seeds: Sequence[int | None] | None = None,
+    cuda_graph: bool = True,
+    stats: GenerationStats | None = None,
+) -> list[Completion]:
+    """One Completion per prompt, in order: up to max_new_tokens new ids each (one limit, or one per
+    prompt), ending early at a stop token (not included) or where prompt + output fill the context.
+
+    temperature 0 is greedy; sampling arguments are those of `generate`, shared by the rows. stop_tokens:
+    ids that stop every row, or one collection of ids per row. seeds: one per row (None: fresh entropy).
+    cuda_graph: on the GPU, capture the decode step as a CUDA graph (stats.decode says how it ran).
+
+    >>> from euler_model import preset, init_params
+    >>> cfg = preset("tiny"); p = init_params(cfg)
+    >>> [len(c.tokens) for c in generate_batch(cfg, p, [[1, 2, 3], [4]], [4, 2], temperature=0.0)]
+    [4, 2]
+    """
+    b = len(prompts)
+    if b == 0:
+        raise ValueError("generate_batch: no prompts")
+    rows = [checked_prompt(config, p, f"generate_batch: prompt {i}") for i, p in enumerate(prompts)]
+    check_sampling_args(temperature, top_k, top_p, repetition_penalty)
+    wanted = _per_row(max_new_tokens, b, "max_new_tokens")
+    if not all(isinstance(n, int | np.integer) and n >= 0 for n in wanted):
+        raise ValueError(f"generate_batch: max_new_tokens must be ints >= 0, got {wanted}")
+    stops = _stop_sets(stop_tokens, b)
+    row_seeds = [None] * b if seeds is None else _per_row(list(seeds), b, "seeds")
+    limits = [min(int(n), config.context - len(p)) for n, p in zip(wanted, rows)]  # the context's room
+    xp = ek.get_array_module(params["embed"])
+    state = DecodeState.allocate(
+        config, xp, params["embed"].dtype, rows, limits, stops, _uniforms(row_seeds, max(limits))
+    )
+    picker = Picker(temperature, top_k, top_p, repetition_penalty)
+    state.record(picker.pick(_prefill(config, params, state, rows), state))
+    weights = inference_weights(config, params)
+    runner = decode_runner(lambda: decode_step(config, weights, state, picker), state.done, cuda_graph)
+    every, steps = (1 if xp is np else SYNC_EVERY), 0
+    while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
+        runner.run()
+        steps += 1
+    runner.synchronize()
+    if temperature > 0 and bool(state.bad.any()):
+        bad = np.flatnonzero(ek.to_numpy(state.bad)).tolist()
+        raise ValueError(
+            f"generate_batch: the probabilities of prompts {bad} are not finite (NaN or inf logits)"
+        )
+    results = [Completion(tokens, stop) for tokens, stop in state.results()]
+    stats = GenerationStats() if stats is None else stats
+    stats.forwards += b + steps
+    stats.generated += sum(len(c.tokens) for c in results)
+    stats.decode = runner.mode
+    return results
