@@ -118,9 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True)
     chat = add("chat", "chat REPL: /reset, /temp X, /quit")
     add_sampling_args(chat)
-    gen = add("generate", "sample a continuation of one prompt")
+    gen = add("generate", "sample a continuation of one prompt, or of each prompt of a --batch-file")
     add_sampling_args(gen)
-    gen.add_argument("--prompt", required=True, help='"" samples a new document from its start')
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help='"" samples a new document from its start')
+    source.add_argument(
+        "--batch-file",
+        metavar="FILE",
+        help='one prompt per line (FILE.jsonl: one {"prompt": ...} per line); one JSON line out per prompt',
+    )
+    gen.add_argument(
+        "--batch-size", type=number(int, 1), default=32, metavar="B", help="--batch-file: prompts per batch"
+    )
     gen.add_argument(
         "--speculative", action="store_true", help="draft with the MTP heads, verify with head 0"
     )

@@ -68,14 +68,21 @@ def stream_ids(
         model.params,
         prompt_ids,
         max_new_tokens=max(0, min(args.max_new_tokens, room)),
-        temperature=args.temperature,
-        top_k=args.top_k or None,  # 0: no top-k cut
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
         stop_tokens=stops,
         seed=None if args.seed is None else args.seed + turn,  # a fresh stream per chat turn
         speculative=speculative,
+        **sampling_kwargs(args),
     )
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags of the command line as euler-model's generate / generate_batch arguments."""
+    return {
+        "temperature": args.temperature,
+        "top_k": args.top_k or None,  # 0: no top-k cut
+        "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
 
 
 def stream_bytes(tok: Any, ids: Iterator[int], stops: tuple[int, ...]) -> Iterator[bytes]:
@@ -153,25 +160,33 @@ def generate_bytes(
     model: SamplingModel, args: argparse.Namespace, prompt: str, chat: bool = False, speculative: bool = False
 ) -> Iterator[bytes]:
     """Stream the bytes of each sampled token of the continuation of `prompt` (chat template if `chat`)."""
+    ids = prompt_to_ids(model, args, prompt, chat)
+    stops = stop_ids(model.tokenizer, (END, EOT))
+    yield from stream_bytes(model.tokenizer, stream_ids(model, ids, args, stops, speculative), stops)
+
+
+def prompt_to_ids(
+    model: SamplingModel, args: argparse.Namespace, prompt: str, chat: bool, name: str = "the prompt"
+) -> list[int]:
+    """The ids `generate` continues for a prompt: wrapped in the chat template when `chat`, <|endoftext|>
+    for an empty one, cut to the context (crop_prompt, which says so on stderr naming the prompt `name`)."""
     tok = model.tokenizer
     ids = encode_prompt(tok, [{"role": "user", "content": prompt}]) if chat else prompt_ids(tok, prompt)
     ids = ids or [tok.special_tokens[EOT]]  # an empty prompt samples a new document from its start
-    ids = crop_prompt(ids, model.mcfg.context, args.max_new_tokens)
-    stops = stop_ids(tok, (END, EOT))
-    yield from stream_bytes(tok, stream_ids(model, ids, args, stops, speculative), stops)
+    return crop_prompt(ids, model.mcfg.context, args.max_new_tokens, name)
 
 
-def crop_prompt(ids: list[int], context: int, max_new_tokens: int) -> list[int]:
+def crop_prompt(ids: list[int], context: int, max_new_tokens: int, name: str = "the prompt") -> list[int]:
     """The prompt's last context - 1 ids (room for one new token at least), saying on stderr what the
     context cuts: the prompt's start, or new tokens beyond it."""
     if len(ids) > context - 1:
-        note(f"the prompt has {len(ids)} tokens; only its last {context - 1} fit the context ({context})")
+        note(f"{name} has {len(ids)} tokens; only its last {context - 1} fit the context ({context})")
         ids = ids[-(context - 1) :]
     room = context - len(ids)
     if max_new_tokens > room:
         note(
-            f"the context ({context} tokens) leaves room for {room} new tokens after the prompt "
-            f"({len(ids)} tokens), not the {max_new_tokens} asked for"
+            f"the context ({context} tokens) leaves room for {room} new tokens after "
+            f"{name} ({len(ids)} tokens), not the {max_new_tokens} asked for"
         )
     return ids
 

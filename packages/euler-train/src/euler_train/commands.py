@@ -13,6 +13,7 @@ import euler_model
 from euler_bpe import Tokenizer
 from euler_data import CHAT_TEMPLATE, DataError
 from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
+from euler_train.batch_generate import check_batch_args, write_batch_generation
 from euler_train.chat import ASSISTANT, END, EOT, USER, chat_repl, load_for_sampling, write_generation
 from euler_train.check import run_check as check
 from euler_train.checkpoint import STATE, CheckpointError, read_state
@@ -109,8 +110,12 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    model = load_for_sampling(args.checkpoint, args.device)
-    write_generation(model, args, sys.stdout)
+    if args.batch_file is None:
+        model = load_for_sampling(args.checkpoint, args.device)
+        write_generation(model, args, sys.stdout)
+        return 0
+    prompts = check_batch_args(args)  # a bad file stops here, before the model is loaded
+    write_batch_generation(load_for_sampling(args.checkpoint, args.device), args, prompts, sys.stdout)
     return 0
 
 

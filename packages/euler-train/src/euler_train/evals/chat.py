@@ -50,16 +50,39 @@ def reply_start(mask: np.ndarray) -> int:
     return int(ones[breaks[-1] + 1] if len(breaks) else ones[0])
 
 
+def reply_stops(model: SamplingModel) -> tuple[list[int], int | None]:
+    """The ids that end a reply (<|end|>, <|endoftext|>, those the tokenizer has) and <|end|>'s (or None)."""
+    specials = model.tokenizer.special_tokens
+    return sorted({specials.get(END), specials.get(EOT)} - {None}), specials.get(END)
+
+
 def greedy_reply(model: SamplingModel, prompt: list[int], limit: int) -> tuple[list[int], bool]:
     """The greedy reply's tokens before its stop token, and whether that stop was <|end|> within `limit`."""
-    specials = model.tokenizer.special_tokens
-    stops = {specials.get(END), specials.get(EOT)} - {None}
+    stops, end = reply_stops(model)
     reply = []
     for token in euler_model.generate(model.mcfg, model.params, prompt, limit, temperature=0.0):
         if token in stops:
-            return reply, token == specials.get(END)
+            return reply, token == end
         reply.append(token)
     return reply, False
+
+
+def greedy_replies(
+    model: SamplingModel, prompts: list[list[int]], limits: list[int], batch_size: int, progress: Any
+) -> list[tuple[list[int], bool]]:
+    """greedy_reply of each prompt, batch_size prompts decoded together (euler-model's generate_batch,
+    whose rows equal generate's token for token)."""
+    stops, end = reply_stops(model)
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        rows = slice(start, start + batch_size)
+        done = euler_model.generate_batch(
+            model.mcfg, model.params, prompts[rows], limits[rows], temperature=0.0, stop_tokens=stops
+        )
+        out += [(c.tokens, c.stop is not None and c.stop == end) for c in done]
+        if progress is not None:
+            progress(len(done))
+    return out
 
 
 def response_bytes(tok: Any, row: Row) -> int:
@@ -71,20 +94,24 @@ def response_bytes(tok: Any, row: Row) -> int:
 
 
 def replies(
-    model: SamplingModel, rows: list[Row], max_new_tokens: int, progress: Callable[[int], None] | None
+    model: SamplingModel,
+    rows: list[Row],
+    max_new_tokens: int,
+    progress: Callable[[int], None] | None,
+    batch_size: int = 16,
 ) -> list[tuple[list[int], list[int], bool]]:
     """(prompt, reply, stopped) of each example, said on stderr when the context cuts prompts or leaves
-    less room than max_new_tokens."""
-    context, out, cut, short = model.mcfg.context, [], 0, 0
+    less room than max_new_tokens; batch_size replies are decoded together."""
+    context, prompts, limits, cut, short = model.mcfg.context, [], [], 0, 0
     for row in rows:
         prompt = row.ids[: reply_start(row.mask)].tolist()
         if len(prompt) > context - 1:
             prompt, cut = prompt[-(context - 1) :], cut + 1
-        limit = min(max_new_tokens, context - len(prompt))
-        short += limit < max_new_tokens
-        out.append((prompt, *greedy_reply(model, prompt, limit)))
-        if progress is not None:
-            progress(1)
+        limits.append(min(max_new_tokens, context - len(prompt)))
+        short += limits[-1] < max_new_tokens
+        prompts.append(prompt)
+    answers = greedy_replies(model, prompts, limits, batch_size, progress)
+    out = [(prompt, reply, stopped) for prompt, (reply, stopped) in zip(prompts, answers)]
     if cut:
         note(
             f"{cut} of {len(rows)} prompts are longer than the context - 1 ({context - 1} tokens): "
@@ -117,7 +144,7 @@ def evaluate_chat(
             f"are scored on their end; {scores.lost} of their response tokens fell in the cut (not scored)"
         )
     n_bytes = sum(response_bytes(model.tokenizer, fit_row(r, model.mcfg.context)[0]) for r in rows)
-    answered = replies(model, rows, max_new_tokens, progress)
+    answered = replies(model, rows, max_new_tokens, progress, batch_size)
     decode = model.tokenizer.decode
     return {
         "n": len(rows),
