@@ -2,6 +2,7 @@
 
     x = x + attn(rmsnorm(x))        attention_block_forward / attention_block_backward
     x = x + swiglu(rmsnorm(x))      ffn_block_forward / ffn_block_backward
+    (layer i: both, in that order)   layer_forward / layer_backward
 
 The residual stream travels between blocks as a pair (x, branch) standing for x + branch: each block
 returns its output branch un-added, and the next norm adds it (ek.residual_rmsnorm_forward: one pass
@@ -109,3 +110,31 @@ def ffn_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any, dict[
     dx, dnorm = ek.residual_rmsnorm_backward(dout, dh, c_norm)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
     return dx, {prefix + k: g for k, g in grads.items()}
+
+
+def layer_forward(
+    config: ModelConfig,
+    p: dict[str, Any],
+    i: int,
+    stream: tuple[Any, Any],
+    bt: tuple[int, int],
+    rope: tuple[Any, Any],
+    kv: Any = None,
+    bf16: bool = False,
+) -> tuple[tuple[Any, Any], tuple]:
+    """Layer i, its attention block then its FFN block: stream (x, branch) (N, C) -> (the stream after
+    it, (attention cache, FFN cache)); kv as in attention_block_forward."""
+    prefix = f"layers.{i}."
+    stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16)
+    stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16)
+    return stream, (c_attn, c_ffn)
+
+
+def layer_backward(dout: Any, cache: tuple, i: int) -> tuple[Any, dict[str, Any]]:
+    """Gradients of layer_forward: dout (N, C) of the stream after layer i -> (that of the stream before
+    it, {name: dweight})."""
+    c_attn, c_ffn = cache
+    dx, grads = ffn_block_backward(dout, c_ffn, f"layers.{i}.")
+    dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")
+    grads.update(g_attn)
+    return dx, grads

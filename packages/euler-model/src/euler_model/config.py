@@ -1,4 +1,4 @@
-"""ModelConfig: the decoder's hyper-parameters, validated, with the presets tiny / small / gpu."""
+"""ModelConfig: the decoder's hyper-parameters, validated, with the presets tiny / small / gpu / 350m / 1b."""
 
 from __future__ import annotations
 
@@ -94,6 +94,28 @@ PRESETS: dict[str, ModelConfig] = {
         context=512,
         vocab_size=4096,
         n_mtp_heads=4,
+    ),
+    # 350m: 337.7M parameters (dim 1024, 16 q / 4 kv heads of 64, 24 layers), one next-token head
+    "350m": ModelConfig(
+        dim=1024,
+        n_heads=16,
+        n_kv_heads=4,
+        n_layers=24,
+        ffn_dim=2816,
+        context=1024,
+        vocab_size=32768,
+        n_mtp_heads=1,
+    ),
+    # 1b: 855.7M parameters (dim 2048, 16 q / 4 kv heads of 128, 16 layers), one next-token head
+    "1b": ModelConfig(
+        dim=2048,
+        n_heads=16,
+        n_kv_heads=4,
+        n_layers=16,
+        ffn_dim=5632,
+        context=1024,
+        vocab_size=32768,
+        n_mtp_heads=1,
     ),
 }
 

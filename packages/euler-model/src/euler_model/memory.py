@@ -4,13 +4,17 @@ The estimate counts what the forward pass caches for its backward (blocks.py: pe
 6C + 2Ckv + Hq floats in the attention block, q and out also in the grouped layout; 2C + 3F in the FFN
 block), the heads' logits (one head's (N, V) logits and gradient at a time in training, all K heads'
 stacked at evaluation), the largest backward temporaries, and the weights, their gradients and AdamW's
-two moments. Attention is blockwise on
-every path, so nothing grows with T * T. tests/model/test_memory.py holds it against the measured peak.
+two moments. With activation recomputation (recompute.py) the step keeps the float32 stream entering
+each layer (2C per token and layer) and one layer's caches at a time instead of every layer's; an
+evaluation forward keeps no caches either way. Attention is blockwise on every path, so nothing grows
+with T * T. tests/model/test_memory.py and test_recompute.py hold it against the measured peak.
 
 >>> from euler_model import preset
 >>> m = step_memory(preset("small"), batch_size=16)
 >>> round(m["total"] / 2**20)
-121
+175
+>>> step_memory(preset("small"), batch_size=16, recompute=True)["activations"] < m["activations"]
+True
 """
 
 from __future__ import annotations
@@ -22,29 +26,52 @@ FIXED_BYTES = 32 << 20  # attention score tiles, RoPE tables, mask tiles and all
 MARGIN = 1.25  # the estimate is kept above the measured peak by this factor
 
 
-def _floats_per_token(config: ModelConfig, eval_only: bool) -> int:
-    """Activation floats per token alive at the step's peak."""
-    c, f, v, k = config.dim, config.ffn_dim, config.vocab_size, config.n_mtp_heads
+def _layer_floats(config: ModelConfig) -> int:
+    """Floats per token of one layer's caches."""
+    c, f = config.dim, config.ffn_dim
     attn = 6 * c + 2 * config.kv_dim + config.n_heads  # s, h, q, k, v, out, lse + grouped copies of q, out
     ffn = 2 * c + 3 * f  # s, h, gate, up, their SwiGLU product
-    per_layer = attn + ffn
-    if eval_only:  # no backward; all heads' logits, stacked (a copy)
-        return config.n_layers * per_layer + 2 * k * v + 2 * c
-    return config.n_layers * per_layer + 3 * v + 3 * f + 4 * c  # one head's logits + backward temporaries
+    return attn + ffn
+
+
+def _stream_floats(config: ModelConfig) -> int:
+    """Float32 per token of the streams (x, branch) entering every layer, kept when layers are re-run."""
+    return config.n_layers * 2 * config.dim
+
+
+def _train_bytes_per_token(config: ModelConfig, activation_bytes: int, recompute: bool) -> int:
+    """Activation bytes per token alive at the training step's peak."""
+    c, f, v = config.dim, config.ffn_dim, config.vocab_size
+    heads_and_temporaries = 3 * v + 3 * f + 4 * c  # one head's logits + backward temporaries
+    if recompute:  # the streams, then one layer's caches at a time
+        return 4 * _stream_floats(config) + activation_bytes * (_layer_floats(config) + heads_and_temporaries)
+    return activation_bytes * (config.n_layers * _layer_floats(config) + heads_and_temporaries)
+
+
+def _eval_bytes_per_token(config: ModelConfig) -> int:
+    """Bytes per token of an evaluation forward: the streams, one layer's caches and all heads' logits,
+    stacked (a copy); counted as float32."""
+    c, v, k = config.dim, config.vocab_size, config.n_mtp_heads
+    return 4 * (_stream_floats(config) + _layer_floats(config) + 2 * k * v + 2 * c)
 
 
 def step_memory(
-    config: ModelConfig, batch_size: int, grad_accum: int = 1, activation_bytes: int = 4
+    config: ModelConfig,
+    batch_size: int,
+    grad_accum: int = 1,
+    activation_bytes: int = 4,
+    recompute: bool = False,
 ) -> dict[str, int]:
     """Bytes of one optimizer step on one process: {"weights", "gradients", "optimizer", "activations",
-    "evaluation", "total"}; `activation_bytes` is 2 for bf16 activations (weights stay float32)."""
+    "evaluation", "total"}; `activation_bytes` is 2 for bf16 activations (weights and the residual stream
+    stay float32); `recompute`: the layers are re-run in the backward (loss_and_grads(recompute=True))."""
     n_params = count_params(config)
     tokens = batch_size * config.context
     weights = 4 * n_params
     gradients = 4 * n_params * (2 if grad_accum > 1 else 1)  # micro-batch gradients + their running sum
     optimizer = 8 * n_params  # AdamW's m and v, float32
-    activations = tokens * _floats_per_token(config, eval_only=False) * activation_bytes
-    evaluation = tokens * _floats_per_token(config, eval_only=True) * 4  # logits are float32
+    activations = tokens * _train_bytes_per_token(config, activation_bytes, recompute)
+    evaluation = tokens * _eval_bytes_per_token(config)
     peak = weights + optimizer + max(gradients + activations, evaluation)
     return {
         "weights": weights,

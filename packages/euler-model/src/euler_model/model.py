@@ -13,15 +13,10 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_kernels.heap import keep_freed_memory
-from euler_model.blocks import (
-    attention_block_backward,
-    attention_block_forward,
-    ffn_block_backward,
-    ffn_block_forward,
-    norm_in,
-)
+from euler_model.blocks import layer_backward, layer_forward, norm_in
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import cpu_workers, run_parts
+from euler_model.recompute import LayerInput, layer_caches
 
 _ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
 
@@ -38,14 +33,18 @@ def rope_for(config: ModelConfig, like: Any) -> tuple[Any, Any]:
 
 
 def trunk_forward(
-    config: ModelConfig, params: dict[str, Any], tokens: Any, kv: Any = None
+    config: ModelConfig, params: dict[str, Any], tokens: Any, kv: Any = None, recompute: bool = False
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
 
     On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads.
 
     kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
+    recompute: keep only the stream entering each layer, not its caches; trunk_backward re-runs the
+    layer's forward from it (recompute.py). Also what a forward without backward uses (less memory).
     """
+    if kv is not None and recompute:
+        raise ValueError("trunk_forward: recompute is for a forward without KV cache")
     if kv is not None and kv.length + tokens.shape[1] > config.context:
         raise ValueError(
             f"trunk_forward: {kv.length} cached + {tokens.shape[1]} new positions "
@@ -64,11 +63,11 @@ def trunk_forward(
     stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
     caches: list = [c_emb]
     for i in range(config.n_layers):
-        prefix = f"layers.{i}."
         layer_kv = None if kv is None else (kv, i)
-        stream, c_attn = attention_block_forward(config, params, prefix, stream, (b, t), rope, layer_kv, bf16)
-        stream, c_ffn = ffn_block_forward(config, params, prefix, stream, bf16)
-        caches.append((c_attn, c_ffn))
+        saved = LayerInput(config, params, i, stream, (b, t), rope, bf16) if recompute else None
+        stream, cache = layer_forward(config, params, i, stream, (b, t), rope, layer_kv, bf16)
+        caches.append(cache if saved is None else saved)
+        del cache  # with recompute the layer's caches are freed here
     if kv is not None:
         kv.advance(t)
     _, h, c_norm = norm_in(config, params["norm"], stream, bf16)  # (N, C): the last block's branch added
@@ -77,16 +76,14 @@ def trunk_forward(
 
 
 def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
-    """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order."""
+    """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order (a
+    layer kept as its input is re-run first: one layer's caches at a time)."""
     c_norm, (b, t) = caches[-1]
     dx, dnorm = ek.residual_rmsnorm_backward(None, dh.reshape(b * t, config.dim), c_norm)  # (N, C)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
-        c_attn, c_ffn = caches[1 + i]
-        dx, g_ffn = ffn_block_backward(dx, c_ffn, f"layers.{i}.")
-        dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")
-        grads.update(g_ffn)
-        grads.update(g_attn)
+        dx, g_layer = layer_backward(dx, layer_caches(caches[1 + i]), i)
+        grads.update(g_layer)
     grads["embed"] = ek.embedding_backward(dx.reshape(b, t, config.dim), caches[0])
     return grads
 
@@ -113,7 +110,7 @@ def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: 
     (2, 5, 64)
     """
     _check_tokens(config, tokens, "logits")
-    h, _ = trunk_forward(config, params, tokens)
+    h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
     if not all_heads:
         return ek.linear_forward(h, params["heads.0"])[0]
     xp = ek.get_array_module(h)
@@ -182,27 +179,34 @@ def _heads_loss_and_grads(
 
 
 def loss_and_grads_on_device(
-    config: ModelConfig, params: dict[str, Any], tokens: Any, targets: Any, loss_mask: Any = None
+    config: ModelConfig,
+    params: dict[str, Any],
+    tokens: Any,
+    targets: Any,
+    loss_mask: Any = None,
+    recompute: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
     then not range-checked: check them before they reach the device)."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
     if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
-        return _split_loss_and_grads(config, params, tokens, targets, loss_mask)
-    return _loss_and_grads_rows(config, params, tokens, targets, loss_mask)
+        return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute)
+    return _loss_and_grads_rows(config, params, tokens, targets, loss_mask, recompute=recompute)
 
 
-def _loss_and_grads_rows(config, params, tokens, targets, loss_mask, head_scales=None) -> tuple[Any, dict]:
+def _loss_and_grads_rows(
+    config, params, tokens, targets, loss_mask, head_scales=None, recompute=False
+) -> tuple[Any, dict]:
     """The loss and every gradient of one batch (or one slice of rows of it, head_scales as in
     _heads_loss_and_grads), in the calling thread."""
-    h, trunk_caches = trunk_forward(config, params, tokens)
+    h, trunk_caches = trunk_forward(config, params, tokens, recompute=recompute)
     loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales)
     grads.update(trunk_backward(config, dh, trunk_caches))
     return loss, {name: grads[name] for name in params}
 
 
-def _split_loss_and_grads(config, params, tokens, targets, loss_mask) -> tuple[Any, dict]:
+def _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute=False) -> tuple[Any, dict]:
     """The NumPy step over cpu_workers(B) slices of the batch's rows, one per worker thread (cpu_threads.py),
     summed. Head k's loss is sum(w * nll) / max(sum(w), 1) over the whole batch, so a slice's head-k loss
     and gradient are weighted by max(its sum(w), 1) / max(the batch's, 1): the sum over the slices is the
@@ -219,7 +223,7 @@ def _split_loss_and_grads(config, params, tokens, targets, loss_mask) -> tuple[A
     def run(rows: slice) -> tuple[Any, dict]:
         scales = [denominator(rows, k) / whole[k] for k in heads]
         mask = None if loss_mask is None else loss_mask[rows]
-        return _loss_and_grads_rows(config, params, tokens[rows], targets[rows], mask, scales)
+        return _loss_and_grads_rows(config, params, tokens[rows], targets[rows], mask, scales, recompute)
 
     (loss, grads), *others = run_parts(run, [slice(b * i // n, b * (i + 1) // n) for i in range(n)])
     for part_loss, part_grads in others:  # each slice's gradients are its own new arrays
@@ -230,11 +234,18 @@ def _split_loss_and_grads(config, params, tokens, targets, loss_mask) -> tuple[A
 
 
 def loss_and_grads(
-    config: ModelConfig, params: dict[str, Any], tokens: Any, targets: Any, loss_mask: Any = None
+    config: ModelConfig,
+    params: dict[str, Any],
+    tokens: Any,
+    targets: Any,
+    loss_mask: Any = None,
+    recompute: bool = False,
 ) -> tuple[float, dict[str, Any]]:
     """The MTP training loss and its gradient for every parameter (keyed like params).
 
     tokens (B, T) int; targets and loss_mask (B, T + K - 1); head k is scored on targets[:, k:k+T].
+    recompute: keep only each layer's input in the forward and re-run the layer in the backward (less
+    memory, one more forward of the blocks; the same gradients bit for bit, see recompute.py).
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -243,7 +254,7 @@ def loss_and_grads(
     >>> sorted(grads) == sorted(p)
     True
     """
-    loss, grads = loss_and_grads_on_device(config, params, tokens, targets, loss_mask)
+    loss, grads = loss_and_grads_on_device(config, params, tokens, targets, loss_mask, recompute)
     return float(loss), grads
 
 
@@ -252,5 +263,5 @@ def forward_loss(
 ) -> float:
     """The same loss as loss_and_grads, for evaluation: no gradients are computed."""
     _check_targets(config, tokens, targets, loss_mask, "forward_loss")
-    h, _ = trunk_forward(config, params, tokens)
+    h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
     return float(_heads_loss(config, params, h, targets, loss_mask))
