@@ -13,6 +13,7 @@ from typing import Any
 
 from euler_bpe.cli_parser import OneLineParser
 from euler_train.__about__ import __version__
+from euler_train.config import PRESETS
 from euler_train.evals.args import add_eval_args
 
 DESCRIPTION = "pretrain, sft, chat, generate, check, export-hf, plot, eval, report, quickstart"
@@ -31,6 +32,7 @@ TRAIN_FLAGS = {
     "grad_accum": "train.grad_accum",
     "lr": "train.lr",
     "optimizer": "train.optimizer",
+    "recompute": "train.recompute",
     "seed": "train.seed",
     "ckpt_every": "checkpoint.every",
     "eval_every": "eval.every",
@@ -49,7 +51,7 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
             "--init", metavar="CHECKPOINT", help="pretrained checkpoint or run folder to start from"
         )
     p.add_argument("--out", metavar="RUN", required=True, help="run folder (config, metrics, checkpoints)")
-    p.add_argument("--preset", choices=["tiny", "small", "gpu"], help="run preset (default: tiny)")
+    p.add_argument("--preset", choices=list(PRESETS), help="run preset (default: tiny)")
     p.add_argument("--config", metavar="TOML", help="a run config file applied over the preset")
     p.add_argument("--device", choices=["cpu", "gpu", "auto"], help="auto: the GPU when CuPy sees one")
     p.add_argument(
@@ -64,6 +66,12 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine to train.min_lr)")
     p.add_argument(
         "--optimizer", choices=["adamw", "muon"], help="muon: Muon for the block matrices (train.muon_lr)"
+    )
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        default=None,
+        help="re-run each layer's forward in the backward instead of keeping its activations (less memory)",
     )
     p.add_argument("--ckpt-every", type=int, metavar="K", help="checkpoint every K steps (and at the end)")
     p.add_argument("--eval-every", type=int, metavar="K", help="val loss / bits per byte every K steps")

@@ -53,6 +53,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "on_nonfinite": "stop",  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
         "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
         "zero": 0,  # 1: ZeRO stage 1, each process keeps its share of the optimizer state (zero.py)
+        "recompute": False,  # keep only each layer's input, re-run the layer in the backward (less memory)
     },
     "eval": {
         "every": 25,  # steps between evaluations (and at the last step); 0: only at the last step
@@ -94,6 +95,24 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "checkpoint": {"every": 500},
         "log": {"every": 10},
         "run": {"device": "gpu", "precision": "tf32"},
+    },
+    # the two larger sizes of issue 18's table, bf16 on one GPU; peak learning rates from GPT-3's table for
+    # the nearest sizes (350M: 3e-4, 1.3B: 2e-4), not tuned here
+    "350m": {
+        "model": {"preset": "350m"},
+        "train": {"steps": 5000, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 200},
+        "eval": {"every": 250, "batches": 20},
+        "checkpoint": {"every": 500},
+        "log": {"every": 10},
+        "run": {"device": "gpu", "precision": "bf16"},
+    },
+    "1b": {
+        "model": {"preset": "1b"},
+        "train": {"steps": 5000, "batch_size": 8, "lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 200},
+        "eval": {"every": 250, "batches": 20},
+        "checkpoint": {"every": 500},
+        "log": {"every": 10},
+        "run": {"device": "gpu", "precision": "bf16"},
     },
 }
 

@@ -26,18 +26,26 @@ from euler_train.step import StepBuffers, train_step
 class GraphStep:
     """Capture on the first call of `run`, replay on every later one (same `run` as step.EagerStep)."""
 
-    def __init__(self, mcfg: Any, params: dict[str, Any], opt: Any, comm: Any, max_norm: float) -> None:
+    def __init__(
+        self,
+        mcfg: Any,
+        params: dict[str, Any],
+        opt: Any,
+        comm: Any,
+        max_norm: float,
+        recompute: bool = False,
+    ) -> None:
         import cupy as cp  # only on the GPU path
 
         self.cp, self.mcfg, self.params, self.opt, self.comm = cp, mcfg, params, opt, comm
-        self.max_norm = max_norm
+        self.max_norm, self.recompute = max_norm, recompute
         self.buf: StepBuffers | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
         self.graph = None
 
     def _body(self) -> None:
-        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm)
+        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm, self.recompute)
 
     def _capture(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> None:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing), then the

@@ -8,6 +8,7 @@ memory on the GPU), saying how much it needs and what to lower. `run.memory_chec
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,20 @@ def gib(n: float) -> str:
 
 def available_bytes(device: Any) -> tuple[int, str]:
     """(bytes free for this process, what they are): the GPU's free memory plus what CuPy's pool holds
-    unused, or the host's MemAvailable (Linux) / free physical pages."""
+    unused, or the host's MemAvailable (Linux) / free physical pages, and no more than the address space
+    that this process's RLIMIT_AS (`ulimit -v`) leaves it."""
     if device.kind == "gpu":
         free, _ = device.xp.cuda.runtime.memGetInfo()
         pool = device.xp.get_default_memory_pool()
         return int(free + pool.free_bytes()), f"GPU {device.index} memory ({device.name})"
+    have, where = _host_bytes()
+    left = _address_space_left()
+    if left is not None and left < have:
+        return left, "address space under this process's limit (ulimit -v)"
+    return have, where
+
+
+def _host_bytes() -> tuple[int, str]:
     meminfo = Path("/proc/meminfo")
     if meminfo.is_file():
         for line in meminfo.read_text().splitlines():
@@ -34,12 +44,23 @@ def available_bytes(device: Any) -> tuple[int, str]:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free host memory"
 
 
+def _address_space_left() -> int | None:
+    """RLIMIT_AS minus the address space already in use (Linux's /proc/self/statm), or None without a
+    limit."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    statm = Path("/proc/self/statm")
+    if limit == resource.RLIM_INFINITY or not statm.is_file():
+        return None
+    used = int(statm.read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return max(0, limit - used)
+
+
 def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[str, int]:
     """ConfigError when the estimated step (times `processes` sharing this host's RAM) exceeds what is
     available; returns the estimate otherwise."""
     train = cfg["train"]
     act = 2 if cfg["run"]["precision"] == "bf16" else 4
-    need = euler_model.step_memory(mcfg, train["batch_size"], train["grad_accum"], act)
+    need = _estimate(mcfg, train["batch_size"], train, act)
     if not cfg["run"]["memory_check"]:
         return need
     have, where = available_bytes(device)
@@ -52,15 +73,24 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
         if fits
         else "lower model.context or the model's size (batch size 1 does not fit either)"
     )
+    rerun = {**train, "recompute": True}
+    if not train["recompute"] and _total(mcfg, train["batch_size"], rerun, act) * share <= have:
+        lower = f"set train.recompute=true (--recompute: it fits then) or {lower}"
     state = need["weights"] + need["gradients"] + need["optimizer"]
     raise ConfigError(
         f"the step needs about {gib(need['total'] * share)} of {where} but {gib(have)} is available "
         f"(weights + gradients + AdamW {gib(state)}, activations {gib(need['activations'])} at batch "
-        f"{train['batch_size']} x context {mcfg.context}, evaluation {gib(need['evaluation'])}"
+        f"{train['batch_size']} x context {mcfg.context}"
+        + (" with train.recompute" if train["recompute"] else "")
+        + f", evaluation {gib(need['evaluation'])}"
         + (f", x {share} processes" if share > 1 else "")
         + f"): {lower}, or set run.memory_check=false to try anyway"
     )
 
 
+def _estimate(mcfg: Any, batch: int, train: dict, act: int) -> dict[str, int]:
+    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"])
+
+
 def _total(mcfg: Any, batch: int, train: dict, act: int) -> int:
-    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act)["total"]
+    return _estimate(mcfg, batch, train, act)["total"]

@@ -86,12 +86,21 @@ class StepBuffers:
 
 
 def train_step(
-    mcfg: Any, params: dict[str, Any], opt: Any, comm: Any, buf: StepBuffers, max_norm: float
+    mcfg: Any,
+    params: dict[str, Any],
+    opt: Any,
+    comm: Any,
+    buf: StepBuffers,
+    max_norm: float,
+    recompute: bool = False,
 ) -> None:
-    """One optimizer step from `buf` to updated `params` (see the module docstring)."""
+    """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
+    layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py)."""
     for i in range(buf.tokens.shape[0]):
         mask = None if buf.masks is None else buf.masks[i]
-        loss, grads = euler_model.loss_and_grads_on_device(mcfg, params, buf.tokens[i], buf.targets[i], mask)
+        loss, grads = euler_model.loss_and_grads_on_device(
+            mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute=recompute
+        )
         share = buf.shares[i]  # a 0-d array: no host value enters the step
         for name, g in grads.items():
             g *= share
@@ -110,8 +119,17 @@ def train_step(
 class EagerStep:
     """train_step run directly, every step (the CPU, several processes, or a GPU step not captured)."""
 
-    def __init__(self, mcfg: Any, params: dict[str, Any], opt: Any, comm: Any, max_norm: float) -> None:
+    def __init__(
+        self,
+        mcfg: Any,
+        params: dict[str, Any],
+        opt: Any,
+        comm: Any,
+        max_norm: float,
+        recompute: bool = False,
+    ) -> None:
         self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
+        self.recompute = recompute
         self.buf: StepBuffers | None = None
 
     def run(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> tuple[float, float, bool]:
@@ -120,5 +138,5 @@ class EagerStep:
             xp = ek.get_array_module(next(iter(self.params.values())))
             self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro, len(hyper))
         self.buf.write(micro, shares, hyper)
-        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm)
+        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm, self.recompute)
         return self.buf.read()

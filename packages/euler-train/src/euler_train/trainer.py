@@ -156,7 +156,8 @@ class Trainer:
         """This rank's share of step `step`'s loss and the all-reduced gradients, without updating anything:
         the same train_step with its update disabled."""
         micro, shares, _ = self._inputs(step)
-        eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, 0.0)
+        recompute = self.spec.cfg["train"]["recompute"]
+        eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, 0.0, recompute)
         loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
         return loss, {n: g.copy() for n, g in eager.buf.grads.items()}
 
@@ -178,10 +179,11 @@ class Trainer:
         if self.stepper is not None:
             return self.stepper
         tcfg, args = self.spec.cfg["train"], (self.spec.mcfg, self.params, self.opt, self.comm)
-        self.stepper = EagerStep(*args, tcfg["grad_clip"])
+        self.stepper = EagerStep(*args, tcfg["grad_clip"], tcfg["recompute"])
         graphable = self.device.kind == "gpu" and self.comm.world_size == 1
         if tcfg["cuda_graph"] and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
-            self.stepper = CapturedOrEager(GraphStep(*args, tcfg["grad_clip"]), self.stepper)
+            graph = GraphStep(*args, tcfg["grad_clip"], tcfg["recompute"])
+            self.stepper = CapturedOrEager(graph, self.stepper)
         return self.stepper
 
     def _lr(self, step: int) -> float:

@@ -1,0 +1,182 @@
+"""The `350m` and `1b` presets (issue 18's larger sizes), the memory check refusing them where they do not
+fit, and `train.recompute` / `--recompute` through the CLI."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import euler_model
+from euler_train import memory_check
+from euler_train.args import build_parser
+from euler_train.cli import main
+from euler_train.comm import Comm
+from euler_train.commands import config_from_args
+from euler_train.config import ConfigError, resolve_config
+from euler_train.graph_step import GraphStep
+from euler_train.metrics import read_metrics
+from euler_train.optimizer import make_optimizer
+
+# issue 18's table: dim, q / kv heads, head size, layers, ffn, vocab, K, context
+SHAPES = {
+    "350m": (1024, 16, 4, 64, 24, 2816, 32768, 1, 1024),
+    "1b": (2048, 16, 4, 128, 16, 5632, 32768, 1, 1024),
+}
+
+
+def expected_params(dim, hq, hkv, d, layers, ffn, vocab, k) -> int:
+    """Embedding, per layer q/k/v/o + gate/up/down + two norms, final norm, K heads."""
+    attn = dim * hq * d + 2 * dim * hkv * d + hq * d * dim
+    return vocab * dim + layers * (attn + 3 * dim * ffn + 2 * dim) + dim + k * vocab * dim
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_the_presets_have_the_issues_shapes_and_parameter_counts(name) -> None:
+    dim, hq, hkv, d, layers, ffn, vocab, k, context = SHAPES[name]
+    cfg = euler_model.preset(name)
+    got = (cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_layers, cfg.ffn_dim)
+    assert got == (dim, hq, hkv, d, layers, ffn)
+    assert (cfg.vocab_size, cfg.n_mtp_heads, cfg.context) == (vocab, k, context)
+    count = euler_model.count_params(cfg)
+    assert count == expected_params(dim, hq, hkv, d, layers, ffn, vocab, k)
+    # the issue names them by 338M and 856M
+    assert round(count / 1e6) == {"350m": 338, "1b": 856}[name]
+    run = resolve_config(name)
+    assert run["model"]["preset"] == name
+    assert (run["run"]["device"], run["run"]["precision"]) == ("gpu", "bf16")
+    assert run["train"]["min_lr"] < run["train"]["lr"] <= 3e-4
+
+
+def test_the_cli_lists_and_takes_the_presets(cli) -> None:
+    proc = cli("pretrain", "--help")
+    assert proc.returncode == 0
+    assert "350m" in proc.stdout and "1b" in proc.stdout
+    args = build_parser().parse_args(["pretrain", "--out", "R", "--preset", "1b"])
+    assert config_from_args(args)["model"]["preset"] == "1b"
+    proc = cli("pretrain", "--out", "R", "--preset", "2b")
+    assert proc.returncode == 2 and "350m" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def limit_address_space(gib: float):
+    """A preexec_fn: the child may map at most `gib` GiB (ulimit -v)."""
+
+    def apply() -> None:
+        limit = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
+
+
+def snapshot(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_the_memory_check_refuses_a_preset_that_does_not_fit_before_any_work(
+    name, tmp_path, dataset, cli, monkeypatch
+) -> None:
+    """A process limited to 4 GiB of address space cannot hold either model's weights, gradients and
+    AdamW moments: one line with the GiB, exit 2, no run folder."""
+    run = tmp_path / "run"
+    args = ["pretrain", "--preset", name, "--data", str(dataset), "--out", str(run), "--no-progress"]
+    args += ["--device", "cpu", "--precision", "fp32"]
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # BLAS's per-thread buffers stay out of the 4 GiB
+    proc = cli(*args, preexec_fn=limit_address_space(4))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = lines[0]
+    assert "ulimit -v" in line and "GiB" in line and "batch size 1 does not fit either" in line, line
+    need = float(line.split("needs about ")[1].split(" GiB")[0])
+    # the dataset's 320-token vocabulary replaces the preset's, as with every preset
+    cfg = euler_model.preset(name, vocab_size=320)
+    est = euler_model.step_memory(cfg, resolve_config(name)["train"]["batch_size"])
+    assert need == pytest.approx(est["total"] / 2**30, abs=0.05)
+    assert need > 4
+    assert snapshot(run) == []
+
+
+class FakeHost:
+    kind = "cpu"
+
+
+def test_the_refusal_suggests_recompute_when_it_would_fit(monkeypatch) -> None:
+    cfg = resolve_config("350m", overrides=["run.device='cpu'", "run.precision='fp32'"])
+    mcfg = euler_model.preset("350m")
+    without = euler_model.step_memory(mcfg, 16)["total"]
+    rerun = euler_model.step_memory(mcfg, 16, recompute=True)["total"]
+    assert rerun < without
+    have = (rerun + without) // 2
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: (have, "available host memory"))
+    with pytest.raises(ConfigError, match=r"set train.recompute=true \(--recompute: it fits then\)"):
+        memory_check.check_memory(cfg, mcfg, FakeHost())
+    cfg["train"]["recompute"] = True
+    assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == rerun
+
+
+def test_recompute_flag_and_key_are_the_same_setting() -> None:
+    parser = build_parser()
+    flag = config_from_args(parser.parse_args(["pretrain", "--out", "R", "--recompute"]))
+    key = config_from_args(parser.parse_args(["pretrain", "--out", "R", "--set", "train.recompute=true"]))
+    off = config_from_args(parser.parse_args(["pretrain", "--out", "R"]))
+    assert flag["train"]["recompute"] is key["train"]["recompute"] is True
+    assert off["train"]["recompute"] is False
+    with pytest.raises(ConfigError, match=r"train\.recompute must be bool"):
+        resolve_config("tiny", overrides=["train.recompute=1"])
+
+
+def test_a_run_with_recompute_is_bitwise_the_run_without(tmp_path, dataset) -> None:
+    """Losses of every step and the final weights and moments equal the run that keeps its activations
+    (the CPU, float32, two micro-batches, clipping and evaluation included)."""
+    common = ["pretrain", "--data", str(dataset), "--steps", "6", "--eval-every", "3", "--grad-accum", "2"]
+    common += ["--no-progress", "--set", "model.context=48", "--set", "train.lr=1e-2"]
+    runs = {}
+    for label, extra in (("kept", []), ("rerun", ["--recompute"])):
+        runs[label] = tmp_path / label
+        assert main([*common, "--out", str(runs[label]), *extra]) == 0
+    assert "recompute = true" in (runs["rerun"] / "config.toml").read_text()
+    kept, rerun = (read_metrics(runs[k] / "metrics.jsonl") for k in ("kept", "rerun"))
+    assert [r["loss"] for r in rerun] == [r["loss"] for r in kept]
+    assert [r.get("val_loss") for r in rerun] == [r.get("val_loss") for r in kept]
+    assert kept[-1]["loss"] < kept[0]["loss"]  # the run trains
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        a, b = (load_file(str(runs[k] / "checkpoints/step_6" / file)) for k in ("kept", "rerun"))
+        assert sorted(a) == sorted(b)
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{file}: {name}")
+
+
+@pytest.mark.gpu
+def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatch) -> None:
+    """One GPU, bf16 activations: the step with recompute is captured as a CUDA graph, its first loss is
+    the same number (the same forward), later losses and the weights agree within the run-to-run spread
+    of the atomics in the attention and norm backward, and its graph's pool holds less memory."""
+    cp = pytest.importorskip("cupy")
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    cfg = euler_model.preset("gpu", n_layers=4, context=256)
+    base = euler_model.init_params(cfg, seed=0, xp=cp)
+    rng = np.random.default_rng(0)
+    micro = [(rng.integers(0, cfg.vocab_size, (8, 256)), rng.integers(0, cfg.vocab_size, (8, 259)), None)]
+    out = {}
+    for recompute in (False, True):
+        params = {k: v.copy() for k, v in base.items()}
+        opt = make_optimizer(params, resolve_config("gpu")["train"])
+        step = GraphStep(cfg, params, opt, Comm(), 1.0, recompute)
+        losses = []
+        for _ in range(4):
+            loss, _, applied = step.run(micro, [1.0], opt.hyper(3e-4))
+            assert applied
+            opt.t += 1
+            losses.append(loss)
+        assert step.graph is not None
+        out[recompute] = (losses, {k: cp.asnumpy(v) for k, v in params.items()}, step.memory_bytes())
+    (kept, w_kept, mem_kept), (rerun, w_rerun, mem_rerun) = out[False], out[True]
+    assert rerun[0] == kept[0]
+    np.testing.assert_allclose(rerun, kept, rtol=1e-3)
+    for name, w in w_kept.items():
+        np.testing.assert_allclose(w_rerun[name], w, rtol=1e-2, atol=1e-5, err_msg=name)
+    assert mem_rerun < 0.8 * mem_kept, (mem_rerun, mem_kept)
