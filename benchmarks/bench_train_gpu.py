@@ -1,16 +1,28 @@
-"""One full training step of the `gpu` preset on one GPU: euler (CuPy + our kernels) vs PyTorch.
+"""One full training step of any preset on one GPU: euler (CuPy + our kernels) vs PyTorch.
 
-    CUPY_TF32=1 python benchmarks/bench_train_gpu.py [--batch 32] [--steps 10] [--compile] [--profile]
-        [--precision tf32|bf16] [--kernels]
+    python benchmarks/bench_train_gpu.py [--preset gpu|350m|1b|...] [--context T] [--batch B]
+        [--set model.KEY=V --set train.KEY=V ...] [--precision tf32|bf16] [--steps 10] [--no-compile]
+        [--recompute] [--muon] [--profile] [--kernels]
+
+The model is `--preset` (default gpu) with `--context`, `--batch` and each `--set section.key=value` applied
+the way `euler-train pretrain --preset NAME --set ...` applies them (euler-train's resolve_config and its
+[model] override check), keeping the preset's own vocabulary; `--set train.recompute=true` or
+`--set train.optimizer=muon` change our step. The batch defaults to the preset's train.batch_size, the
+precision to its run.precision (tf32 when that is fp32).
 
 Both sides run forward, backward, global-norm clipping and AdamW on the same weights and batch, in the
-same process on the same GPU, TF32 matmuls on both sides. Before timing, the two losses on the same
-weights are compared. Ours runs twice: launched op by op from Python (eager), and captured once as a
-CUDA graph and replayed (euler-train's GraphStep, what `euler-train pretrain` uses on one GPU; its time
-includes copying each batch in and reading the loss back). Prints tokens/s, step ms, achieved TFLOP/s,
-MFU (against the H200's dense TF32 rate, 494.7 TFLOP/s) and peak GPU memory for each, and the ratios.
+same process on the same GPU. Before timing, the two losses on the same weights are compared. Ours runs
+twice: launched op by op from Python (eager), and captured once as a CUDA graph and replayed (euler-train's
+GraphStep, what `euler-train pretrain` uses on one GPU; its time includes copying each batch in and reading
+the loss back). PyTorch runs eagerly and under `torch.compile` (the reference; --no-compile skips it).
+Prints tokens/s, step ms, achieved TFLOP/s, MFU and peak GPU memory for each, then each of ours against
+each of PyTorch's: the throughput ratio and both MFUs.
+--recompute adds our graph step with train.recompute = true (activations re-made in the backward): its
+step time and memory against the same step without it.
+--muon adds our graph step with train.optimizer = "muon".
 --profile adds a table of GPU time per op in our eager step (CUDA events around every op); --kernels a
-table of GPU time per kernel of our captured step (and of torch.compile's, with --compile), from CUPTI.
+table of GPU time per kernel of our captured step (and of torch.compile's), from CUPTI.
+--precision tf32: TF32 matmuls on both sides, MFU against the H200's dense TF32 rate, 494.7 TFLOP/s.
 --precision bf16: ours with bf16 activations (norm outputs, projections, RoPE, SwiGLU, our bf16
 FlashAttention; matmuls on the bf16 tensor cores with float32 accumulation; float32 residual stream,
 weights, weight gradients, moments, softmax statistics and loss) against PyTorch under bf16 autocast
@@ -29,7 +41,14 @@ import cupy as cp
 import numpy as np
 import torch
 
-from euler_model import count_params, init_params, loss_and_grads, preset
+import euler_model
+from euler_model import count_params, init_params, loss_and_grads
+from euler_train.comm import Comm
+from euler_train.config import ConfigError, resolve_config
+from euler_train.graph_step import GraphStep
+from euler_train.optimizer import make_optimizer
+from euler_train.runspec import model_overrides
+from euler_train.step import EagerStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import torch_loss, torch_tables
@@ -45,19 +64,23 @@ def step_flops(cfg, batch: int) -> float:
     return 6 * (count_params(cfg) - cfg.vocab_size * cfg.dim) * tokens + attention
 
 
-def euler_step_fn(cfg, params, tokens, targets, lr=3e-4, max_norm=1.0, graph=False, optimizer="adamw"):
-    """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
-    as a CUDA graph (what `euler-train pretrain` uses on one GPU), with the gpu preset's optimizer settings
-    (train.optimizer = `optimizer`); returns (step, its runner)."""
-    from euler_train.config import resolve_config
-    from euler_train.distributed import Comm
-    from euler_train.graph_step import GraphStep
-    from euler_train.optimizer import make_optimizer
-    from euler_train.step import EagerStep
+def bench_config(args) -> tuple[dict, object]:
+    """(run config, model config) of `--preset`, `--context` and every `--set`, through euler-train's own
+    resolve_config (the --set parser, key and type checks) and model_overrides; the preset's vocabulary
+    stays unless model.vocab_size is set. ConfigError or ValueError names the bad key."""
+    overrides = list(args.set) + ([f"model.context={args.context}"] if args.context else [])
+    cfg = resolve_config(args.preset, overrides=overrides)
+    return cfg, euler_model.preset(cfg["model"]["preset"], **model_overrides(cfg))
 
+
+def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1.0, graph=False, **changes):
+    """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
+    as a CUDA graph (what `euler-train pretrain` uses on one GPU), with the run config's [train] settings
+    (optimizer, recompute) and `changes` to them; returns (step, its runner)."""
     params = {k: v.copy() for k, v in params.items()}
-    opt = make_optimizer(params, {**resolve_config("gpu")["train"], "optimizer": optimizer})
-    runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), max_norm)
+    train = {**train, **changes}
+    opt = make_optimizer(params, train)
+    runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), max_norm, train["recompute"])
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
     def step():
@@ -187,96 +210,143 @@ def timed(step, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--preset", default="gpu", help="euler-train run preset (default: gpu)")
+    parser.add_argument("--context", type=int, help="sequence length T (default: the preset's context)")
+    parser.add_argument("--batch", type=int, help="sequences per step B (default: the preset's batch_size)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="as euler-train's, e.g. model.n_layers=8",
+    )
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True, help="also time torch.compile"
+    )
     parser.add_argument("--profile", action="store_true", help="GPU time per op of our eager step")
     parser.add_argument(
         "--kernels", action="store_true", help="GPU time per kernel: our graph step and PyTorch's step"
     )
     parser.add_argument("--muon", action="store_true", help="also the graph step with --optimizer muon")
+    parser.add_argument("--recompute", action="store_true", help="also the graph step with train.recompute")
     parser.add_argument(
         "--precision",
         choices=["tf32", "bf16"],
-        default="tf32",
-        help="bf16: our bf16 activations and matmuls vs PyTorch's bf16 autocast",
+        help="bf16: our bf16 activations and matmuls vs PyTorch's bf16 autocast (default: the preset's)",
     )
-    args = parser.parse_args()
-    bf16 = args.precision == "bf16"
-    os.environ["EULER_MATMUL_PRECISION"] = args.precision  # read per call by euler-kernels' gemm
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        run, cfg = bench_config(args)
+    except (ConfigError, ValueError) as err:
+        sys.exit(f"bench_train_gpu: {err}")
+    precision = args.precision or ("bf16" if run["run"]["precision"] == "bf16" else "tf32")
+    batch = args.batch or run["train"]["batch_size"]
+    bf16 = precision == "bf16"
+    os.environ["EULER_MATMUL_PRECISION"] = precision  # read per call by euler-kernels' gemm
     peak = BF16_PEAK if bf16 else TF32_PEAK
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    cfg = preset("gpu")
     params = init_params(cfg, seed=0, xp=cp)
     rng = np.random.default_rng(0)
-    tokens = cp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, cfg.context)))
-    targets = cp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, cfg.context + cfg.n_mtp_heads - 1)))
+    tokens = cp.asarray(rng.integers(0, cfg.vocab_size, (batch, cfg.context)))
+    targets = cp.asarray(rng.integers(0, cfg.vocab_size, (batch, cfg.context + cfg.n_mtp_heads - 1)))
+    train = run["train"]
     print(
-        f"{torch.cuda.get_device_name()}: preset gpu ({count_params(cfg) / 1e6:.1f}M params), "
-        f"B={args.batch}, T={cfg.context}, "
+        f"{torch.cuda.get_device_name()}: preset {args.preset} ({count_params(cfg) / 1e6:.1f}M params; dim "
+        f"{cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}, {cfg.n_layers} layers, ffn "
+        f"{cfg.ffn_dim}, vocab {cfg.vocab_size}, K {cfg.n_mtp_heads}), B={batch}, T={cfg.context}, "
+        f"optimizer {train['optimizer']}{', recompute' if train['recompute'] else ''}, "
         + ("bf16 (ours: bf16 activations; PyTorch: autocast)" if bf16 else "TF32 on both sides")
     )
 
-    torch_step = torch_step_fn(cfg, params, tokens, targets, compile_=False, bf16=bf16)
-    ours_step, _ = euler_step_fn(cfg, params, tokens, targets)
     # same weights, same batch: the first losses must agree (TF32 on both sides: ~1e-3)
     loss_ours = float(loss_and_grads(cfg, params, tokens, targets)[0])
     with torch.no_grad():
         weights = {k: torch.as_tensor(v, device="cuda") for k, v in params.items()}
-        batch = (torch.as_tensor(tokens, device="cuda"), torch.as_tensor(targets, device="cuda"))
+        batch_t = (torch.as_tensor(tokens, device="cuda"), torch.as_tensor(targets, device="cuda"))
         mask = torch.ones(targets.shape, device="cuda")
         cos, sin = (a.cuda() for a in torch_tables(cfg))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss_torch = float(torch_loss(cfg, weights, *batch, mask, cos, sin))
+            loss_torch = float(torch_loss(cfg, weights, *batch_t, mask, cos, sin))
+        del weights
     print(f"loss on the same weights: euler {loss_ours:.5f}, torch {loss_torch:.5f}")
     tolerance = 2e-2 if bf16 else 2e-3  # bf16 keeps 8 significant bits, TF32 11
     assert abs(loss_ours - loss_torch) < tolerance * loss_torch, (loss_ours, loss_torch)
 
-    flops = step_flops(cfg, args.batch)
+    flops = step_flops(cfg, batch)
     rows = []
     pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()  # the check's activations
+    ours_step, _ = euler_step_fn(cfg, params, tokens, targets, train)
     sec = timed(ours_step, args.steps)
     rows.append(("euler eager", sec, pool.total_bytes()))
-    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, graph=True)
-    sec = timed(graph_step, args.steps)
+    if args.profile:
+        profile_ops(ours_step)
+    del ours_step
+    pool.free_all_blocks()  # the eager step's activations are not the graph's
     state_bytes = 4 * sum(p.nbytes for p in params.values())  # its weights, m, v and gradient buffers
-    rows.append(("euler CUDA graph", sec, state_bytes + graph.memory_bytes()))
+    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True)
+    sec_graph = timed(graph_step, args.steps)
+    mem_graph = state_bytes + graph.memory_bytes()
+    rows.append(("euler CUDA graph", sec_graph, mem_graph))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
-    if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph
-        muon_step, muon_graph = euler_step_fn(cfg, params, tokens, targets, graph=True, optimizer="muon")
-        sec_muon = timed(muon_step, args.steps)
-        rows.append(("euler CUDA graph, Muon", sec_muon, state_bytes + muon_graph.memory_bytes()))
-        print(f"Muon's overhead over AdamW in the captured step: {100 * (sec_muon / sec - 1):+.1f}%")
-        del muon_step, muon_graph
     del graph_step, graph
+    if args.recompute:  # the cost of re-making each layer's activations in the backward, and what it saves
+        rerun = not train["recompute"]
+        step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, recompute=rerun)
+        sec = timed(step, args.steps)
+        mem = state_bytes + runner.memory_bytes()
+        rows.append((f"euler CUDA graph, recompute {'on' if rerun else 'off'}", sec, mem))
+        on, off = ((sec, mem), (sec_graph, mem_graph)) if rerun else ((sec_graph, mem_graph), (sec, mem))
+        print(
+            f"recompute's cost in the captured step: {100 * (on[0] / off[0] - 1):+.1f}% step time, "
+            f"peak {on[1] / 2**30:.2f} GiB instead of {off[1] / 2**30:.2f} GiB"
+        )
+        del step, runner
+    if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph
+        step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, optimizer="muon")
+        sec_muon = timed(step, args.steps)
+        rows.append(("euler CUDA graph, Muon", sec_muon, state_bytes + runner.memory_bytes()))
+        print(f"Muon's overhead over the CUDA graph step: {100 * (sec_muon / sec_graph - 1):+.1f}%")
+        del step, runner
+    pool.free_all_blocks()
+    torch_step = torch_step_fn(cfg, params, tokens, targets, compile_=False, bf16=bf16)
     torch.cuda.reset_peak_memory_stats()
     sec = timed(torch_step, args.steps)
     rows.append(("PyTorch eager", sec, torch.cuda.max_memory_allocated()))
+    del torch_step
     if args.compile:
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         compiled = torch_step_fn(cfg, params, tokens, targets, compile_=True, bf16=bf16)
         sec = timed(compiled, args.steps)
         rows.append(("PyTorch compile", sec, torch.cuda.max_memory_allocated()))
         if args.kernels:
             kernel_table(compiled, "PyTorch compile")
-    tokens_per_step = args.batch * cfg.context
-    print(f"{'':>26} {'tokens/s':>10} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}")
+    tokens_per_step = batch * cfg.context
+    mfu = {name: 100 * flops / sec / peak for name, sec, _ in rows}
+    print(f"{'':>34} {'tokens/s':>10} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}")
     for name, sec, mem in rows:
         tflops = flops / sec / 1e12
         print(
-            f"{name:>26} {tokens_per_step / sec:10.0f} {sec * 1e3:8.1f} {tflops:8.1f} "
-            f"{100 * flops / sec / peak:5.1f}% {mem / 2**30:9.2f}"
+            f"{name:>34} {tokens_per_step / sec:10.0f} {sec * 1e3:8.1f} {tflops:8.1f} "
+            f"{mfu[name]:5.1f}% {mem / 2**30:9.2f}"
         )
     ours_rows = [r for r in rows if r[0].startswith("euler")]
     for ours_name, ours, _ in ours_rows:
         for name, sec, _ in rows[len(ours_rows) :]:
-            print(f"{ours_name} / {name}: {sec / ours:.2f}x the throughput")
-    if args.profile:
-        profile_ops(ours_step)
+            print(
+                f"{ours_name} / {name}: {sec / ours:.2f}x the throughput "
+                f"(MFU {mfu[ours_name]:.1f}% vs {mfu[name]:.1f}%)"
+            )
 
 
 if __name__ == "__main__":
