@@ -141,3 +141,22 @@ def test_recompute_with_a_kv_cache_is_refused() -> None:
     kv = KVCache(cfg, batch=1)
     with pytest.raises(ValueError, match="recompute"):
         trunk_forward(cfg, params, np.zeros((1, 2), dtype=np.int64), kv=kv, recompute=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_recompute_on_the_gpu_gives_the_gradients_of_the_kept_caches(precision, monkeypatch) -> None:
+    """CuPy: the loss is the same number (the forward is run the same way), gradients agree within the
+    spread of the backward's atomic additions (attention's dq, the norms' weight gradients)."""
+    cp = pytest.importorskip("cupy")
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
+    cfg = preset("gpu", n_layers=3, context=128)
+    params = init_params(cfg, seed=0, xp=cp)
+    tokens, targets, mask = batch(cfg, 4, 128, seed=0, masked=True)
+    tokens, targets, mask = cp.asarray(tokens), cp.asarray(targets), cp.asarray(mask)
+    loss, grads = loss_and_grads(cfg, params, tokens, targets, mask)
+    loss_r, grads_r = loss_and_grads(cfg, params, tokens, targets, mask, recompute=True)
+    assert loss_r == loss
+    for key, g in grads.items():
+        g, g_r = cp.asnumpy(g), cp.asnumpy(grads_r[key])
+        assert np.linalg.norm(g_r - g) <= 1e-3 * np.linalg.norm(g), key
