@@ -75,6 +75,7 @@ def snapshot(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
 
 
+@pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads /proc/self/statm")
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_the_memory_check_refuses_a_preset_that_does_not_fit_before_any_work(
     name, tmp_path, dataset, cli, monkeypatch
