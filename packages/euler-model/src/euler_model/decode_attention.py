@@ -7,7 +7,7 @@ euler_kernels' attention, so K and V are never repeated.
 
 This is the NumPy/CuPy reference and the interface of a decode attention kernel (flash-decoding style:
 keys split across blocks, partial softmaxes reduced); the kernel itself is not written yet, so on the GPU
-this runs as CuPy array operations (batched cuBLAS products and reductions).
+this runs as CuPy element-wise products and reductions (capturable, but an (M, K, N) temporary per product).
 """
 
 from __future__ import annotations
@@ -42,10 +42,18 @@ def decode_attention(q: Any, k: Any, v: Any, bias: Any) -> Any:
     xp = ek.get_array_module(q)
     (b, hq, d), hkv = q.shape, k.shape[1]
     qs = (q * q.dtype.type(1.0 / math.sqrt(d))).reshape(b, hkv, hq // hkv, d)  # (B, Hkv, G, D), pre-scaled
-    scores = qs @ k.swapaxes(-1, -2)  # (B, Hkv, G, S)
+    scores = _products(xp, qs, k.swapaxes(-1, -2))  # (B, Hkv, G, S)
     scores += bias
     scores -= scores.max(axis=-1, keepdims=True)
     p = xp.exp(scores, out=scores)  # key 0 is always seen: every row has a finite maximum
-    out = p @ v  # (B, Hkv, G, D)
+    out = _products(xp, p, v)  # (B, Hkv, G, D)
     out /= p.sum(axis=-1, keepdims=True)
     return out.reshape(b, hq, d)
+
+
+def _products(xp: Any, a: Any, b: Any) -> Any:
+    """The batched matrix product a @ b, (..., M, K) @ (..., K, N). On CuPy as a broadcast product summed
+    over K, not CuPy's matmul: that one refuses to run while a stream is captured into a CUDA graph."""
+    if xp.__name__ == "numpy":
+        return a @ b
+    return (a[..., :, :, None] * b[..., None, :, :]).sum(axis=-2)  # (..., M, K, N) summed over K

@@ -1,0 +1,184 @@
+"""Greedy generation, tokens/s: euler-model's generate_batch vs Hugging Face transformers' `generate` on
+the same weights (exported with euler-model's save_hf, loaded as LlamaForCausalLM), in one run.
+
+For each batch size (default 1 and 32) and precision (fp32, and bf16 on the GPU): B prompts of
+--prompt-len random ids, --new-tokens new tokens each (no stop token: every row makes all of them), the
+best of --repeats timed runs after one warm-up, prefill included on both sides. Rows printed:
+
+  euler graph    generate_batch, the decode step captured as a CUDA graph (GPU only)
+  euler eager    generate_batch launched from Python (on the CPU the only way)
+  euler one      generate(), the one-prompt generator (batch 1 only): the path before generate_batch
+  hf eager       transformers generate, dynamic cache
+  hf compiled    transformers generate, static cache + torch.compile (GPU, --hf-compile; may fail: said)
+
+then, per setting, the ratio of euler's best to transformers' best and how many rows of our tokens equal
+theirs (float rounding may flip a near-tie and the rest of a row with it). The load averages before and
+after are printed: on a shared machine they decide how far a figure can be trusted.
+
+Run (from the repository root):
+  hatch run bench:python benchmarks/bench_generate.py                       # CPU, `small`
+  hatch run bench:python benchmarks/bench_generate.py --device gpu --preset gpu --new-tokens 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def _flag(name: str, default: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+# read before NumPy / CuPy load: BLAS threads, and exact float32 products on the GPU unless bf16 is asked
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = _flag("--threads", "1")
+os.environ["CUPY_TF32"] = "0"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+import euler_kernels as ek  # noqa: E402
+from euler_model import generate, generate_batch, init_params, load_checkpoint, preset, save_hf  # noqa: E402
+
+
+def timed(fn, repeats: int) -> tuple[list[list[int]], float]:
+    """(output of fn, best seconds of `repeats` runs after one warm-up)."""
+    out, best = fn(), float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def euler_runs(cfg, params, prompts, n, gpu: bool) -> dict:
+    """name -> a function generating the rows' new tokens with euler-model."""
+
+    def batched(graph: bool):
+        def run():
+            return [
+                c.tokens for c in generate_batch(cfg, params, prompts, n, temperature=0.0, cuda_graph=graph)
+            ]
+
+        return run
+
+    runs = {"euler graph": batched(True)} if gpu else {}
+    runs["euler eager"] = batched(False)
+    if len(prompts) == 1:
+        runs["euler one"] = lambda: [list(generate(cfg, params, prompts[0], n, temperature=0.0))]
+    return runs
+
+
+def hf_runs(folder: str, prompts, n, device: str, dtype, compile_too: bool) -> dict:
+    """name -> a function generating the rows' new tokens with transformers (greedy, min = max tokens)."""
+    model = LlamaForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
+    ids = torch.tensor(prompts, device=device)
+
+    def run(**extra):
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+                **extra,
+            )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out[:, ids.shape[1] :].tolist()
+
+    runs = {"hf eager": run}
+    if compile_too:
+        compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        runs["hf compiled"] = lambda: _with_forward(
+            model, compiled, lambda: run(cache_implementation="static")
+        )
+    return runs
+
+
+def _with_forward(model, forward, fn):
+    plain, model.forward = model.forward, forward
+    try:
+        return fn()
+    finally:
+        model.forward = plain
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
+    same = sum(a == b for a, b in zip(ours, theirs))
+    prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(ours, theirs)]
+    return f"{same}/{len(ours)} rows equal, mean common prefix {np.mean(prefix):.1f} tokens"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="small", choices=["tiny", "small", "gpu"])
+    p.add_argument("--checkpoint", help="model.safetensors of a trained model (default: random weights)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--batches", default="1,32", help="batch sizes, comma-separated")
+    p.add_argument("--precisions", default=None, help="fp32,bf16 (default: fp32 on the CPU, both on the GPU)")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="BLAS and torch threads on the CPU")
+    p.add_argument("--hf-compile", action="store_true", help="also transformers with static cache + compile")
+    args = p.parse_args()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+    gpu = args.device == "gpu"
+    xp = ek.require_cuda() if gpu else np
+    if args.checkpoint:
+        cfg, host, _ = load_checkpoint(args.checkpoint)
+    else:
+        cfg, host = preset(args.preset), init_params(preset(args.preset), seed=0)
+    if args.prompt_len + args.new_tokens > cfg.context:
+        sys.exit(
+            f"bench_generate: prompt {args.prompt_len} + {args.new_tokens} new tokens > context {cfg.context}"
+        )
+    params = {k: xp.asarray(v) for k, v in host.items()}
+    folder = tempfile.mkdtemp(prefix="bench_generate_")
+    save_hf(cfg, host, folder)
+    precisions = (args.precisions or ("fp32,bf16" if gpu else "fp32")).split(",")
+    print(
+        f"# {args.checkpoint or args.preset}, {args.device}, threads {args.threads}, "
+        f"prompt {args.prompt_len}, new tokens {args.new_tokens}; load average {os.getloadavg()}"
+    )
+    print(f"# numpy {np.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+    rng = np.random.default_rng(0)
+    for b in [int(x) for x in args.batches.split(",")]:
+        prompts = rng.integers(0, cfg.vocab_size, (b, args.prompt_len)).tolist()
+        for precision in precisions:
+            os.environ["EULER_MATMUL_PRECISION"] = precision
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            results = {}
+            for name, fn in euler_runs(cfg, params, prompts, args.new_tokens, gpu).items():
+                results[name] = timed(fn, args.repeats)
+            hf = hf_runs(folder, prompts, args.new_tokens, "cuda" if gpu else "cpu", dtype, args.hf_compile)
+            for name, fn in hf.items():
+                try:
+                    results[name] = timed(fn, args.repeats)
+                except Exception as err:  # torch.compile's failures are many and version-dependent
+                    print(f"  {name}: did not run ({type(err).__name__}: {str(err).splitlines()[0][:100]})")
+            tokens = b * args.new_tokens
+            for name, (_, seconds) in results.items():
+                print(
+                    f"batch {b:3d} {precision}  {name:12s} {tokens / seconds:10.0f} tok/s  ({seconds:.3f} s)"
+                )
+            ours = min((s, n) for n, (_, s) in results.items() if n.startswith("euler") and n != "euler one")
+            theirs = min((s, n) for n, (_, s) in results.items() if n.startswith("hf"))
+            print(
+                f"batch {b:3d} {precision}  {ours[1]} / {theirs[1]}: {theirs[0] / ours[0]:.2f}x; "
+                f"tokens: {agreement(results[ours[1]][0], results[theirs[1]][0])}"
+            )
+    print(f"# load average after {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
