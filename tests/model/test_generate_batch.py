@@ -31,13 +31,13 @@ def random_prompts(cfg, lengths, seed) -> list[list[int]]:
 def test_greedy_rows_equal_one_prompt_generation(dtype, seed) -> None:
     cfg = preset("tiny")  # context 16
     params = scaled_params(cfg, seed, dtype)
-    prompts = random_prompts(cfg, [5, 1, 12, 15, 3, 2], seed)
-    limits = [9, 20, 20, 4, 0, 1]  # rows 1-3 run into the context, row 4 asks for nothing
+    prompts = random_prompts(cfg, [5, 1, 12, 15, 3, 2, 5, 3], seed)  # equal lengths prefill together
+    limits = [9, 20, 20, 4, 0, 1, 11, 7]  # rows 1-3 and 6 run into the context, row 4 asks for nothing
     stats = GenerationStats()
     out = generate_batch(cfg, params, prompts, limits, temperature=0.0, stats=stats)
     want = reference(cfg, params, prompts, limits, temperature=0.0)
     assert [c.tokens for c in out] == want
-    assert [len(t) for t in want] == [9, 15, 4, 1, 0, 1]  # the limits and the context both cut
+    assert [len(t) for t in want] == [9, 15, 4, 1, 0, 1, 11, 7]  # the limits and the context both cut
     assert all(c.stop is None for c in out)
     assert stats.generated == sum(len(t) for t in want) and stats.decode == "eager"
     assert stats.forwards == len(prompts) + max(len(t) for t in want) - 1  # prefills + decode steps

@@ -81,11 +81,13 @@ class DecodeState:
             keys=ids(np.arange(config.context)),
         )
 
-    def copy_prefill(self, row: int, cache: KVCache) -> None:
-        """Copy the keys/values of one prompt, filled by a batch-1 KVCache, into this row's slots."""
+    def copy_prefill(self, row: int, cache: KVCache, index: int = 0) -> None:
+        """Copy the keys/values of one prompt, row `index` of a prefilled KVCache, into this row's slots."""
         n = cache.length
-        self.k[:, row, :, :n] = cache.k[:, 0, :n].transpose(0, 2, 1, 3)  # (L, n, Hkv, D) -> (L, Hkv, n, D)
-        self.v[:, row, :, :n] = cache.v[:, 0, :n].transpose(0, 2, 1, 3)
+        self.k[:, row, :, :n] = cache.k[:, index, :n].transpose(
+            0, 2, 1, 3
+        )  # (L, n, Hkv, D) -> (L, Hkv, n, D)
+        self.v[:, row, :, :n] = cache.v[:, index, :n].transpose(0, 2, 1, 3)
 
     def record(self, token: Any) -> None:
         """Take each row's next token (B,): emitted by the rows still going that did not draw a stop

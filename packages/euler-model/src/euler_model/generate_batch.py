@@ -1,7 +1,7 @@
 """Batched generation: B prompts of different lengths decoded together, each with its own stops.
 
-Each prompt is prefilled on its own by the training kernels (trunk_forward into a batch-1 KVCache, the
-one-prompt generator's exact computation), its keys/values copied into its row of the static cache; the
+The prompts are prefilled by the training kernels (trunk_forward into a KVCache, the prompts of one
+length together), their keys/values copied into their rows of the static cache; the
 rows then advance together, one decode_step per token for the whole batch (captured as a CUDA graph on
 the GPU), until every row has met a stop token or its limit. Sampling runs on the device with the rules
 of sampling.py; row b draws its uniforms from numpy.random.default_rng(seeds[b]) in the order the
@@ -66,17 +66,22 @@ def _uniforms(seeds: list[int | None], width: int) -> np.ndarray:
 def _prefill(
     config: ModelConfig, params: dict[str, Any], state: DecodeState, prompts: list[list[int]]
 ) -> Any:
-    """Each prompt through the trunk on its own, its keys/values copied into its row; head 0's logits
-    (B, V) after each prompt's last token."""
+    """The prompts through the trunk, those of one length together (trunk_forward into a KVCache of their
+    number), their keys/values copied into their rows; head 0's logits (B, V) after each last token."""
     xp = ek.get_array_module(params["embed"])
-    cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
-    rows = []
+    by_length: dict[int, list[int]] = {}
     for b, prompt in enumerate(prompts):
-        cache.rollback(0)
-        h = trunk_forward(config, params, xp.asarray([prompt], dtype=xp.int64), kv=cache)[0]  # (1, T, C)
-        state.copy_prefill(b, cache)
-        rows.append(ek.linear_forward(h[0, -1:], params["heads.0"])[0])  # (1, V)
-    return xp.concatenate(rows)
+        by_length.setdefault(len(prompt), []).append(b)
+    logits = [None] * len(prompts)
+    for rows in by_length.values():
+        cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp)
+        tokens = xp.asarray([prompts[b] for b in rows], dtype=xp.int64)  # (G, T)
+        h = trunk_forward(config, params, tokens, kv=cache)[0]  # (G, T, C)
+        z = ek.linear_forward(h[:, -1], params["heads.0"])[0]  # (G, V)
+        for j, b in enumerate(rows):
+            state.copy_prefill(b, cache, j)
+            logits[b] = z[j : j + 1]
+    return xp.concatenate(logits)
 
 
 def generate_batch(
