@@ -21,8 +21,15 @@
 #endif
 #define NT (128 * CONSUMERS)
 #define BM (64 * CONSUMERS)        // query rows per block
-#define BN 128                     // keys per tile
-#define STAGES 2
+#ifndef BN
+#define BN 128                     // keys per tile (128 or 192)
+#endif
+#ifndef FWD_ABLATE
+#define FWD_ABLATE 0               // timing experiments only: 1 reuses tile 0 (no loads), 2 no exponentials
+#endif
+#ifndef STAGES
+#define STAGES 2                   // K, V buffers (3: P V of a tile pipelined under the next softmax)
+#endif
 #define PANELS (HEAD_DIM / 64)     // 128-byte panels per row of D bf16
 #define Q_BYTES (BM * HEAD_DIM * 2)
 #define KV_BYTES (BN * HEAD_DIM * 2)
@@ -52,7 +59,11 @@ __device__ __forceinline__ void scores(float* s, unsigned q_rows, unsigned k_til
         const unsigned step = (kk % 4) * 32;  // bytes along the row inside a panel
         const u64 a = smem_desc(q_rows + (kk / 4) * (BM * 128) + step, 16, 1024);
         const u64 b = smem_desc(k_tile + (kk / 4) * (BN * 128) + step, 16, 1024);
+#if BN == 192
+        wgmma_ss_n192(s, a, b, kk > 0);
+#else
         wgmma_ss_n128(s, a, b, kk > 0);
+#endif
     }
 }
 
@@ -66,6 +77,68 @@ __device__ __forceinline__ void add_pv(float* o, const unsigned (*p)[4], unsigne
 #else
         wgmma_rs_n128(o, p[kk], b, 1);
 #endif
+    }
+}
+
+// Ping-pong between the block's warpgroups (PINGPONG): they take turns to issue their products, so the
+// tensor cores run one warpgroup's products while the other computes its softmax. Warpgroup w waits on
+// named barrier 1 + w (128 of its threads + 128 arrivals of the other) and passes the turn by arriving
+// on the other's. With CONSUMERS != 2 (or PINGPONG 0) the turns are no-ops.
+#ifndef PINGPONG
+#define PINGPONG 0                 // measured: no gain on the H200 (benchmarks/tune_attention_sm90.py)
+#endif
+#define TURNS (PINGPONG && CONSUMERS == 2)
+__device__ __forceinline__ void turn_wait(int wg) {
+    if (TURNS) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+    if (TURNS) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+}
+// warpgroup 1 starts by giving warpgroup 0 its first turn; warpgroup 0 takes the last pass back at the end
+__device__ __forceinline__ void turn_start(int wg) {
+    if (wg == 1) turn_pass(wg);
+}
+__device__ __forceinline__ void turn_end(int wg) {
+    if (wg == 0) turn_wait(wg);
+}
+
+// Online softmax of one S tile (raw scores, rows g, g + 8 of this warp): masks keys past S or past each row's
+// position, updates the running max m and sum l, writes the unnormalised P in bf16 as the A operand of
+// P V (k-step j = keys 16j .. 16j + 15) and returns in alpha the factor by which O must be rescaled.
+__device__ __forceinline__ void softmax_tile(float* s, unsigned (*p)[4], float* m, float* l, float* alpha,
+                                             bool mask, int k0, int S, bool causal, int pos0, int pos1,
+                                             float sl2) {
+    const int t = threadIdx.x % 4;
+    if (mask) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) {
+            const int key = k0 + (i / 4) * 8 + 2 * t + (i & 1);
+            if (key >= S || (causal && key > ((i & 2) ? pos1 : pos0))) s[i] = -INFINITY;
+        }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float m_new[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // finite after the first tile: key 0 is visible to every row
+        m_new[r] = fmaxf(m[r], quad_max(mx[r]) * sl2);
+        alpha[r] = fast_exp2(m[r] - m_new[r]);
+        m[r] = m_new[r];
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) {
+        const int r = (i >> 1) & 1;
+#if FWD_ABLATE == 2
+        const float p0 = fmaf(s[i], sl2, -m_new[r]), p1 = fmaf(s[i + 1], sl2, -m_new[r]);
+#else
+        const float p0 = fast_exp2(fmaf(s[i], sl2, -m_new[r]));
+        const float p1 = fast_exp2(fmaf(s[i + 1], sl2, -m_new[r]));
+#endif
+        l[r] += p0 + p1;
+        p[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
     }
 }
 
@@ -86,6 +159,7 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const bf16_t* q, const bf1
     const float sl2 = scale * LOG2E;  // scores -> log2 units
     const int kv_end = causal ? min(S, offset + min(q0 + BM, T)) : S;  // causal: skip tiles past the block
     const int n_tiles = (kv_end + BN - 1) / BN;
+    const unsigned q_rows = Qs + wg * 64 * 128;  // this warpgroup's 64 query rows
 
     load_tile_swizzled<BM, NT>(Qs, q + (size_t)b * T * q_stride + h * HEAD_DIM, q0, T, q_stride);
     load_tile_swizzled<BN, NT>(Ks, kb, 0, S, kv_stride);
@@ -95,11 +169,88 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const bf16_t* q, const bf1
     float o[HEAD_DIM / 2];                // O accumulator (accumulator layout of wgmma.cuh)
     float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
     float l[2] = {0.0f, 0.0f};            // this thread's share of the running sums (quad-summed at the end)
+    float alpha[2];
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) o[i] = 0.0f;
     // positions of rows g and g + 8; padding rows (t >= T) borrow the last real one
     const int pos0 = offset + min(q0 + row0 + g, T - 1), pos1 = offset + min(q0 + row0 + g + 8, T - 1);
+    // mask only tiles that reach past S or past this warp's first position (warp-uniform)
+    auto needs_mask = [&](int k0) { return k0 + BN > S || (causal && k0 + BN - 1 > offset + q0 + row0); };
+    float s[BN / 2];         // raw scores: rows g, g + 8 of this warp; keys 8j + 2t, + 1
+    unsigned p[BN / 16][4];  // P of the tile whose P V is next, bf16 A operand
 
+#if STAGES >= 3
+    // Pipelined: while the tensor cores add P V of tile it - 1, this warpgroup runs the softmax of tile it
+    // (S of tile it is issued first, so waiting for all but the newest group waits for S only).
+    // Tile it >= 1: P V of tile it - 1 (p_prev) is added while this tile's softmax fills p_next. The two
+    // P buffers alternate (a copy would let the compiler merge them and wait for P V before the softmax),
+    // and tile 0 runs before the loop, so that every step issues the same two groups.
+    auto load_next = [&](int it) {  // prefetch tile it + 1 into its buffer
+        if (it + 1 < n_tiles && FWD_ABLATE != 1) {
+            load_tile_swizzled<BN, NT>(Ks + ((it + 1) % STAGES) * KV_BYTES, kb, (it + 1) * BN, S, kv_stride);
+            load_tile_swizzled<BN, NT>(Vs + ((it + 1) % STAGES) * KV_BYTES, vb, (it + 1) * BN, S, kv_stride);
+        }
+        cp_async_commit();
+    };
+    auto step = [&](int it, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // tile it is in; tile it - 2's buffers are free (its P V finished last step)
+        load_next(it);
+        fence_regs<HEAD_DIM / 2>(o);
+        fence_regs<BN / 16>(p_prev);
+        wgmma_fence();
+        scores(s, q_rows, Ks + (FWD_ABLATE == 1 ? 0 : it % STAGES) * KV_BYTES);
+        wgmma_commit();
+        add_pv(o, p_prev, Vs + (FWD_ABLATE == 1 ? 0 : (it - 1) % STAGES) * KV_BYTES);
+        wgmma_commit();
+        wgmma_wait<1>();  // S of tile it
+        fence_regs<BN / 2>(s);
+        softmax_tile(s, p_next, m, l, alpha, needs_mask(it * BN), it * BN, S, causal, pos0, pos1, sl2);
+        fence_regs<BN / 16>(p_next);  // the softmax is done before the wait below
+        fence_regs<2>(alpha);
+        wgmma_wait<0>();  // P V of tile it - 1
+        fence_regs<HEAD_DIM / 2>(o);
+        fence_regs<BN / 16>(p_prev);
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+    };
+    auto last_pv = [&](unsigned (&p_last)[BN / 16][4]) {  // P V of the last tile
+        fence_regs<HEAD_DIM / 2>(o);
+        fence_regs<BN / 16>(p_last);
+        wgmma_fence();
+        add_pv(o, p_last, Vs + (FWD_ABLATE == 1 ? 0 : (n_tiles - 1) % STAGES) * KV_BYTES);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<HEAD_DIM / 2>(o);
+        fence_regs<BN / 16>(p_last);
+    };
+    unsigned p2[BN / 16][4];
+    if (n_tiles > 0) {  // tile 0: S and its softmax into p
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        load_next(0);
+        wgmma_fence();
+        scores(s, q_rows, Ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<BN / 2>(s);
+        softmax_tile(s, p, m, l, alpha, needs_mask(0), 0, S, causal, pos0, pos1, sl2);
+    }
+    int it = 1;
+    for (; it + 1 < n_tiles; it += 2) {
+        step(it, p, p2);
+        step(it + 1, p2, p);
+    }
+    if (it < n_tiles) {  // an even number of tiles: one step left, then the last P V from p2
+        step(it, p, p2);
+        last_pv(p2);
+    } else if (n_tiles > 0) {
+        last_pv(p);
+    }
+#else
+    turn_start(wg);
     for (int it = 0; it < n_tiles; it++) {
         const int k0 = it * BN, buf = it % STAGES;
         cp_async_wait<0>();   // this thread's pieces of tile `it` (and Q) have landed
@@ -110,54 +261,29 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const bf16_t* q, const bf1
             load_tile_swizzled<BN, NT>(Vs + ((it + 1) % STAGES) * KV_BYTES, vb, k0 + BN, S, kv_stride);
         }
         cp_async_commit();
-
-        float s[BN / 2];  // raw scores: rows g, g + 8 of this warp; keys 8j + 2t, + 1
+        turn_wait(wg);
         wgmma_fence();
-        scores(s, Qs + wg * 64 * 128, Ks + buf * KV_BYTES);
+        scores(s, q_rows, Ks + buf * KV_BYTES);
         wgmma_commit();
+        turn_pass(wg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(s);
-
-        // mask only tiles that reach past S or past this warp's first position (warp-uniform branch)
-        if (k0 + BN > S || (causal && k0 + BN - 1 > offset + q0 + row0)) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) {
-                const int key = k0 + (i / 4) * 8 + 2 * t + (i & 1);
-                if (key >= S || (causal && key > ((i & 2) ? pos1 : pos0))) s[i] = -INFINITY;
-            }
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-        float alpha[2], m_new[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            // finite after the first tile: key 0 is visible to every row
-            m_new[r] = fmaxf(m[r], quad_max(mx[r]) * sl2);
-            alpha[r] = fast_exp2(m[r] - m_new[r]);
-            m[r] = m_new[r];
-            l[r] *= alpha[r];
-        }
-        unsigned p[BN / 16][4];  // P in bf16 as the A operand of k-step j (keys 16j .. 16j + 15)
-#pragma unroll
-        for (int i = 0; i < BN / 2; i += 2) {
-            const int r = (i >> 1) & 1;
-            const float p0 = fast_exp2(fmaf(s[i], sl2, -m_new[r]));  // unnormalised probabilities
-            const float p1 = fast_exp2(fmaf(s[i + 1], sl2, -m_new[r]));
-            l[r] += p0 + p1;
-            p[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
-        }
+        softmax_tile(s, p, m, l, alpha, needs_mask(k0), k0, S, causal, pos0, pos1, sl2);
 #pragma unroll
         for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
-
         fence_regs<HEAD_DIM / 2>(o);
+        fence_regs<BN / 16>(p);
+        turn_wait(wg);
         wgmma_fence();
         add_pv(o, p, Vs + buf * KV_BYTES);
         wgmma_commit();
+        turn_pass(wg);
         wgmma_wait<0>();
         fence_regs<HEAD_DIM / 2>(o);
         fence_regs<BN / 16>(p);
     }
+    turn_end(wg);
+#endif
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int tq = q0 + row0 + g + 8 * r;
@@ -187,9 +313,17 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const bf16_t* q, const bf1
 #define BK 128                       // keys per backward block
 #define BQ 64                        // queries per backward tile
 #define BWD_NT 256
+#ifndef BWD_ABLATE
+#define BWD_ABLATE 0                 // timing experiments only: 1 leaves out the dQ atomics, 2 all of dQ
+#endif
 #define K_BYTES (BK * HEAD_DIM * 2)
 #define QT_BYTES (BQ * HEAD_DIM * 2)
 #define DST_BYTES (BK * BQ * 2)
+#ifndef DQ_MODE
+#define DQ_MODE 0                    // dQ into dq: 0 float4 atomics from registers, 1 bulk reductions from smem
+#endif
+#define DQ_LD (HEAD_DIM + 4)         // row stride (floats) of the dQ staging tile: 16 bytes of padding
+#define DQ_BYTES (BQ * DQ_LD * 4)
 
 // Stage query tile `it` of the block's loop: head h = first + it / n_q, rows i0 = q_first + (it % n_q) BQ
 __device__ __forceinline__ void load_query_tile(unsigned qs, unsigned dos, float* lse_s, float* delta_s,
@@ -216,7 +350,8 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned Ks = base, Vs = Ks + K_BYTES, Qs = Vs + K_BYTES, dOs = Qs + 2 * QT_BYTES;
     const unsigned dSt = dOs + 2 * QT_BYTES;  // dS^T (BK keys, BQ queries) bf16, swizzled
-    float* lse_s = reinterpret_cast<float*>(smem_raw + (dSt + DST_BYTES - smem_u32(smem_raw)));  // 2 x BQ
+    const unsigned dQs = dSt + DST_BYTES;  // 2 x dQ (BQ, DQ_LD) float32, staged for the bulk reductions
+    float* lse_s = reinterpret_cast<float*>(smem_raw + (dQs + 2 * DQ_BYTES - smem_u32(smem_raw)));  // 2 x BQ
     float* delta_s = lse_s + 2 * BQ;                                                               // 2 x BQ
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -238,6 +373,7 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
 
+    turn_start(wg);
     for (int it = 0; it < total; it++) {
         const int st = it % 2, h = hk * G + it / n_q, i0 = q_first + (it % n_q) * BQ;
         cp_async_wait<0>();
@@ -255,6 +391,7 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
         const float* delta_t = delta_s + st * BQ;
 
         float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
+        turn_wait(wg);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
@@ -269,6 +406,7 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
             wgmma_ss_n64(dp, smem_desc(Vs + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
         }
         wgmma_commit();
+        turn_pass(wg);
         wgmma_wait<0>();
         fence_regs<BQ / 2>(s);
         fence_regs<BQ / 2>(dp);
@@ -295,6 +433,9 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
 
         fence_regs<HEAD_DIM / 2>(dv_acc);
         fence_regs<HEAD_DIM / 2>(dk_acc);
+        fence_regs<BQ / 16>(pf);
+        fence_regs<BQ / 16>(df);
+        turn_wait(wg);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {  // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15
@@ -309,7 +450,16 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
 #endif
         }
         wgmma_commit();
+        turn_pass(wg);
 
+#if BWD_ABLATE == 2
+        wgmma_wait<0>();
+        fence_regs<HEAD_DIM / 2>(dv_acc);
+        fence_regs<HEAD_DIM / 2>(dk_acc);
+        fence_regs<BQ / 16>(pf);
+        fence_regs<BQ / 16>(df);
+        continue;
+#endif
         fence_proxy_async();  // this thread's dS^T stores, for the tensor cores
         __syncthreads();      // ... and every thread's
         float dq_acc[HEAD_DIM / 4];  // dQ (BQ queries, head-dimension half wg): rows g, g + 8 of this warp
@@ -332,17 +482,53 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
+#if DQ_MODE == 0
+        // dQ: float4 atomics; lanes t and t ^ 1 swap halves so that each holds 4 adjacent columns of one row
+        const bool even = (t & 1) == 0;
+        const int tq = i0 + warp * 16 + g + (even ? 0 : 8);
+        float* row = dq + (((size_t)b * T + tq) * Hq + h) * HEAD_DIM + wg * (HEAD_DIM / 2) + 2 * (t & ~1);
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int tq = i0 + warp * 16 + g + 8 * r;
-            if (tq >= T) continue;
-            float* row = dq + (((size_t)b * T + tq) * Hq + h) * HEAD_DIM + wg * (HEAD_DIM / 2) + 2 * t;
+        for (int j = 0; j < HEAD_DIM / 16; j++) {
+            // even t keeps row g and gets the partner's row g columns; odd t keeps row g + 8
+            const float give0 = even ? dq_acc[4 * j + 2] : dq_acc[4 * j + 0];
+            const float give1 = even ? dq_acc[4 * j + 3] : dq_acc[4 * j + 1];
+            const float got0 = __shfl_xor_sync(FULL_MASK, give0, 1), got1 = __shfl_xor_sync(FULL_MASK, give1, 1);
+            const float4 add = even ? make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], got0, got1)
+                                    : make_float4(got0, got1, dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+            if (tq < T && BWD_ABLATE == 0)
+                atomicAdd(reinterpret_cast<float4*>(row + 8 * j),
+                          make_float4(add.x * scale, add.y * scale, add.z * scale, add.w * scale));
+        }
+#else
+        // dQ tile -> shared memory (scaled) -> 64 threads add its rows to dq with bulk reductions, which run
+        // asynchronously while the block goes on (two staging buffers, alternating)
+        const unsigned dqt = dQs + st * DQ_BYTES;
+#pragma unroll
+        for (int r = 0; r < 2 && BWD_ABLATE == 0; r++) {
+            const int col = wg * (HEAD_DIM / 2) + 2 * t;
+            const unsigned row = dqt + (warp * 16 + g + 8 * r) * (DQ_LD * 4) + col * 4;
 #pragma unroll
             for (int j = 0; j < HEAD_DIM / 16; j++)
-                atomicAdd(reinterpret_cast<float2*>(row + 8 * j),
-                          make_float2(dq_acc[4 * j + 2 * r] * scale, dq_acc[4 * j + 2 * r + 1] * scale));
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + 32 * j),
+                             "f"(dq_acc[4 * j + 2 * r] * scale), "f"(dq_acc[4 * j + 2 * r + 1] * scale));
         }
+        fence_proxy_async();
+        __syncthreads();
+        if (threadIdx.x < BQ && i0 + threadIdx.x < T && BWD_ABLATE == 0) {  // thread r: row r of the tile
+            const float* to = dq + (((size_t)b * T + i0 + threadIdx.x) * Hq + h) * HEAD_DIM;
+            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(to),
+                         "r"(dqt + threadIdx.x * (DQ_LD * 4)), "n"(HEAD_DIM * 4)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+        // the previous tile's reductions must have read the other buffer before the next tile writes it
+        if (threadIdx.x < BQ) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+#endif
     }
+    turn_end(wg);
+#if DQ_MODE == 1
+    if (threadIdx.x < BQ) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // dq reductions done
+#endif
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int kr = kr0 + 8 * r;

@@ -22,7 +22,6 @@ _SOURCE = "flash_attention_sm90.cu"
 KERNEL_ENV = "EULER_FLASH_KERNEL"
 _CHOICES = ("auto", "sm90", "mma")
 _BN = 128  # keys per tile (BN in the .cu file)
-_STAGES = 2
 
 
 @functools.cache
@@ -50,20 +49,28 @@ def _consumers(head_dim: int) -> int:
     return 2
 
 
-def _forward_smem(head_dim: int) -> int:
+def _stages(head_dim: int) -> int:
+    """K, V buffers of the forward (STAGES in the .cu file): 3 pipelines P V under the next tile's softmax,
+    which paid at head_dim 128 on the H200 (benchmarks/tune_attention_sm90.py), not at 64."""
+    return 3 if head_dim == 128 else 2
+
+
+def _forward_smem(head_dim: int, consumers: int, stages: int, bn: int) -> int:
     """Q (BM, D) + STAGES x (K, V) (BN, D) bf16, + 1024 bytes to align the swizzled tiles."""
-    bm = 64 * _consumers(head_dim)
-    return 2 * head_dim * (bm + 2 * _STAGES * _BN) + 1024
+    return 2 * head_dim * (64 * consumers + 2 * stages * bn) + 1024
 
 
-def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any) -> None:
+def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **tuning: int) -> None:
     """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
-    (B, S, Hkv, D) bf16, written in place."""
+    (B, S, Hkv, D) bf16, written in place. `tuning` overrides the .cu file's CONSUMERS and STAGES (for
+    benchmarks/tune_attention_sm90.py)."""
     B, T, Hq, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
-    consumers = _consumers(D)
-    smem = _forward_smem(D)
-    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", HEAD_DIM=D, CONSUMERS=consumers)
+    consumers = tuning.get("CONSUMERS", _consumers(D))
+    stages = tuning.get("STAGES", _stages(D))
+    smem = _forward_smem(D, consumers, stages, tuning.get("BN", _BN))
+    defines = {"HEAD_DIM": D, "CONSUMERS": consumers, "STAGES": stages, **tuning}
+    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines)
     kernel.max_dynamic_shared_size_bytes = smem
     sizes = (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
     bm = 64 * consumers
@@ -75,17 +82,20 @@ _BK, _BQ = 128, 64  # backward: keys per block, queries per tile (BK, BQ in the 
 
 
 def _backward_smem(head_dim: int) -> int:
-    """K, V (BK, D) + 2 x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, 2 x lse and delta (BQ,) float32, + 1024."""
-    return 2 * (2 * _BK * head_dim + 4 * _BQ * head_dim + _BK * _BQ) + 4 * 4 * _BQ + 1024
+    """K, V (BK, D) + 2 x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, dQ staging, 2 x lse and delta (BQ,) float32,
+    + 1024 to align."""
+    dq_staging = 2 * _BQ * (head_dim + 4) * 4  # 2 x dQ (BQ, D + 4) float32 for the bulk reductions
+    return 2 * (2 * _BK * head_dim + 4 * _BQ * head_dim + _BK * _BQ) + dq_staging + 4 * 4 * _BQ + 1024
 
 
-def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv) -> None:
+def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuning: int) -> None:
     """float32 dq (zeroed: the kernel adds into it), dk, dv of contiguous, checked bf16 inputs, from the
-    forward's lse and delta = rowsum(dout * out), written in place."""
+    forward's lse and delta = rowsum(dout * out), written in place. `tuning`: extra -D defines (timing
+    experiments, e.g. BWD_ABLATE)."""
     B, T, Hq, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     smem = _backward_smem(D)
-    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, CONSUMERS=_consumers(D))
+    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, **tuning)
     kernel.max_dynamic_shared_size_bytes = smem
     sizes = (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
     grid = ((S + _BK - 1) // _BK, Hkv, B)
