@@ -154,16 +154,18 @@ def test_a_run_with_recompute_is_bitwise_the_run_without(tmp_path, dataset) -> N
 @pytest.mark.gpu
 def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatch) -> None:
     """One GPU, bf16 activations: the step with recompute is captured as a CUDA graph, its first loss is
-    the same number (the same forward), later losses and the weights agree within the run-to-run spread
-    of the atomics in the attention and norm backward, and its graph's pool holds less memory."""
+    the same number (the same forward), later losses agree, and its weights differ from the run without
+    by no more than two runs without differ from each other (the atomics in the attention and norm
+    backward sum in any order; AdamW turns a gradient's noise into a full-size step where the gradient is
+    near zero, so element-wise tolerances would judge noise), and its graph's pool holds less memory."""
     cp = pytest.importorskip("cupy")
     monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = euler_model.preset("gpu", n_layers=4, context=256)
     base = euler_model.init_params(cfg, seed=0, xp=cp)
     rng = np.random.default_rng(0)
     micro = [(rng.integers(0, cfg.vocab_size, (8, 256)), rng.integers(0, cfg.vocab_size, (8, 259)), None)]
-    out = {}
-    for recompute in (False, True):
+    out = []
+    for recompute in (False, False, True):
         params = {k: v.copy() for k, v in base.items()}
         opt = make_optimizer(params, resolve_config("gpu")["train"])
         step = GraphStep(cfg, params, opt, Comm(), 1.0, recompute)
@@ -174,10 +176,16 @@ def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatc
             opt.t += 1
             losses.append(loss)
         assert step.graph is not None
-        out[recompute] = (losses, {k: cp.asnumpy(v) for k, v in params.items()}, step.memory_bytes())
-    (kept, w_kept, mem_kept), (rerun, w_rerun, mem_rerun) = out[False], out[True]
+        out.append((losses, {k: cp.asnumpy(v) for k, v in params.items()}, step.memory_bytes()))
+    (kept, w_kept, mem_kept), (_, w_again, _), (rerun, w_rerun, mem_rerun) = out
     assert rerun[0] == kept[0]
     np.testing.assert_allclose(rerun, kept, rtol=1e-3)
-    for name, w in w_kept.items():
-        np.testing.assert_allclose(w_rerun[name], w, rtol=1e-2, atol=1e-5, err_msg=name)
+    w0 = {k: cp.asnumpy(v) for k, v in base.items()}
+
+    def distance(a: dict, b: dict) -> float:
+        return float(np.sqrt(sum(np.sum((a[k].astype(np.float64) - b[k]) ** 2) for k in a)))
+
+    moved, spread, apart = distance(w_kept, w0), distance(w_again, w_kept), distance(w_rerun, w_kept)
+    print(f"weights moved {moved:.3e}; two runs without apart {spread:.3e}; with vs without {apart:.3e}")
+    assert apart <= 3 * spread + 1e-3 * moved, (apart, spread, moved)
     assert mem_rerun < 0.8 * mem_kept, (mem_rerun, mem_kept)
