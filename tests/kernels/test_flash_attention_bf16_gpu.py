@@ -235,3 +235,24 @@ def test_bad_inputs_raise():
         flash_attention_forward_bf16(q16.astype(cp.float32), q16, q16, True)
     with pytest.raises(ValueError, match="T <= S"):
         flash_attention_forward_bf16(q16, q16[:, :3], q16[:, :3], True)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(
+    "t,s,hq,hkv",
+    [
+        (7, 7, 12, 1),
+        (64, 64, 3, 1),
+        (129, 129, 12, 12),
+        (512, 512, 12, 4),
+        (1, 2048, 12, 1),
+        (200, 2048, 3, 1),
+        (2048, 2048, 12, 1),
+    ],
+)
+def test_issue_shapes_match_float64(t, s, hq, hkv, d):
+    """The test matrix of issue 17 (T 7 to 2048, GQA 1, 3 and 12, T < S, decode T = 1), causal; T = 8192 is
+    held against a float32 reference by benchmarks/bench_attention_gpu.py (float64 here would need GBs)."""
+    rng = np.random.default_rng(7 * t + s + d)
+    bits, exact = make_inputs(rng, 1, t, s, hq, hkv, d)
+    check(bits, exact, True, f"T={t} S={s} Hq={hq} Hkv={hkv} D={d}: ")
