@@ -43,6 +43,16 @@ def test_greedy_rows_equal_one_prompt_generation(dtype, seed) -> None:
     assert stats.forwards == len(prompts) + max(len(t) for t in want) - 1  # prefills + decode steps
 
 
+def test_rows_across_attention_windows_equal_one_prompt_generation() -> None:
+    """`small` (context 128) reads its cache in windows of 64 slots, then 128, as the rows grow."""
+    cfg = preset("small")
+    params = scaled_params(cfg, 5, np.float32, scale=3.0)
+    prompts = random_prompts(cfg, [60, 5, 70], 5)
+    out = generate_batch(cfg, params, prompts, [20, 20, 58], temperature=0.0)
+    assert [c.tokens for c in out] == reference(cfg, params, prompts, [20, 20, 58], temperature=0.0)
+    assert len(out[2].tokens) == 58  # row 2 ends at the context's last position
+
+
 def test_stop_tokens_per_row_and_shared(seed=3) -> None:
     cfg = preset("tiny")
     params = scaled_params(cfg, seed)

@@ -5,12 +5,13 @@
 
 Everything that changes from step to step (tokens, positions, counts, the KV cache) lives in the
 DecodeState's preallocated device buffers and is updated in place; the step reads no value back to the
-host and has the same shapes at every step, so the same code runs eagerly (NumPy, or CuPy uncaptured) and
-captured as a CUDA graph (decode_graph.py). The blocks are the training blocks' (blocks.py: the norms,
-projections, RoPE and SwiGLU of euler-kernels); only attention differs: the queries of the batch sit at
-different positions, RoPE reads each row's position from the device (the rows of the batch play the part
-of RoPE's time axis, with tables gathered at their positions), and attention reads the static cache
-(decode_attention.py).
+host and has the same shapes at every step with the same attention window (the cache slots it reads,
+which the host picks from the step count alone: attention_window), so the same code runs eagerly (NumPy,
+or CuPy uncaptured) and captured as one CUDA graph per window (decode_graph.py). The blocks are the
+training blocks' (blocks.py: the norms, projections, RoPE and SwiGLU of euler-kernels); only attention
+differs: the queries of the batch sit at different positions, RoPE reads each row's position from the
+device (the rows of the batch play the part of RoPE's time axis, with tables gathered at their
+positions), and attention reads the static cache (decode_attention.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from euler_model.decode_attention import decode_attention, key_bias
 from euler_model.decode_state import DecodeState
 from euler_model.model import _with_bf16_copies, rope_for
 from euler_model.sampling import inverse_cdf, penalize_rows, sampling_probs
+
+WINDOW = 64  # attention reads the cache in multiples of this many slots (one CUDA graph per multiple)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ def _attention_block(
     qk, _ = ek.rope_forward(qkv[:, : (hq + hkv) * d].reshape(1, b, hq + hkv, d), *rope_rows[:2])
     state.k[layer, state.rows, :, state.pos] = qk[0, :, hq:]  # slot pos[b] of row b: (B, Hkv, D)
     state.v[layer, state.rows, :, state.pos] = qkv[:, (hq + hkv) * d :].reshape(b, hkv, d)
-    a = decode_attention(qk[0, :, :hq], state.k[layer], state.v[layer], rope_rows[2])  # (B, Hq, D)
+    window = rope_rows[2].shape[-1]  # the keys attended to: slots 0..window-1 hold every row's
+    k, v = state.k[layer, :, :, :window], state.v[layer, :, :, :window]  # (B, Hkv, W, D) views
+    a = decode_attention(qk[0, :, :hq], k, v, rope_rows[2])  # (B, Hq, D)
     o, _ = ek.linear_forward(a.reshape(b, hq * d), w[prefix + "wo"])  # (B, C)
     return s, o
 
@@ -74,13 +79,14 @@ def _ffn_block(config: ModelConfig, w: dict, prefix: str, stream: tuple) -> tupl
     return s, o
 
 
-def decode_hidden(config: ModelConfig, weights: dict[str, Any], state: DecodeState) -> Any:
-    """The final-normed hidden state (B, C) after feeding each row's last token at its position."""
+def decode_hidden(config: ModelConfig, weights: dict[str, Any], state: DecodeState, window: int) -> Any:
+    """The final-normed hidden state (B, C) after feeding each row's last token at its position; attention
+    reads the first `window` slots of the cache, which must exceed every row's position."""
     xp = ek.get_array_module(state.pos)
     cos, sin = rope_for(config, weights["embed"])  # (context, D/2) each
-    # row b's RoPE angles (B, D/2) twice, and the mask (B, 1, 1, S) of the keys it sees: shared by the layers
+    # row b's RoPE angles (B, D/2) twice, and the mask (B, 1, 1, W) of the keys it sees: shared by the layers
     at_pos = (xp.take(cos, state.pos, axis=0), xp.take(sin, state.pos, axis=0))
-    at_pos += (key_bias(state.keys, state.pos, state.k.dtype),)
+    at_pos += (key_bias(state.keys[:window], state.pos, state.k.dtype),)
     stream = (xp.take(weights["embed"], state.last, axis=0), None)  # (B, C); ids are the model's own
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
@@ -90,10 +96,25 @@ def decode_hidden(config: ModelConfig, weights: dict[str, Any], state: DecodeSta
     return h
 
 
-def decode_step(config: ModelConfig, weights: dict[str, Any], state: DecodeState, picker: Picker) -> None:
-    """Feed each row's last token, then pick and record its next one (device work only, in place)."""
-    z, _ = ek.linear_forward(decode_hidden(config, weights, state), weights["heads.0"])  # (B, V)
+def decode_step(
+    config: ModelConfig, weights: dict[str, Any], state: DecodeState, picker: Picker, window: int
+) -> None:
+    """Feed each row's last token, then pick and record its next one (device work only, in place); the
+    host passes a `window` of cache slots above every row's position (see attention_window)."""
+    z, _ = ek.linear_forward(decode_hidden(config, weights, state, window), weights["heads.0"])  # (B, V)
     state.record(picker.pick(z, state))
+
+
+def attention_window(config: ModelConfig, last_position: int) -> int:
+    """The cache slots a step attends to when no row is past last_position: that bound rounded up to a
+    multiple of WINDOW (at most the context), so a few captured graphs serve a whole generation while
+    attention reads little more than the filled slots.
+
+    >>> from euler_model.config import preset
+    >>> [attention_window(preset("gpu"), p) for p in (16, 63, 64, 600)]
+    [64, 64, 128, 512]
+    """
+    return min(config.context, (last_position // WINDOW + 1) * WINDOW)
 
 
 def inference_weights(config: ModelConfig, params: dict[str, Any]) -> dict[str, Any]:

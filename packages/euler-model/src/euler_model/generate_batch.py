@@ -22,7 +22,7 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.decode_graph import decode_runner
 from euler_model.decode_state import DecodeState
-from euler_model.decode_step import Picker, decode_step, inference_weights
+from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
 from euler_model.generate import GenerationStats, checked_prompt
 from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
@@ -128,10 +128,10 @@ def generate_batch(
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
     state.record(picker.pick(_prefill(config, params, state, rows), state))
     weights = inference_weights(config, params)
-    runner = decode_runner(lambda: decode_step(config, weights, state, picker), state.done, cuda_graph)
-    every, steps = (1 if xp is np else SYNC_EVERY), 0
+    runner = decode_runner(lambda w: decode_step(config, weights, state, picker, w), state.done, cuda_graph)
+    every, steps, longest = (1 if xp is np else SYNC_EVERY), 0, max(len(p) for p in rows)
     while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
-        runner.run()
+        runner.run(attention_window(config, longest + steps))  # no row is past position longest + steps
         steps += 1
     runner.synchronize()
     if temperature > 0 and bool(state.bad.any()):
