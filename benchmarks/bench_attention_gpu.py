@@ -20,6 +20,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_kernels_gpu import time_ms  # the same CUDA-event median as the other GPU benchmarks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from euler_kernels.cuda import cast, flash_attention_sm90
@@ -39,22 +40,6 @@ BACKENDS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
 FAMILIES = ("sm90", "mma")
-
-
-def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() between CUDA events on the current stream."""
-    for _ in range(warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
 
 
 def rel(a, b) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import cupy as cp
 import numpy as np
+from bench_kernels_gpu import time_ms  # the same CUDA-event median as the other GPU benchmarks
 
 from euler_kernels.cuda import cast, flash_attention_sm90
 from euler_kernels.cuda.flash_attention import flash_attention_forward_bf16
@@ -28,21 +29,6 @@ FORWARD = [
     {"FWD_ABLATE": 2},
 ]
 BACKWARD = [{}, {"DQ_MODE": 1}, {"PINGPONG": 1}, {"BWD_ABLATE": 1}, {"BWD_ABLATE": 2}]
-
-
-def time_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
 
 
 def forward_variant(q, k, v, ref, lse, flops: float, tuning: dict) -> str:

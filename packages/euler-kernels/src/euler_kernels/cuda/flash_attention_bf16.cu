@@ -200,14 +200,7 @@ flash_attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf1
             mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
         }
         float alpha[2], m_new[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            // finite after the first tile: key 0 is visible to every row
-            m_new[r] = fmaxf(m[r], quad_max(mx[r]) * sl2);
-            alpha[r] = fast_exp2(m[r] - m_new[r]);
-            m[r] = m_new[r];
-            l[r] *= alpha[r];
-        }
+        update_running_max(m, l, mx, sl2, m_new, alpha);
 #pragma unroll
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll

@@ -120,14 +120,7 @@ __device__ __forceinline__ void softmax_tile(float* s, unsigned (*p)[4], float* 
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
     float m_new[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        // finite after the first tile: key 0 is visible to every row
-        m_new[r] = fmaxf(m[r], quad_max(mx[r]) * sl2);
-        alpha[r] = fast_exp2(m[r] - m_new[r]);
-        m[r] = m_new[r];
-        l[r] *= alpha[r];
-    }
+    update_running_max(m, l, mx, sl2, m_new, alpha);
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) {
         const int r = (i >> 1) & 1;

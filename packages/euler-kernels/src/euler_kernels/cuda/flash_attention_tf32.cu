@@ -6,6 +6,7 @@
 // t = lane % 4): A (16 x 8): a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
 // B (8 x 8): b0 (t, g), b1 (t + 4, g); C (16 x 8): c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
 #include "common.cuh"
+#include "flash_common.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -18,8 +19,6 @@
 #define PPAD (TILE + 4)
 #define KSTEPS (HEAD_DIM / 8)   // k-steps over the head dimension
 #define DT (HEAD_DIM / 8)       // n-tiles over the head dimension
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ float tf32(float x) {
     unsigned r;
@@ -79,15 +78,6 @@ __device__ __forceinline__ void stage(float* tile, int ld, const float* src, int
         dst[2] = tf32(x.z * scale);
         dst[3] = tf32(x.w * scale);
     }
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
-    return fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(FULL_MASK, v, 1);
-    return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
 extern "C" __global__ void __launch_bounds__(NT)

@@ -48,3 +48,18 @@ __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(FULL_MASK, v, 1);
     return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
+
+// The online softmax's running state of this thread's two rows (g, g + 8) after one more tile whose
+// per-thread raw-score maxima are mx: m becomes the new running max (log2 units, also returned in m_new),
+// alpha the factor that rescales the old sum l (done here) and the old output (the caller's).
+__device__ __forceinline__ void update_running_max(float* m, float* l, const float* mx, float sl2, float* m_new,
+                                                   float* alpha) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // finite after the first tile: key 0 is visible to every row
+        m_new[r] = fmaxf(m[r], quad_max(mx[r]) * sl2);
+        alpha[r] = fast_exp2(m[r] - m_new[r]);
+        m[r] = m_new[r];
+        l[r] *= alpha[r];
+    }
+}
