@@ -195,3 +195,38 @@ def test_decode_and_token_bytes_take_any_integer_sequence(small_tok: Tokenizer) 
     assert small_tok.token_bytes(np.int64(104)) == small_tok.token_bytes(104)
     with pytest.raises(ValueError):
         small_tok.token_bytes(True)
+
+
+def test_encode_array_packs_the_same_ids_as_encode(small_tok: Tokenizer) -> None:
+    from array import array
+
+    from euler_bpe._encode import WordEncoder
+    from euler_bpe._pretokenize import split_words
+
+    texts = ["Hello world's end, again\n\n  and again", "naïve café “quoted” 12345", "", "x\ud800y"]
+    enc = small_tok._encoder
+    for text in texts * 2:  # the second time from the cache
+        for raw in (False, True):
+            merged = [i for word in split_words(text) for i in enc.word_ids(word, raw)]  # uncached
+            got = enc.encode_array(text, raw)
+            assert got.typecode == "H" and got.tolist() == merged == enc.encode(text, raw)
+    assert "x\ud800y" not in enc.cache and "\ud800" not in "".join(enc.cache)  # never cached
+    # raw lone surrogates are the bytes they escape; otherwise U+FFFD, as encode_bytes / encode give
+    data = b"a\xff b"
+    assert small_tok.decode_bytes(small_tok.encode_bytes(data)) == data
+    assert small_tok.encode("x\ud800y") == small_tok.encode("x\ufffdy")
+    # ids past 16 bits: the cache packs 32-bit ids
+    wide = WordEncoder(list(range(256)), {(104, 105): (0, 70_000)})
+    assert wide.typecode == "I" and wide.encode_array("hi hi") == array("I", [70_000, 32, 70_000])
+    assert wide.encode("hi hi") == [70_000, 32, 70_000]
+    byte_level = WordEncoder(list(range(256)), {})
+    assert byte_level.encode_array("é") == array("H", [195, 169]) and not byte_level.cache
+
+
+def test_encode_batch_typecode_i_converts_the_packed_ids(small_tok: Tokenizer) -> None:
+    texts = [f"line {i} of text\n" * 200 for i in range(60)]
+    for workers in (1, 2):
+        got = small_tok.encode_batch(texts, workers=workers, typecode="I")
+        assert all(a.typecode == "I" for a in got)
+        assert [a.tolist() for a in got] == [small_tok.encode(t) for t in texts]
+    small_tok.close()

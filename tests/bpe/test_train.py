@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from array import array
 
 import pytest
 from hypothesis import given
@@ -210,8 +211,8 @@ def test_training_leaves_each_word_cached_as_encoding_would_merge_it() -> None:
     tok = Tokenizer.train([text], vocab_size=400)
     enc = tok._encoder
     assert set(enc.cache) == set(split_words(text))  # training's words start the cache
-    for word, ids in enc.cache.items():
-        assert list(ids) == merge_word(list(word.encode("utf-8")), enc.merges), word
+    for word, ids in enc.cache.items():  # packed ids: the bytes of an array of enc.typecode
+        assert array(enc.typecode, ids).tolist() == merge_word(list(word.encode("utf-8")), enc.merges), word
     cold = Tokenizer(tok.tokens, tok.merges, tok.special_tokens)  # the same tokenizer, empty cache
     assert not cold._encoder.cache
     assert tok.encode(text) == cold.encode(text)

@@ -12,6 +12,7 @@ rule of GPT-2's original encoder (and therefore of tiktoken's `gpt2` encoding).
 from __future__ import annotations
 
 import heapq
+from array import array
 from itertools import pairwise, repeat
 
 from euler_bpe._pretokenize import GPT2_PATTERN, finder
@@ -126,12 +127,25 @@ def word_bytes(word: str, raw: bool) -> bytes:
     return word.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
 
+class WordCache(dict):
+    """word -> the bytes of its ids as an array of the encoder's typecode; a missing word is merged and
+    stored by the encoder (``__missing__``), so a lookup of every word is one ``map`` in C."""
+
+    __slots__ = ("encoder",)
+
+    def __missing__(self, word: str) -> bytes:
+        return self.encoder._miss(word)
+
+
 class WordEncoder:
     """Encodes text without special tokens: pretokenize, then merge each word once (cached).
 
+    The cache holds each word's ids as packed bytes (``typecode``: "H" when every id fits 16 bits, else
+    "I"), so a text's ids are one ``b"".join`` of its words' entries: no Python int per token.
+
     >>> enc = WordEncoder(list(range(256)), {(104, 105): (0, 256)})
-    >>> enc.encode("hi hi")
-    [256, 32, 256]
+    >>> enc.encode("hi hi"), enc.encode_array("hi hi")
+    ([256, 32, 256], array('H', [256, 32, 256]))
     """
 
     def __init__(
@@ -140,7 +154,10 @@ class WordEncoder:
         self.byte_ids = byte_ids  # byte value -> token id
         self.merges = merges
         self.findall = finder(pattern or GPT2_PATTERN)
-        self.cache: dict[str, tuple[int, ...]] = {}
+        top = max([*byte_ids, *(new for _, new in merges.values())], default=0)
+        self.typecode = "H" if top < 1 << 16 else "I"
+        self.cache = WordCache()
+        self.cache.encoder = self
         self.cache_limit = cache_limit
 
     def bytes_ids(self, data: bytes) -> tuple[int, ...]:
@@ -151,38 +168,47 @@ class WordEncoder:
         """The ids of one pretokenized word (not cached; the cache is managed by `encode`)."""
         return self.bytes_ids(word_bytes(word, raw))
 
-    def _miss(self, word: str, raw: bool) -> tuple[int, ...]:
-        try:
-            data = word.encode("utf-8")
-        except UnicodeEncodeError:
-            return self.word_ids(word, raw)  # lone surrogates: their bytes depend on `raw`, no caching
+    def _miss(self, word: str) -> bytes:
+        """Merge a word of valid text (no lone surrogates) and cache it."""
         if len(self.cache) >= self.cache_limit:
             self.cache.clear()  # a crude bound on memory: start over
-        ids = self.cache[word] = self.bytes_ids(data)
+        ids = self.cache[word] = array(self.typecode, self.bytes_ids(word.encode("utf-8"))).tobytes()
         return ids
 
     def warm(self, words: dict[bytes, list[int]]) -> None:
         """Cache words whose ids are already known (UTF-8 bytes -> ids; other bytes are skipped).
 
         >>> enc = WordEncoder(list(range(256)), {(104, 105): (0, 256)})
-        >>> enc.warm({b"hi": [256], b"\\xff": [255]}); enc.cache
-        {'hi': (256,)}
+        >>> enc.warm({b"hi": [256], b"\\xff": [255]}); list(enc.cache)
+        ['hi']
         """
         for data, ids in words.items():
             if len(self.cache) >= self.cache_limit:
                 break
             try:
-                self.cache[data.decode("utf-8")] = tuple(ids)
+                self.cache[data.decode("utf-8")] = array(self.typecode, ids).tobytes()
             except UnicodeDecodeError:
                 continue  # not a str word (raw bytes of a file): the encoder never looks it up
 
+    def encode_array(self, text: str, raw: bool = False) -> array:
+        """Token ids of `text` as an array of `typecode`; `raw`: lone surrogates stand for raw bytes."""
+        out = array(self.typecode)
+        if text.isascii() or exact_bytes(text, False) is not None:  # valid text: every word is cached
+            if not self.merges:  # the byte tokenizer: the ids are the bytes, no words
+                out.extend(map(self.byte_ids.__getitem__, text.encode("utf-8")))
+            else:
+                out.frombytes(b"".join(map(self.cache.__getitem__, self.findall(text))))
+            return out
+        # lone surrogates: a word's bytes depend on `raw`, so such text is merged word by word, uncached
+        if not self.merges:
+            data = exact_bytes(text, raw)
+            if data is not None:
+                out.extend(map(self.byte_ids.__getitem__, data))
+                return out
+        for word in self.findall(text):
+            out.extend(self.word_ids(word, raw))
+        return out
+
     def encode(self, text: str, raw: bool = False) -> list[int]:
         """Token ids of `text`; `raw` means lone surrogates stand for raw bytes (see `word_bytes`)."""
-        data = None if self.merges else exact_bytes(text, raw)
-        if data is not None:  # nothing to merge (the byte tokenizer): the ids are the bytes, no words
-            return list(map(self.byte_ids.__getitem__, data))
-        get, miss, out = self.cache.get, self._miss, []
-        for word in self.findall(text):
-            ids = get(word)
-            out += ids if ids is not None else miss(word, raw)
-        return out
+        return self.encode_array(text, raw).tolist()

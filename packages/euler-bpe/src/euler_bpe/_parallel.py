@@ -35,7 +35,7 @@ def _init(state: dict, rebuild: Callable[[dict], Any]) -> None:
 def _encode_chunk(args: tuple[Sequence[str], Any, bool, str]) -> list[array]:
     texts, allowed, raw, typecode = args
     # An array travels back as raw bytes, much faster than a list of Python ints.
-    return [array(typecode, _WORKER._encode(t, allowed, raw)) for t in texts]
+    return [_WORKER._encode_array(t, allowed, raw, typecode) for t in texts]
 
 
 def _chunks(texts: Sequence[str], parts: int) -> list[Sequence[str]]:

@@ -143,6 +143,13 @@ class Tokenizer:
             out += [self.special_tokens[part]] if k % 2 else self._encoder.encode(part, raw)
         return out
 
+    def _encode_array(self, text: str, allowed_special: AllowedSpecial, raw: bool, typecode: str) -> array:
+        """`_encode` as an array of `typecode`, packed by the encoder itself when no special is allowed."""
+        if allowed_special:
+            return array(typecode, self._encode(text, allowed_special, raw))
+        ids = self._encoder.encode_array(text, raw)
+        return ids if ids.typecode == typecode else array(typecode, ids)
+
     def encode_bytes(self, data: bytes, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
         """Ids of raw bytes, valid UTF-8 or not; `decode_bytes` gives the same bytes back."""
         return self._encode(bytes(data).decode("utf-8", "surrogateescape"), allowed_special, raw=True)
@@ -188,8 +195,9 @@ class Tokenizer:
                 ) from None
         small = len(texts) < 2 or sum(map(len, texts)) < 1 << 16
         if workers <= 1 or small or not self.merges:  # no merges: encoding is one str.encode per text
-            encoded = (self._encode(t, allowed, raw) for t in texts)
-            return [array(typecode, ids) for ids in encoded] if typecode else list(encoded)
+            if typecode:
+                return [self._encode_array(t, allowed, raw, typecode) for t in texts]
+            return [self._encode(t, allowed, raw) for t in texts]
         if self._pool is None or self._pool.workers != workers:
             self.close()
             self._pool = WorkerPool(self, _io.to_dict(self._vocab), _rebuilt, workers)
