@@ -24,7 +24,7 @@ from euler_bpe.progress import progress_stream
 from euler_data import clean, dedup, filters, ingest, mix, shards, split
 from euler_data import tokenizer as tokenizer_stage
 from euler_data.counts import build_meta
-from euler_data.db import DB_NAME, connect, remove_temp
+from euler_data.db import connect, remove_temp, rewrite
 from euler_data.errors import DataError
 from euler_data.meta import write_meta
 from euler_data.network import resolve_mirror
@@ -103,10 +103,17 @@ def finish_stage(con, key: str, name: str, timing: dict, keep: bool) -> None:
     dropped = () if keep else CONSUMED.get(name, ())
     for table in dropped:
         con.execute(f"DROP TABLE IF EXISTS {table}")
-    if name == "split" and not keep:  # pieces hold the text now: deduped keeps its accounting only
-        con.execute("CREATE OR REPLACE TABLE deduped AS SELECT doc_id, source, hash, reason FROM deduped")
-    if dropped or name == "split":
+    if dropped:
         con.execute("CHECKPOINT")  # freed blocks are reused by the next stage
+
+
+def shed_text(state: dict[str, Any], out: Path) -> None:
+    """After split: ``pieces`` holds the text, so ``deduped`` keeps its accounting only, and the file is
+    rewritten without the freed blocks (tokenize's scratch token file grows next to it)."""
+    tables = {t: "*" for (t,) in state["con"].execute("SHOW TABLES").fetchall()}
+    state["con"].close()
+    rewrite(out, {**tables, "deduped": COMPACT_TABLES["deduped"]})
+    state["con"] = connect(out)
 
 
 def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool, keep: bool) -> dict:
@@ -140,6 +147,8 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
                 "mb_per_s": round(mb / seconds, 2),
             }
             finish_stage(con(), key, name, timings[name], keep)
+            if name == "split" and not keep:
+                shed_text(state, out)
         bar.update(1)
     bar.close()
     if "shards" not in state:  # tokenize finished in an earlier run: its shard list is in the table
@@ -177,15 +186,7 @@ def compact(out: Path) -> None:
     """Keep only the accounting (no text) in ``pipeline.duckdb``; remove the scratch files."""
     for name in (shards.SCRATCH, TRAINED):
         (out / name).unlink(missing_ok=True)
-    db, small = out / DB_NAME, out / f"{DB_NAME}.compact"
-    small.unlink(missing_ok=True)
-    con = connect(out)
-    con.execute(f"ATTACH '{small}' AS small")
-    for table, columns in COMPACT_TABLES.items():
-        con.execute(f"CREATE TABLE small.{table} AS SELECT {columns} FROM {table}")
-    con.close()
-    small.replace(db)
-    Path(f"{db}.wal").unlink(missing_ok=True)
+    rewrite(out, COMPACT_TABLES)
     remove_temp(out)
 
 

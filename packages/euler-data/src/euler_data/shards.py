@@ -26,7 +26,7 @@ import duckdb
 import numpy as np
 
 from euler_bpe import ENDOFTEXT, Tokenizer
-from euler_data.db import connect
+from euler_data.db import connect, source_attr
 from euler_data.raw_bytes import as_bytes, stored_bytes
 from euler_data.workers import stop_workers
 
@@ -76,16 +76,24 @@ def resume_point(con: duckdb.DuckDBPyConnection, scratch: Path) -> tuple[int, tu
 
 def fetch_batch(con: duckdb.DuckDBPyConnection, after: tuple[int, int]) -> list[tuple[int, int, str, bool]]:
     """The next pieces ``(doc_id, part, text, raw)`` after ``after`` in (doc_id, part) order, about
-    BATCH_CHARS characters."""
-    cursor = con.execute(
-        "SELECT doc_id, part, text, s.raw FROM pieces JOIN sources s USING (source) "
-        "WHERE doc_id > ? OR (doc_id = ? AND part > ?) ORDER BY doc_id, part",
-        [after[0], after[0], after[1]],
-    )
-    rows, size = [], 0
+    BATCH_CHARS characters.
+
+    ``pieces`` is stored in (doc_id, part) order (split writes it as a projection of ``deduped``), so
+    the rows stream in that order from a range scan: no ``ORDER BY``, which sorted (and spilled) all the
+    remaining text for every batch, a cost quadratic in the corpus.
+    """
+    raw = source_attr(con, "raw", "source")
+    cursor = con.execute(f"SELECT doc_id, part, text, {raw} FROM pieces WHERE doc_id >= ?", [after[0]])
+    rows, size, last = [], 0, after
     while size < BATCH_CHARS and (chunk := cursor.fetchmany(64)):  # overshoot: at most 63 pieces
-        rows += chunk
-        size += sum(len(row[2]) for row in chunk)
+        for row in chunk:
+            if row[:2] <= last:  # at or before the resume point, or out of order
+                if row[:2] > after:
+                    raise RuntimeError(f"tokenize: pieces are not in (doc_id, part) order at {row[:2]}")
+                continue
+            rows.append(row)
+            size += len(row[2])
+            last = row[:2]
     return rows
 
 
