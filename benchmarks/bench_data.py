@@ -9,7 +9,8 @@ tokenized, so the two sides alternate under the same machine load; medians are r
 ``--scale 0.3,1,3 --work DIR``: FineWeb-Edu-shaped parquet of that many GB of text (``scale_corpus``,
 built from the mirror's books) and ``euler-data prepare`` on it in a child process, polled every
 second for the memory of its process tree (RSS and PSS: the forked workers share pages) and the disk
-of its intermediates; then tiktoken and euler-bpe (one thread) on a 20 MB sample of the same text.
+of its intermediates; then tiktoken (one thread), euler-bpe (one thread) and euler-bpe's
+``encode_batch`` with 2 workers, interleaved three times on a 20 MB sample of the same text.
 """
 
 from __future__ import annotations
@@ -149,6 +150,27 @@ def sample_text(folder: Path, mb: float = 20) -> list[str]:
     return [t for (t,) in rows]
 
 
+def encoder_speeds(enc, tokenizer: Path, texts: list[str], reps: int) -> dict:
+    """MB/s on the same texts, interleaved so that all see the same load (medians of ``reps``): tiktoken
+    GPT-2 one thread, euler-bpe one thread, and ``encode_batch(workers=2, typecode="H")`` as the
+    tokenize stage calls it (a freshly loaded tokenizer each time: cold word caches)."""
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    names = ("tiktoken_1thread", "euler_encode_1thread", "euler_batch_2workers")
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(reps):
+        runs["tiktoken_1thread"].append(mb_per_s(enc.encode_ordinary, texts))
+        runs["euler_encode_1thread"].append(mb_per_s(Tokenizer.load(tokenizer).encode, texts))
+        tok = Tokenizer.load(tokenizer)
+        start = time.perf_counter()
+        tok.encode_batch(texts, workers=2, typecode="H")  # includes starting the two workers
+        runs["euler_batch_2workers"].append(nbytes / 1e6 / (time.perf_counter() - start))
+        tok.close()
+    out = {f"{name}_mb_per_s": round(statistics.median(v), 2) for name, v in runs.items()}
+    ratio = out["euler_batch_2workers_mb_per_s"] / out["tiktoken_1thread_mb_per_s"]
+    out["batch_2workers_vs_tiktoken"] = round(ratio, 3)
+    return out
+
+
 def scale_point(mirror: Path, work: Path, gb: float, vocab_size: int, enc, extra: list[str]) -> dict:
     source = work / f"corpus_{gb:g}gb"
     if not source.is_dir():
@@ -158,8 +180,7 @@ def scale_point(mirror: Path, work: Path, gb: float, vocab_size: int, enc, extra
     run = measure_prepare(source, out, vocab_size, extra)
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     texts = sample_text(source)
-    tik = mb_per_s(enc.encode_ordinary, texts)
-    ours_1 = mb_per_s(Tokenizer.load(out / "tokenizer.json").encode, texts)
+    encoders = encoder_speeds(enc, out / "tokenizer.json", texts, reps=3)
     gib = 1 << 30
     return {
         "gb_text": gb,
@@ -175,8 +196,7 @@ def scale_point(mirror: Path, work: Path, gb: float, vocab_size: int, enc, extra
         "documents": {"in": meta["documents_in"], "kept": meta["documents_kept"]},
         "stages": {name: s["seconds"] for name, s in meta["stages"].items()},
         "tokenize_mb_per_s": meta["stages"]["tokenize"]["mb_per_s"],
-        "tiktoken_1thread_mb_per_s": round(tik, 2),
-        "euler_encode_1thread_mb_per_s": round(ours_1, 2),
+        **encoders,
         "load_after": os.getloadavg(),
     }
 

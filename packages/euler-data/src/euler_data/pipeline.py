@@ -147,8 +147,11 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
                 "mb_per_s": round(mb / seconds, 2),
             }
             finish_stage(con(), key, name, timings[name], keep)
-            if name == "split" and not keep:
+            if name == "split" and not keep:  # after the record: a kill in between leaves more disk only
+                start = time.perf_counter()
                 shed_text(state, out)
+                seconds += time.perf_counter() - start  # counted in split's time (meta.json)
+                timings[name].update(seconds=round(seconds, 3), mb_per_s=round(mb / seconds, 2))
         bar.update(1)
     bar.close()
     if "shards" not in state:  # tokenize finished in an earlier run: its shard list is in the table
