@@ -117,7 +117,7 @@ def test_shapes_are_checked() -> None:
 
 @pytest.mark.parametrize("shape", [(3, 16, 48), (4, 48, 16), (2, 20, 20)])
 def test_newton_schulz_on_a_stack_equals_each_matrix_alone(shape) -> None:
-    """A NumPy stack (n, r, c) is orthogonalised matrix by matrix (as Muon's CPU step batches weights)."""
+    """A NumPy stack (n, r, c) is orthogonalised matrix by matrix (Muon's CPU step batches same-shape weights)."""
     rng = np.random.default_rng(sum(shape))
     stack = rng.standard_normal(shape) * rng.uniform(0.1, 10.0, (shape[0], 1, 1))
     together = ek.newton_schulz(stack)
