@@ -113,16 +113,3 @@ def test_shapes_are_checked() -> None:
         ek.muon_update([z], [np.zeros(3)], [z], np.ones(6, np.float32), np.ones(1, np.float32), 0)
     with pytest.raises(ValueError, match="newton_schulz: needs a 2-D matrix"):
         ek.newton_schulz(np.zeros(3))
-
-
-@pytest.mark.parametrize("shape", [(3, 16, 48), (4, 48, 16), (2, 20, 20)])
-def test_newton_schulz_on_a_stack_equals_each_matrix_alone(shape) -> None:
-    """A NumPy stack (n, r, c) is orthogonalised matrix by matrix (Muon's CPU step batches same-shape weights)."""
-    rng = np.random.default_rng(sum(shape))
-    stack = rng.standard_normal(shape) * rng.uniform(0.1, 10.0, (shape[0], 1, 1))
-    together = ek.newton_schulz(stack)
-    for i in range(shape[0]):
-        np.testing.assert_allclose(together[i], ek.newton_schulz(stack[i]), rtol=1e-12, atol=1e-12)
-    together32 = ek.newton_schulz(stack.astype(np.float32))
-    assert together32.dtype == np.float32
-    np.testing.assert_allclose(together32, together, atol=2e-5)

@@ -70,22 +70,11 @@ def muon_update(
     if apply == 0.0:
         return
     lr = float(hyper[lr_slot])
-    updates = []
-    for g, m in zip(grads, bufs):
+    for p, m, g in zip(params, bufs, grads):
+        xp = get_array_module(p)
         g = g * scale if scale != 1.0 else g
         m += (1.0 - momentum) * (g - m)
-        updates.append(g + momentum * (m - g) if nesterov else m)
-    # matrices of one shape and dtype are orthogonalised together, as one stack (batched products)
-    groups: dict[tuple, list[int]] = {}
-    for i, u in enumerate(updates):
-        groups.setdefault((u.shape, u.dtype.str, get_array_module(u).__name__), []).append(i)
-    for members in groups.values():
-        xp = get_array_module(updates[members[0]])
-        if xp.__name__ == "numpy":
-            steps = newton_schulz(xp.stack([updates[i] for i in members]))
-        else:  # a CuPy array on the unfused path: one matrix at a time
-            steps = [newton_schulz(updates[i]) for i in members]
-        for i, step in zip(members, steps):
-            p = params[i]
-            p *= 1.0 - lr * weight_decay
-            p -= (lr * muon_shape_scale(p.shape)) * step
+        u = g + momentum * (m - g) if nesterov else m
+        step = newton_schulz(xp.asarray(u))
+        p *= 1.0 - lr * weight_decay
+        p -= (lr * muon_shape_scale(p.shape)) * step

@@ -28,28 +28,24 @@ def newton_schulz(
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = NS_EPS,
 ) -> Any:
-    """The orthogonalised (r, c) matrix; float32 CuPy input gives a bf16 (uint16) CuPy result. On NumPy g may
-    also be a stack (n, r, c) of matrices of one shape, each orthogonalised on its own in batched products
-    (one BLAS call per product for all n: what Muon's CPU step does with the layers' same-shape weights).
+    """The orthogonalised (r, c) matrix; float32 CuPy input gives a bf16 (uint16) CuPy result.
 
     >>> import numpy as np
     >>> x = newton_schulz(np.diag([4.0, 1.0, 0.25]))
     >>> bool(np.all((np.diag(x) > 0.6) & (np.diag(x) < 1.3)))  # every singular value near 1
     True
     """
-    xp = get_array_module(g)
-    if g.ndim != 2 and not (g.ndim == 3 and xp.__name__ == "numpy"):
-        raise ValueError(f"newton_schulz: needs a 2-D matrix (or a NumPy stack of them), got shape {g.shape}")
+    if g.ndim != 2:
+        raise ValueError(f"newton_schulz: needs a 2-D matrix, got shape {g.shape}")
     if cuda.fused(g):
         return newton_schulz_cuda.newton_schulz_bf16(
             g if g.flags.c_contiguous else g.copy(), steps, coefficients, eps
         )
+    xp = get_array_module(g)
     a, b, c = coefficients
-    tall = g.shape[-2] > g.shape[-1]
-    x = xp.swapaxes(g, -1, -2) if tall else g  # (..., r, c) with r <= c: the Gram matrix is the smaller one
-    norms = xp.sqrt(xp.sum(x * x, axis=(-2, -1), keepdims=True))  # Frobenius norm of each matrix
-    x = x / xp.maximum(norms, eps)
+    x = g.T if g.shape[0] > g.shape[1] else g
+    x = x / max(float(xp.linalg.norm(x)), eps)
     for _ in range(steps):
-        gram = x @ xp.swapaxes(x, -1, -2)
+        gram = x @ x.T
         x = a * x + (b * gram + c * (gram @ gram)) @ x
-    return xp.swapaxes(x, -1, -2) if tall else x
+    return x.T if g.shape[0] > g.shape[1] else x
