@@ -20,13 +20,19 @@ THREADS = 256  # threads per block of the elementwise and row kernels
 GRID_CAP = 132 * 32  # enough blocks to fill an H200's 132 SMs for grid-stride loops
 
 
+def _source_and_options(filename: str, defines: tuple[tuple[str, int], ...]) -> tuple[str, tuple[str, ...]]:
+    """The text of `filename` (in this folder), its errors naming the real file, and the compiler options
+    every build takes: C++17, this folder for the headers, the `-D` defines."""
+    path = CUDA_DIR / filename
+    source = f'#line 1 "{path}"\n' + path.read_text()
+    return source, ("-std=c++17", f"-I{CUDA_DIR}", *(f"-D{name}={value}" for name, value in defines))
+
+
 @functools.cache
 def load_module(filename: str, defines: tuple[tuple[str, int], ...] = ()):
     """The compiled RawModule for `filename` (in this folder) with the given `-D` defines."""
     cupy = require_cuda()
-    path = CUDA_DIR / filename
-    source = f'#line 1 "{path}"\n' + path.read_text()
-    options = ("-std=c++17", f"-I{CUDA_DIR}", *(f"-D{name}={value}" for name, value in defines))
+    source, options = _source_and_options(filename, defines)
     return cupy.RawModule(code=source, options=options)
 
 
@@ -48,14 +54,12 @@ def load_module_sm90a(filename: str, defines: tuple[tuple[str, int], ...] = ()):
     headers, the options and the NVRTC version."""
     cupy = require_cuda()
     nvrtc = cupy.cuda.nvrtc
-    path = CUDA_DIR / filename
-    source = f'#line 1 "{path}"\n' + path.read_text()
-    options = ("-std=c++17", f"-I{CUDA_DIR}", "--gpu-architecture=sm_90a")
-    options += tuple(f"-D{name}={value}" for name, value in defines)
+    source, options = _source_and_options(filename, defines)
+    options += ("--gpu-architecture=sm_90a",)
     key = hashlib.sha256(repr((source, options, nvrtc.getVersion())).encode())
     for header in sorted(CUDA_DIR.glob("*.cuh")):
         key.update(header.read_bytes())
-    cached = cubin_cache_dir() / f"{path.stem}-{key.hexdigest()[:24]}.cubin"
+    cached = cubin_cache_dir() / f"{Path(filename).stem}-{key.hexdigest()[:24]}.cubin"
     if not cached.exists():
         program = nvrtc.createProgram(source, filename, (), ())
         try:

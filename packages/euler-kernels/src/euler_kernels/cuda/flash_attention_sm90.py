@@ -22,6 +22,7 @@ _SOURCE = "flash_attention_sm90.cu"
 KERNEL_ENV = "EULER_FLASH_KERNEL"
 _CHOICES = ("auto", "sm90", "mma")
 _BN = 128  # keys per tile (BN in the .cu file)
+_CONSUMERS = 2  # forward warpgroups of 64 query rows per block (CONSUMERS in the .cu file)
 
 
 @functools.cache
@@ -44,11 +45,6 @@ def use_sm90() -> bool:
     return hopper and choice != "mma"
 
 
-def _consumers(head_dim: int) -> int:
-    """Warpgroups of 64 query rows per forward block (CONSUMERS in the .cu file)."""
-    return 2
-
-
 def _stages(head_dim: int) -> int:
     """K, V buffers of the forward (STAGES in the .cu file): 3 pipelines P V under the next tile's softmax,
     which paid at head_dim 128 on the H200 (benchmarks/tune_attention_sm90.py), not at 64."""
@@ -66,7 +62,7 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **
     benchmarks/tune_attention_sm90.py)."""
     B, T, Hq, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
-    consumers = tuning.get("CONSUMERS", _consumers(D))
+    consumers = tuning.get("CONSUMERS", _CONSUMERS)
     stages = tuning.get("STAGES", _stages(D))
     smem = _forward_smem(D, consumers, stages, tuning.get("BN", _BN))
     defines = {"HEAD_DIM": D, "CONSUMERS": consumers, "STAGES": stages, **tuning}
