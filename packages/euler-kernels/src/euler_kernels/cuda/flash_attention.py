@@ -18,6 +18,7 @@ import numpy as np
 
 from euler_kernels.cuda import flash_attention_sm90
 from euler_kernels.cuda._module import THREADS, blocks, contiguous, get_kernel
+from euler_kernels.cuda.flash_attention_sm90 import kernel_sizes
 
 HEAD_DIMS = (64, 128)  # the head sizes the kernels are compiled for (-D HEAD_DIM)
 
@@ -42,13 +43,6 @@ def check_head_dim(fn: str, head_dim: int) -> None:
 def tf32_enabled() -> bool:
     """TF32 tensor-core math for float32 matmuls and attention, as CuPy's own CUPY_TF32=1 switch."""
     return os.environ.get("CUPY_TF32", "0") == "1"
-
-
-def _sizes(q: Any, k: Any, causal: bool) -> tuple:
-    """The scalar kernel arguments shared by every forward and backward: T, S, Hq, Hkv, scale, causal."""
-    _, T, Hq, D = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
-    return (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
 
 
 # --- float32: exact (flash_attention.cu) or TF32 (flash_attention_tf32.cu) ---------------------------
@@ -97,7 +91,7 @@ def flash_attention_forward(
     out = cupy.empty_like(q)
     lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
     kernel = _float32_kernel(D, backward=False, tf32=tf32)
-    args = (out, lse, q, k, v, *_sizes(q, k, causal))
+    args = (out, lse, q, k, v, *kernel_sizes(q, k, causal))
     threads = 128 if tf32 else 256
     kernel((blocks(T, _TILE), Hq, B), (threads,), args, shared_mem=_float32_smem(D, False, tf32))
     return out, lse
@@ -121,7 +115,7 @@ def flash_attention_backward(
     dq = cupy.zeros_like(q)
     dk, dv = cupy.empty_like(k), cupy.empty_like(v)
     kernel = _float32_kernel(D, backward=True, tf32=tf32)
-    args = (dq, dk, dv, q, k, v, dout, lse, delta, *_sizes(q, k, causal))
+    args = (dq, dk, dv, q, k, v, dout, lse, delta, *kernel_sizes(q, k, causal))
     threads = 128 if tf32 else 256
     kernel((blocks(S, _TILE), Hkv, B), (threads,), args, shared_mem=_float32_smem(D, True, tf32))
     return dq, dk, dv
@@ -194,7 +188,7 @@ def flash_attention_forward_bf16(q16: Any, k16: Any, v16: Any, causal: bool) -> 
         return out16, lse
     smem = _bf16_smem_forward(D)
     kernel = _bf16_kernel("flash_attention_forward_bf16", D, smem)
-    args = (out16, lse, q16, k16, v16, *_sizes(q16, k16, causal))
+    args = (out16, lse, q16, k16, v16, *kernel_sizes(q16, k16, causal))
     kernel((blocks(T, _BM), Hq, B), (_BF16_THREADS,), args, shared_mem=smem)
     return out16, lse
 
@@ -228,6 +222,6 @@ def flash_attention_backward_bf16(
         return dq, dk, dv
     smem = _bf16_smem_backward(D)
     kernel = _bf16_kernel("flash_attention_backward_bf16", D, smem)
-    args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *_sizes(q16, k16, causal))
+    args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *kernel_sizes(q16, k16, causal))
     kernel((blocks(S, _BN), Hkv, B), (_BF16_THREADS,), args, shared_mem=smem)
     return dq, dk, dv

@@ -25,6 +25,14 @@ _BN = 128  # keys per tile (BN in the .cu file)
 _CONSUMERS = 2  # forward warpgroups of 64 query rows per block (CONSUMERS in the .cu file)
 
 
+def kernel_sizes(q: Any, k: Any, causal: bool) -> tuple:
+    """The scalar arguments every FlashAttention kernel takes after its arrays (these and those of
+    flash_attention.py): T, S, Hq, Hkv, scale = D^-0.5, causal."""
+    _, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    return (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
+
+
 @functools.cache
 def _is_hopper(device: int) -> bool:
     import cupy
@@ -61,17 +69,16 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **
     (B, S, Hkv, D) bf16, written in place. `tuning` overrides the .cu file's CONSUMERS and STAGES (for
     benchmarks/tune_attention_sm90.py)."""
     B, T, Hq, D = q16.shape
-    S, Hkv = k16.shape[1], k16.shape[2]
     consumers = tuning.get("CONSUMERS", _CONSUMERS)
     stages = tuning.get("STAGES", _stages(D))
     smem = _forward_smem(D, consumers, stages, tuning.get("BN", _BN))
     defines = {"HEAD_DIM": D, "CONSUMERS": consumers, "STAGES": stages, **tuning}
     kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines)
     kernel.max_dynamic_shared_size_bytes = smem
-    sizes = (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
     bm = 64 * consumers
     grid = ((T + bm - 1) // bm, Hq, B)
-    kernel(grid, (128 * consumers,), (out16, lse, q16, k16, v16, *sizes), shared_mem=smem)
+    args = (out16, lse, q16, k16, v16, *kernel_sizes(q16, k16, causal))
+    kernel(grid, (128 * consumers,), args, shared_mem=smem)
 
 
 _BK, _BQ = 128, 64  # backward: keys per block, queries per tile (BK, BQ in the .cu file)
@@ -88,12 +95,11 @@ def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuni
     """float32 dq (zeroed: the kernel adds into it), dk, dv of contiguous, checked bf16 inputs, from the
     forward's lse and delta = rowsum(dout * out), written in place. `tuning`: extra -D defines (timing
     experiments, e.g. BWD_ABLATE)."""
-    B, T, Hq, D = q16.shape
+    B, _, _, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     smem = _backward_smem(D)
     kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, **tuning)
     kernel.max_dynamic_shared_size_bytes = smem
-    sizes = (np.int32(T), np.int32(S), np.int32(Hq), np.int32(Hkv), np.float32(D**-0.5), np.int32(causal))
     grid = ((S + _BK - 1) // _BK, Hkv, B)
-    args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *sizes)
+    args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *kernel_sizes(q16, k16, causal))
     kernel(grid, (256,), args, shared_mem=smem)
