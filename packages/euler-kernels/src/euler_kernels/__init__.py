@@ -11,6 +11,7 @@ from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synch
 from euler_kernels.cuda import bf16_activations
 from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
+from euler_kernels.cuda.flash_attention_sm90 import flash_kernel_choice
 from euler_kernels.cuda.multi_tensor import keep_tables
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar, judged
 from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
@@ -58,6 +59,7 @@ __all__ = [
     "embedding_backward",
     "embedding_forward",
     "flash_attention_supports",
+    "flash_kernel_choice",
     "get_array_module",
     "global_grad_norm",
     "gradcheck",

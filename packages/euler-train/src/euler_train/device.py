@@ -12,6 +12,9 @@ from types import ModuleType
 
 import numpy as np
 
+import euler_kernels as ek
+from euler_train.config import ConfigError
+
 # Dense peak FLOP/s of one GPU by precision, for MFU; matched against the device name.
 PEAK_FLOPS = {
     "H200": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12},
@@ -68,6 +71,10 @@ def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
     """
     if precision not in ("fp32", "tf32", "bf16"):
         raise ValueError(f"setup_device: precision must be fp32, tf32 or bf16, got {precision!r}")
+    try:
+        ek.flash_kernel_choice()
+    except ValueError as err:  # a bad EULER_FLASH_KERNEL: one line and exit 2 (ConfigError), before any work
+        raise ConfigError(str(err)) from None
     os.environ["CUPY_TF32"] = "0" if precision == "fp32" else "1"  # read when CuPy is imported
     chosen = os.environ.get("EULER_MATMUL_PRECISION", "")
     if precision != "bf16" or not chosen.startswith("bf16"):

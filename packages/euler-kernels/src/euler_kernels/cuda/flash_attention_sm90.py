@@ -40,13 +40,24 @@ def _is_hopper(device: int) -> bool:
     return cupy.cuda.Device(device).compute_capability.startswith("9")
 
 
+def flash_kernel_choice() -> str:
+    """EULER_FLASH_KERNEL (default auto), checked: a ValueError naming the choices for any other value, so
+    a program can refuse a typo before it starts work (euler-train does, in setup_device).
+
+    >>> flash_kernel_choice() in ("auto", "sm90", "mma")
+    True
+    """
+    choice = os.environ.get(KERNEL_ENV, "auto")
+    if choice not in _CHOICES:
+        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(_CHOICES)}, got {choice!r}")
+    return choice
+
+
 def use_sm90() -> bool:
     """Whether bf16 attention on the current GPU runs the Hopper kernels (the rule in this module's doc)."""
     import cupy
 
-    choice = os.environ.get(KERNEL_ENV, "auto")
-    if choice not in _CHOICES:
-        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(_CHOICES)}, got {choice!r}")
+    choice = flash_kernel_choice()
     hopper = _is_hopper(cupy.cuda.runtime.getDevice())
     if choice == "sm90" and not hopper:
         raise ValueError(f"{KERNEL_ENV}=sm90 needs a GPU of compute capability 9.x (Hopper)")
