@@ -4,7 +4,8 @@
 
 Forward: STAGES (2, or 3: P V of a tile pipelined under the next tile's softmax), BN (keys per tile, 128 or
 192), PINGPONG 1 (the two warpgroups take turns to issue their products); FWD_ABLATE 1 and 2 leave out the
-loads of K and V after the first tile / the exponentials (wrong results, timing only: what each costs).
+loads of K and V after the first tile (in the 3-stage loop only) / the exponentials (wrong results,
+timing only: what each costs).
 Each variant's output is compared with the default's. Backward: DQ_MODE 1 (dQ through shared memory and
 bulk reductions instead of float4 atomics), PINGPONG 1, BWD_ABLATE 1 and 2 (leave out the dQ atomics / all
 of dQ: timing only).
@@ -25,7 +26,7 @@ FORWARD = [
     {"STAGES": 3},
     {"BN": 192, "STAGES": 2},
     {"PINGPONG": 1},
-    {"FWD_ABLATE": 1},
+    {"FWD_ABLATE": 1, "STAGES": 3},
     {"FWD_ABLATE": 2},
 ]
 BACKWARD = [{}, {"DQ_MODE": 1}, {"PINGPONG": 1}, {"BWD_ABLATE": 1}, {"BWD_ABLATE": 2}]

@@ -25,7 +25,7 @@
 #define BN 128                     // keys per tile (128 or 192)
 #endif
 #ifndef FWD_ABLATE
-#define FWD_ABLATE 0               // timing experiments only: 1 reuses tile 0 (no loads), 2 no exponentials
+#define FWD_ABLATE 0               // timing only: 1 reuses tile 0 (no loads; STAGES 3), 2 no exponentials
 #endif
 #ifndef STAGES
 #define STAGES 2                   // K, V buffers (3: P V of a tile pipelined under the next softmax)
