@@ -290,6 +290,40 @@ def test_gemm_bf16_is_the_exact_product_of_bf16_rounded_operands(m, n, k, trans_
     assert rel(fast, op_a.astype(np.float64) @ op_b.astype(np.float64)) < 2e-2
 
 
+@given(
+    st.integers(1, 4),
+    st.integers(1, 50),
+    st.integers(1, 50),
+    st.integers(1, 60),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_gemm_bf16_on_stacks_is_each_matrix_product(batch, m, n, k, trans_a, trans_b, seed):
+    """(batch, ., .) stacks of bf16 operands (one batched cuBLAS call): every product is the float64
+    product of its own rounded operands to float32 accuracy, also added into `out`, and rounded to bf16 output."""
+    rng = np.random.default_rng(seed)
+    a = randn(rng, batch, *((k, m) if trans_a else (m, k)))
+    b = randn(rng, batch, *((n, k) if trans_b else (k, n)))
+    a16, b16 = cp.asarray(bf16_bits(a)), cp.asarray(bf16_bits(b))
+    op_a, op_b = (np.swapaxes(x, 1, 2) if t else x for x, t in ((a, trans_a), (b, trans_b)))
+    want = bf16_round(op_a).astype(np.float64) @ bf16_round(op_b).astype(np.float64)
+    got = gemm.gemm_bf16(a16, b16, trans_a=trans_a, trans_b=trans_b)
+    assert got.shape == (batch, m, n)
+    for i in range(batch):
+        assert rel(got[i], want[i]) < 1e-5
+    start = randn(rng, batch, m, n)
+    added = gemm.gemm_bf16(a16, b16, trans_a=trans_a, trans_b=trans_b, out=cp.asarray(start))
+    assert rel(added, start + want) < 1e-5
+    rounded = gemm.gemm_bf16(a16, b16, trans_a=trans_a, trans_b=trans_b, bf16_out=True)
+    assert rel(cast.from_bf16(rounded), want) < 4e-3  # float32 sums rounded once to bf16
+
+
+def test_gemm_bf16_refuses_stacks_of_different_lengths():
+    with pytest.raises(ValueError, match="stacks"):
+        gemm.gemm_bf16(cp.zeros((2, 3, 4), cp.uint16), cp.zeros((3, 4, 5), cp.uint16))
+
+
 def test_linear_in_bf16_mode_rounds_each_operand_once(monkeypatch):
     """EULER_MATMUL_PRECISION=bf16: forward and both gradients are float64 products of the bf16-rounded
     operands (x, weight, dout), to float32 accuracy."""
@@ -491,9 +525,24 @@ def test_newton_schulz_bf16_on_the_gpu_follows_float64(shape):
     assert 0.6 < s.min() and s.max() < 1.25
 
 
+def test_newton_schulz_of_a_stack_is_each_matrix_s_own_on_the_gpu():
+    """A (3, 96, 32) stack (matrices of very different scales, one a thousandth of another) goes through
+    batched products: each result equals that matrix's own bf16 iteration to bf16 accuracy and the
+    float64 iteration as a single matrix does."""
+    rng = np.random.default_rng(13)
+    stack = np.stack([randn(rng, 96, 32, scale=s) for s in (1.0, 1e-3, 30.0)])
+    got = cast.from_bf16(ek.newton_schulz(cp.asarray(stack)))
+    assert got.shape == stack.shape
+    for g, x in zip(stack, got):
+        alone = cast.from_bf16(ek.newton_schulz(cp.asarray(g)))
+        assert rel(x, alone) < 1e-2
+        want = ek.newton_schulz(g.astype(np.float64))
+        assert np.linalg.norm(ek.to_numpy(x) - want) < 2e-2 * np.linalg.norm(want)
+
+
 def test_muon_update_on_the_gpu_equals_the_numpy_update():
     rng = np.random.default_rng(12)
-    shapes = [(48, 16), (16, 48)]
+    shapes = [(48, 16), (16, 48), (48, 16)]  # two of one shape: orthogonalised as one stack
     host = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
     dev = [[cp.asarray(a) for a in group] for group in host]
     control = np.array([0.7, 1.0, 0.0, 0.0, 0.0, 0.0], np.float32)

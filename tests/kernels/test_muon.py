@@ -55,6 +55,17 @@ def test_singular_values_land_in_the_band_the_iteration_produces() -> None:
         assert np.linalg.norm(x32 - x64) < 1e-5 * np.linalg.norm(x64)
 
 
+def test_newton_schulz_of_a_stack_is_each_matrix_s_own() -> None:
+    """(n, r, c) stacks, tall and wide: every matrix is orthogonalised on its own (its own norm)."""
+    rng = np.random.default_rng(3)
+    for shape in [(3, 40, 16), (2, 16, 40)]:
+        stack = rng.standard_normal(shape) * np.array([1.0, 1e-3, 50.0][: shape[0]])[:, None, None]
+        got = ek.newton_schulz(stack)
+        assert got.shape == shape
+        for g, x in zip(stack, got):
+            assert np.linalg.norm(x - ek.newton_schulz(g)) < 1e-12 * np.linalg.norm(x)
+
+
 def torch_and_ours_after_two_steps(monkeypatch, torch_in_float64: bool):
     """Tall, wide and square matrices after two steps (momentum matters in the second) of ours and of
     torch.optim.Muon; torch orthogonalises in bf16 unless its bf16 cast is made a no-op."""

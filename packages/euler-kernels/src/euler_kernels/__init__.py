@@ -31,7 +31,7 @@ from euler_kernels.ops.cross_entropy import (
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
-from euler_kernels.ops.muon import muon_shape_scale, muon_update
+from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
 from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
 from euler_kernels.ops.residual import residual_backward, residual_forward
 from euler_kernels.ops.residual_rmsnorm import residual_rmsnorm_backward, residual_rmsnorm_forward
@@ -72,6 +72,7 @@ __all__ = [
     "linear_backward",
     "linear_forward",
     "linear_forward_many",
+    "muon_scratch",
     "muon_shape_scale",
     "muon_update",
     "newton_schulz",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels import adamw_hyper, adamw_update_ctl, adamw_update_many, muon_update
+from euler_kernels import adamw_hyper, adamw_update_ctl, adamw_update_many, muon_scratch, muon_update
 
 
 class AdamW:
@@ -117,7 +117,7 @@ class Muon:
         self.ratio = tcfg["muon_lr"] / tcfg["lr"] if tcfg["lr"] > 0 else 0.0
         self.momentum, self.weight_decay = tcfg["muon_momentum"], tcfg["weight_decay"]
         self.bufs = {n: params[n] * 0 for n in self.names}  # momentum, zeros like the weights
-        self.scratch = [params[n] * 0 for n in self.names]  # the GPU's per-step updates, at fixed addresses
+        self.scratch = muon_scratch([params[n] for n in self.names])  # GPU updates per shape, fixed addresses
 
     @property
     def t(self) -> int:

@@ -75,6 +75,10 @@ def _cublas() -> Any:
         lib.cublasSetWorkspace_v2.argtypes = [p, p, ctypes.c_size_t]
         lib.cublasSetMathMode.argtypes = [p, i]
         lib.cublasGemmEx.argtypes = [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]
+        ll = ctypes.c_longlong
+        lib.cublasGemmStridedBatchedEx.argtypes = [
+            p, i, i, i, i, i, p, p, i, i, ll, p, i, i, ll, p, p, i, i, ll, i, i, i
+        ]  # fmt: skip
         _lib = lib
     return _lib
 
@@ -143,15 +147,22 @@ def gemm_bf16(
     """op(a16) @ op(b16) for operands already rounded by `to_bf16` (uint16 bit patterns), so a caller that
     uses one operand in several products rounds it once; `out` as in `gemm`. The product is float32, or
     with bf16_out the float32 sums rounded to bf16 by cuBLAS as it writes them (half the bytes, for a
-    product that only feeds bf16 kernels or another bf16 product)."""
-    _check_operands(a16, b16)
+    product that only feeds bf16 kernels or another bf16 product).
+
+    Stacks (n, r, c) of n matrices each multiply pairwise, n products in one batched call
+    (cublasGemmStridedBatchedEx); op transposes each matrix."""
+    _check_operands(a16, b16, stacks=True)
     out_type = CUDA_R_16BF if bf16_out else CUDA_R_32F
     return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, out, out_type)
 
 
-def _check_operands(a: Any, b: Any) -> None:
-    if a.ndim != 2 or b.ndim != 2 or not (a.flags.c_contiguous and b.flags.c_contiguous):
-        raise ValueError(f"gemm: needs 2-D C-contiguous matrices, got {a.shape} and {b.shape}")
+def _check_operands(a: Any, b: Any, stacks: bool = False) -> None:
+    """2-D C-contiguous matrices, or with `stacks` also two 3-D stacks of as many matrices."""
+    two_d = a.ndim == 2 and b.ndim == 2
+    stacked = stacks and a.ndim == 3 and b.ndim == 3 and a.shape[0] == b.shape[0]
+    if not (two_d or stacked) or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        what = "2-D C-contiguous matrices" + (" or two (n, r, c) stacks of n" if stacks else "")
+        raise ValueError(f"gemm: needs {what}, got {a.shape} and {b.shape}")
 
 
 def _gemm_ex(
@@ -165,23 +176,26 @@ def _gemm_ex(
     out_type: int = CUDA_R_32F,
 ) -> Any:
     """cublasGemmEx on the current stream: C = op(a) @ op(b), or C = out + op(a) @ op(b) in place
-    (beta = 1) when `out` is given; operands of cuBLAS type `dtype`, C of `out_type` (float32 or bf16)."""
+    (beta = 1) when `out` is given; operands of cuBLAS type `dtype`, C of `out_type` (float32 or bf16).
+    (n, ., .) stacks go to cublasGemmStridedBatchedEx: n products, each matrix's op as for one."""
     import cupy
 
-    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-    k_b, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    batch = a.shape[:-2]  # () for matrices, (n,) for stacks
+    m, k = (a.shape[-1], a.shape[-2]) if trans_a else a.shape[-2:]
+    k_b, n = (b.shape[-1], b.shape[-2]) if trans_b else b.shape[-2:]
     if k != k_b:
         raise ValueError(f"gemm: inner sizes differ: op(a) is ({m}, {k}), op(b) is ({k_b}, {n})")
     accumulate = out is not None
     out_dtype = cupy.float32 if out_type == CUDA_R_32F else cupy.uint16
-    if accumulate and (out.shape != (m, n) or out.dtype != out_dtype or not out.flags.c_contiguous):
+    shape = (*batch, m, n)
+    if accumulate and (out.shape != shape or out.dtype != out_dtype or not out.flags.c_contiguous):
         raise ValueError(
-            f"gemm: out must be a C-contiguous {out_dtype.__name__} ({m}, {n}) array, "
+            f"gemm: out must be a C-contiguous {out_dtype.__name__} {shape} array, "
             f"got {out.shape} {out.dtype}"
         )
     if not accumulate:
-        out = cupy.empty((m, n), dtype=out_dtype)
-    if m == 0 or n == 0:
+        out = cupy.empty(shape, dtype=out_dtype)
+    if out.size == 0:
         return out
     if k == 0:
         if not accumulate:
@@ -193,26 +207,21 @@ def _gemm_ex(
     handle = _handles[device].on_stream(cupy.cuda.get_current_stream().ptr)
     alpha = ctypes.c_float(1.0)  # host scalars, read when the call is made
     beta = ctypes.c_float(1.0 if accumulate else 0.0)
-    status = _cublas().cublasGemmEx(
-        handle,
-        CUBLAS_OP_T if trans_b else CUBLAS_OP_N,
-        CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
-        n,
-        m,
-        k,
-        ctypes.addressof(alpha),
-        b.data.ptr,
-        dtype,
-        b.shape[1],
-        a.data.ptr,
-        dtype,
-        a.shape[1],
-        ctypes.addressof(beta),
-        out.data.ptr,
-        out_type,
-        n,
-        compute,
-        CUBLAS_GEMM_DEFAULT,
-    )
-    _check(status, "cublasGemmEx")
+    op_b, op_a = (CUBLAS_OP_T if t else CUBLAS_OP_N for t in (trans_b, trans_a))
+    lib = _cublas()
+    if not batch:
+        status = lib.cublasGemmEx(
+            handle, op_b, op_a, n, m, k, ctypes.addressof(alpha),
+            b.data.ptr, dtype, b.shape[1], a.data.ptr, dtype, a.shape[1],
+            ctypes.addressof(beta), out.data.ptr, out_type, n, compute, CUBLAS_GEMM_DEFAULT,
+        )  # fmt: skip
+        _check(status, "cublasGemmEx")
+        return out
+    stride = [x.shape[-2] * x.shape[-1] for x in (b, a, out)]  # elements between consecutive matrices
+    status = lib.cublasGemmStridedBatchedEx(
+        handle, op_b, op_a, n, m, k, ctypes.addressof(alpha),
+        b.data.ptr, dtype, b.shape[-1], stride[0], a.data.ptr, dtype, a.shape[-1], stride[1],
+        ctypes.addressof(beta), out.data.ptr, out_type, n, stride[2], batch[0], compute, CUBLAS_GEMM_DEFAULT,
+    )  # fmt: skip
+    _check(status, "cublasGemmStridedBatchedEx")
     return out

@@ -1,12 +1,39 @@
 // Newton-Schulz's elementwise parts in bf16 (its products are cuBLAS bf16 GEMMs, see cuda/newton_schulz.py).
+// A stack of n matrices of `size` elements each is one launch: matrix m is x[m * size .. (m + 1) * size).
 #include "common.cuh"
 
-// x / max(||x||_F, eps), rounded to bf16: the Newton-Schulz iteration's start (sum_squares: float64 (1,)).
-extern "C" __global__ void ns_normalize_bf16(unsigned short* out, const float* x, const double* sum_squares,
-                                             float eps, long long n) {
-    const float inv = 1.0f / fmaxf((float)sqrt(sum_squares[0]), eps);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = float_to_bf16(x[i] * inv);
+// partials[m * parts + p]: the sum of squares of part p of matrix m (grid (parts, n)), in a fixed order.
+extern "C" __global__ void ns_sum_squares(double* partials, const float* x, long long size) {
+    __shared__ double scratch[32];
+    const long long m = blockIdx.y, part = (size + gridDim.x - 1) / gridDim.x;
+    const long long begin = m * size + blockIdx.x * part;
+    const long long end = m * size + min(size, (blockIdx.x + 1) * part);
+    double acc = 0.0;
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) acc += (double)x[i] * x[i];
+    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
+        partials[m * gridDim.x + blockIdx.x] = s;
+    }
+}
+
+// inv[m] = 1 / max(||x_m||_F, eps) from matrix m's `parts` partial sums (one thread per matrix).
+extern "C" __global__ void ns_inverse_norms(float* inv, const double* partials, int parts, float eps, int n) {
+    const int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= n) return;
+    double s = 0.0;
+    for (int p = 0; p < parts; p++) s += partials[(long long)m * parts + p];
+    inv[m] = 1.0f / fmaxf((float)sqrt(s), eps);
+}
+
+// x_m * inv[m], rounded to bf16: the Newton-Schulz iteration's start (total = n * size elements).
+extern "C" __global__ void ns_normalize_bf16(unsigned short* out, const float* x, const float* inv, long long size,
+                                             long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        out[i] = float_to_bf16(x[i] * inv[i / size]);
 }
 
 // out = bf16(alpha * x + beta * y): x a bf16 matrix, y a float32 product of the same shape.

@@ -8,7 +8,9 @@ For each matrix p (r, c) with gradient g and momentum buffer m, as torch.optim.M
 
 Every per-step scalar comes from the device: grad_scale and the apply flag from step_control's control
 vector, the learning rate from hyper[lr_slot]; apply = 0 changes nothing. Float32 CuPy: muon.cu kernels and
-bf16 cuBLAS products, nothing read back (capturable); NumPy: the same arithmetic in the arrays' dtype.
+bf16 cuBLAS products, nothing read back (capturable), the matrices of one shape orthogonalised together
+as one stack (batched products: a few dozen launches per shape instead of per matrix); NumPy: the same
+arithmetic in the arrays' dtype, one matrix at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +33,26 @@ def muon_shape_scale(shape: tuple[int, ...]) -> float:
     return math.sqrt(max(1.0, shape[0] / shape[1]))
 
 
+def shape_groups(params: list[Any]) -> dict[tuple[int, ...], list[int]]:
+    """The indices of the matrices of each shape, shapes in order of first appearance.
+
+    >>> import numpy as np
+    >>> shape_groups([np.zeros((2, 3)), np.zeros((3, 2)), np.zeros((2, 3))])
+    {(2, 3): [0, 2], (3, 2): [1]}
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(tuple(p.shape), []).append(i)
+    return groups
+
+
+def muon_scratch(params: list[Any]) -> dict[tuple[int, ...], Any]:
+    """One zeroed (n, r, c) stack per shape of `params` (n matrices of that shape), in their array module."""
+    xp = get_array_module(params[0]) if params else None
+    groups = shape_groups(params).items()
+    return {shape: xp.zeros((len(ix), *shape), dtype=params[ix[0]].dtype) for shape, ix in groups}
+
+
 def muon_update(
     params: list[Any],
     bufs: list[Any],
@@ -44,8 +66,9 @@ def muon_update(
     scratch: list[Any] | None = None,
 ) -> None:
     """One Muon step on every matrix in `params`, in place on params and bufs (see the module docstring).
-    `scratch`: one array per matrix for the momentum-corrected update on the GPU, kept by the caller so a
-    captured step reuses the same addresses (and the multi-tensor tables built for them); None: fresh ones.
+    `scratch`: on the GPU, the (n, r, c) stacks that hold the momentum-corrected updates of the matrices of
+    each shape (`muon_scratch(params)`), kept by the caller so a captured step reuses the same addresses;
+    None: fresh ones.
 
     >>> import numpy as np
     >>> p, m = [np.eye(2)], [np.zeros((2, 2))]
@@ -58,13 +81,15 @@ def muon_update(
         if p.ndim != 2 or p.shape != m.shape or p.shape != g.shape:
             raise ValueError(f"muon_update: needs matrices of one shape, got {p.shape}, {m.shape}, {g.shape}")
     if params and cuda.fused(*params, *bufs, *grads, control, hyper):
-        import cupy  # the fused path runs only where CuPy is
-
-        scratch = scratch or [cupy.empty_like(g) for g in grads]
-        for p, m, g, u in zip(params, bufs, grads, scratch):
-            muon_cuda.muon_momentum(u, m, g, control, momentum, nesterov)
-            ortho = newton_schulz(u)
-            muon_cuda.muon_apply(p, ortho, control, hyper, lr_slot, muon_shape_scale(p.shape), weight_decay)
+        scratch = scratch or muon_scratch(params)
+        for shape, members in shape_groups(params).items():
+            stack = scratch[shape]  # (n, r, c): row i is members[i]'s update
+            for u, i in zip(stack, members):
+                muon_cuda.muon_momentum(u, bufs[i], grads[i], control, momentum, nesterov)
+            ortho = newton_schulz(stack)
+            scale = muon_shape_scale(shape)
+            for o, i in zip(ortho, members):
+                muon_cuda.muon_apply(params[i], o, control, hyper, lr_slot, scale, weight_decay)
         return
     scale, apply = (float(c) for c in control[:2])
     if apply == 0.0:
