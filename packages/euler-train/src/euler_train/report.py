@@ -266,10 +266,12 @@ def chat_samples(model: SamplingModel, cfg: dict[str, Any]) -> str:
         rows, _ = val_examples(cfg["data"]["dir"])
     except (ConfigError, DataError) as err:
         return f"No held-out prompts: {err}"
-    tok, out = model.tokenizer, ["Greedy replies to the first held-out prompts of the SFT set:"]
+    limit = 2 * SAMPLE_TOKENS
+    tok = model.tokenizer
+    out = [f"Greedy replies ({limit} new tokens at most) to the first held-out prompts of the SFT set:"]
     for row in rows[: 1 + len(SEEDS)]:
         prompt = row.ids[: reply_start(row.mask)].tolist()[-(model.mcfg.context - 1) :]
-        reply, stopped = greedy_reply(model, prompt, min(2 * SAMPLE_TOKENS, model.mcfg.context - len(prompt)))
+        reply, stopped = greedy_reply(model, prompt, min(limit, model.mcfg.context - len(prompt)))
         out.append(quoted("prompt:", tok.decode(prompt)))
         out.append(quoted(f"reply ({'ended with <|end|>' if stopped else 'no <|end|>'}):", tok.decode(reply)))
     return "\n\n".join(out)
