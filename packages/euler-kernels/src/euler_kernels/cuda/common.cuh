@@ -13,6 +13,19 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // bfloat16 activations are stored as their 16-bit patterns (unsigned short): the top half of a float32.
+// The sum of every thread's `v` over the block (up to 1024 threads), in a fixed order, valid in thread 0;
+// at most one call per kernel (its scratch is the block's).
+__device__ __forceinline__ double block_sum_double(double v) {
+    __shared__ double scratch[32];
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
+    return s;
+}
+
 __device__ __forceinline__ float bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
 // float32 -> bfloat16, round to nearest even; a NaN stays a (quiet) NaN.

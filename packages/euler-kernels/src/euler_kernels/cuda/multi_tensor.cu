@@ -67,35 +67,21 @@ extern "C" __global__ void step_control(float* control, const double* sum_square
 extern "C" __global__ void sum_squares_multi(double* partials, const float* const* tensors,
                                              const int* chunk_tensor, const long long* chunk_start,
                                              const long long* sizes) {
-    __shared__ double scratch[32];
     int t;
     long long begin, end;
     chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
     double acc = 0.0;
     for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) acc += (double)tensors[t][j] * tensors[t][j];
-    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
-        partials[blockIdx.x] = s;
-    }
+    const double s = block_sum_double(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 // out[0] = sum of partials[0..n), in one block, in a fixed order (the result is the same every run).
 extern "C" __global__ void sum_partials(double* out, const double* partials, int n) {
-    __shared__ double scratch[32];
     double acc = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partials[i];
-    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
-        out[0] = s;
-    }
+    const double s = block_sum_double(acc);
+    if (threadIdx.x == 0) out[0] = s;
 }
 
 // Clipping factor on the device: min(1, max_norm / (norm + 1e-6)), from the sum of squares.

@@ -4,20 +4,13 @@
 
 // partials[m * parts + p]: the sum of squares of part p of matrix m (grid (parts, n)), in a fixed order.
 extern "C" __global__ void ns_sum_squares(double* partials, const float* x, long long size) {
-    __shared__ double scratch[32];
     const long long m = blockIdx.y, part = (size + gridDim.x - 1) / gridDim.x;
     const long long begin = m * size + blockIdx.x * part;
     const long long end = m * size + min(size, (blockIdx.x + 1) * part);
     double acc = 0.0;
     for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) acc += (double)x[i] * x[i];
-    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += scratch[w];
-        partials[m * gridDim.x + blockIdx.x] = s;
-    }
+    const double s = block_sum_double(acc);
+    if (threadIdx.x == 0) partials[m * gridDim.x + blockIdx.x] = s;
 }
 
 // inv[m] = 1 / max(||x_m||_F, eps) from matrix m's `parts` partial sums (one thread per matrix).
