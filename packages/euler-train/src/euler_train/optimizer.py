@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels import adamw_hyper, adamw_update_ctl, adamw_update_many, muon_scratch, muon_update
+from euler_kernels import (
+    adamw_hyper,
+    adamw_update_ctl,
+    adamw_update_many,
+    get_array_module,
+    muon_scratch,
+    muon_update,
+)
+from euler_model.cpu_threads import cpu_workers, run_parts
 
 
 class AdamW:
@@ -97,6 +105,21 @@ class AdamW:
         self.t = t
 
 
+def balanced_parts(shapes: list[tuple[int, ...]], n: int) -> list[list[int]]:
+    """The indices of `shapes` split into at most n parts of about equal Newton-Schulz work (rows x cols x
+    min(rows, cols) per matrix), largest first onto the least loaded part; each part in index order.
+
+    >>> balanced_parts([(4, 4), (8, 8), (4, 4), (2, 2)], 2)
+    [[1], [0, 2, 3]]
+    """
+    loads, parts = [0] * max(1, min(n, len(shapes))), [[] for _ in range(max(1, min(n, len(shapes))))]
+    for i in sorted(range(len(shapes)), key=lambda i: -shapes[i][0] * shapes[i][1] * min(shapes[i])):
+        k = loads.index(min(loads))
+        loads[k] += shapes[i][0] * shapes[i][1] * min(shapes[i])
+        parts[k].append(i)
+    return [sorted(part) for part in parts if part]
+
+
 def muon_names(params: dict[str, Any]) -> list[str]:
     """The weights Muon trains: every 2-D matrix inside the blocks (q, k, v, o, gate, up, down)."""
     return [n for n, p in params.items() if n.startswith("layers.") and p.ndim == 2]
@@ -117,7 +140,8 @@ class Muon:
         self.ratio = tcfg["muon_lr"] / tcfg["lr"] if tcfg["lr"] > 0 else 0.0
         self.momentum, self.weight_decay = tcfg["muon_momentum"], tcfg["weight_decay"]
         self.bufs = {n: params[n] * 0 for n in self.names}  # momentum, zeros like the weights
-        self.scratch = muon_scratch([params[n] for n in self.names])  # GPU updates per shape, fixed addresses
+        on_gpu = bool(self.names) and get_array_module(params[self.names[0]]) is not np
+        self.scratch = muon_scratch([params[n] for n in self.names]) if on_gpu else None  # fixed addresses
 
     @property
     def t(self) -> int:
@@ -135,10 +159,21 @@ class Muon:
         """Both groups' updates from the control vector and hyper (capturable on the GPU)."""
         rest = [n for n in params if n not in self.bufs]
         self.adam.update({n: params[n] for n in rest}, {n: grads[n] for n in rest}, control, hyper)
+        if self.scratch is not None:  # GPU: one call, the matrices of a shape stacked
+            self._muon(self.names, params, grads, control, hyper)
+            return
+        # NumPy: the matrices spread over the step's worker threads, BLAS at one thread in each; a
+        # multi-threaded BLAS on these small products stalls on a loaded machine (cpu_threads.py)
+        shapes = [params[n].shape for n in self.names]
+        parts = [[self.names[i] for i in part] for part in balanced_parts(shapes, cpu_workers(len(shapes)))]
+        run_parts(lambda names: self._muon(names, params, grads, control, hyper), parts)
+
+    def _muon(self, names: list[str], params: dict[str, Any], grads: dict[str, Any], control: Any,
+              hyper: Any) -> None:  # fmt: skip
         muon_update(
-            [params[n] for n in self.names],
-            [self.bufs[n] for n in self.names],
-            [grads[n] for n in self.names],
+            [params[n] for n in names],
+            [self.bufs[n] for n in names],
+            [grads[n] for n in names],
             control,
             hyper,
             self.LR_SLOT,
