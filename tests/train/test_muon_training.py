@@ -43,3 +43,32 @@ def test_muon_trains_checkpoints_its_state_and_resumes_bit_identically(tmp_path,
     adamw = [f if f != "muon" else "adamw" for f in FLAGS]
     assert main(["pretrain", "--data", str(dataset), "--out", str(ref), "--resume", *adamw]) == 2
     assert "train.optimizer='muon'" in capsys.readouterr().err
+
+
+def test_the_cpu_update_spread_over_worker_threads_is_the_one_call_update() -> None:
+    """Muon.update on NumPy splits the matrices across the step's worker threads (BLAS at one thread):
+    every weight and momentum buffer is bitwise what one muon_update call over all of them gives."""
+    import euler_model
+    from euler_kernels import muon_update
+    from euler_model.cpu_threads import _controller
+    from euler_train.config import resolve_config
+    from euler_train.optimizer import Muon, balanced_parts
+
+    cfg = euler_model.preset("small")
+    params = euler_model.init_params(cfg, seed=0)
+    rng = np.random.default_rng(0)
+    grads = {n: rng.standard_normal(p.shape).astype(p.dtype) for n, p in params.items()}
+    opt = Muon({n: p.copy() for n, p in params.items()}, resolve_config("small")["train"])
+    spread = {n: p.copy() for n, p in params.items()}
+    hyper = opt.hyper(2e-3)
+    control = np.array([0.8, 1.0, *hyper[:3], 1.0], np.float32)  # grad scale, apply, lr, bc1, bc2, norm
+    assert len(balanced_parts([spread[n].shape for n in opt.names], 2)) == 2
+    opt.update(spread, grads, control, hyper)
+    one = {n: params[n].copy() for n in opt.names}
+    bufs = [np.zeros_like(one[n]) for n in opt.names]
+    with _controller()[0].limit(limits=1):
+        muon_update([one[n] for n in opt.names], bufs, [grads[n] for n in opt.names], control, hyper,
+                    Muon.LR_SLOT, momentum=opt.momentum, weight_decay=opt.weight_decay)  # fmt: skip
+    for n, b in zip(opt.names, bufs):
+        assert np.array_equal(spread[n], one[n]) and np.array_equal(opt.bufs[n], b), n
+    assert not np.array_equal(spread[opt.names[0]], params[opt.names[0]])  # the update did move them
