@@ -56,3 +56,31 @@ def test_worker_threads_give_the_one_thread_step(tmp_path) -> None:
         scale = np.abs(one[name]).max()
         assert scale > 0, name  # every tensor has a gradient here, so the comparison means something
         np.testing.assert_allclose(two[name], one[name], rtol=0, atol=1e-12 * scale, err_msg=name)
+
+
+# generate_batch on NumPy with two BLAS threads: the thread count its products saw, and after the call
+GENERATE_CHILD = """
+import json
+import threadpoolctl
+import euler_kernels.ops.linear as linear
+from euler_model import generate_batch, init_params, preset
+seen, forward = set(), linear.linear_forward
+def spy(*args, **kwargs):
+    seen.add(max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"))
+    return forward(*args, **kwargs)
+import euler_kernels
+euler_kernels.linear_forward = spy
+cfg = preset("small")
+out = generate_batch(cfg, init_params(cfg, seed=0), [[1, 2, 3], [4, 5]], 3, temperature=0.0)
+blas = max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
+print(json.dumps({"during": sorted(seen), "after": blas, "tokens": [len(c.tokens) for c in out]}))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS caps its threads at the core count")
+def test_numpy_generation_holds_blas_at_one_thread_and_restores_it() -> None:
+    env = os.environ | {"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-c", GENERATE_CHILD], capture_output=True, text=True, env=env, check=True
+    )
+    assert json.loads(proc.stdout) == {"during": [1], "after": 2, "tokens": [3, 3]}

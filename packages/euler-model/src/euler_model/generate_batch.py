@@ -13,13 +13,16 @@ which decides a token only at an exact tie).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
+from euler_model.cpu_threads import one_blas_thread
 from euler_model.decode_graph import decode_runner
 from euler_model.decode_state import DecodeState
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
@@ -126,14 +129,16 @@ def generate_batch(
         config, xp, params["embed"].dtype, rows, limits, stops, _uniforms(row_seeds, max(limits))
     )
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
-    state.record(picker.pick(_prefill(config, params, state, rows), state))
-    weights = inference_weights(config, params)
-    runner = decode_runner(lambda w: decode_step(config, weights, state, picker, w), state.done, cuda_graph)
-    every, steps, longest = (1 if xp is np else SYNC_EVERY), 0, max(len(p) for p in rows)
-    while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
-        runner.run(attention_window(config, longest + steps))  # no row is past position longest + steps
-        steps += 1
-    runner.synchronize()
+    with one_blas_thread() if xp is np else nullcontext():  # NumPy: small products, one BLAS thread each
+        state.record(picker.pick(_prefill(config, params, state, rows), state))
+        weights = inference_weights(config, params)
+        step = partial(decode_step, config, weights, state, picker)
+        runner = decode_runner(step, state.done, cuda_graph)
+        every, steps, longest = (1 if xp is np else SYNC_EVERY), 0, max(len(p) for p in rows)
+        while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
+            runner.run(attention_window(config, longest + steps))  # no row is past position longest + steps
+            steps += 1
+        runner.synchronize()
     if temperature > 0 and bool(state.bad.any()):
         bad = np.flatnonzero(ek.to_numpy(state.bad)).tolist()
         raise ValueError(
