@@ -84,3 +84,27 @@ def test_numpy_generation_holds_blas_at_one_thread_and_restores_it() -> None:
         [sys.executable, "-c", GENERATE_CHILD], capture_output=True, text=True, env=env, check=True
     )
     assert json.loads(proc.stdout) == {"during": [1], "after": 2, "tokens": [3, 3]}
+
+
+# float64 logits of every head for 5 rows (split 2 + 3 over two workers), saved for the parent
+LOGITS_CHILD = """
+import sys
+import numpy as np
+from euler_model import init_params, logits, preset
+cfg = preset("tiny")
+params = {k: v.astype(np.float64) for k, v in init_params(cfg, seed=3).items()}
+tokens = np.random.default_rng(8).integers(0, cfg.vocab_size, (5, 9))
+np.save(sys.argv[1], logits(cfg, params, tokens, all_heads=True))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS caps its threads at the core count")
+def test_logits_split_over_worker_threads_are_the_one_thread_logits(tmp_path) -> None:
+    got = {}
+    for threads in (1, 2):
+        env = os.environ | {"OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        out = tmp_path / f"logits{threads}.npy"
+        subprocess.run([sys.executable, "-c", LOGITS_CHILD, str(out)], env=env, check=True)
+        got[threads] = np.load(out)
+    assert got[1].shape == got[2].shape == (3, 5, 9, 64)  # (K, B, T, V): rows back in order
+    np.testing.assert_allclose(got[2], got[1], rtol=0, atol=1e-12 * np.abs(got[1]).max())

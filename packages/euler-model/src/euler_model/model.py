@@ -110,6 +110,25 @@ def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: 
     (2, 5, 64)
     """
     _check_tokens(config, tokens, "logits")
+    b = tokens.shape[0]
+    if ek.get_array_module(params["embed"]) is np and cpu_workers(b) > 1:  # rows split over worker threads
+        parts = run_parts(lambda rows: _logits_rows(config, params, tokens[rows], all_heads), row_slices(b))
+        return np.concatenate(parts, axis=-3)  # along B
+    return _logits_rows(config, params, tokens, all_heads)
+
+
+def row_slices(b: int) -> list[slice]:
+    """The batch's rows in cpu_workers(b) contiguous slices of near-equal size, one per worker thread.
+
+    >>> row_slices(1)
+    [slice(0, 1, None)]
+    """
+    n = cpu_workers(b)
+    return [slice(b * i // n, b * (i + 1) // n) for i in range(n)]
+
+
+def _logits_rows(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool) -> Any:
+    """logits of these rows in the calling thread."""
     h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
     if not all_heads:
         return ek.linear_forward(h, params["heads.0"])[0]
@@ -211,7 +230,7 @@ def _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute=
     summed. Head k's loss is sum(w * nll) / max(sum(w), 1) over the whole batch, so a slice's head-k loss
     and gradient are weighted by max(its sum(w), 1) / max(the batch's, 1): the sum over the slices is the
     whole batch's loss and gradient (up to rounding; the float64 gradient checks run this path)."""
-    (b, t), heads, n = tokens.shape, range(config.n_mtp_heads), cpu_workers(tokens.shape[0])
+    (b, t), heads = tokens.shape, range(config.n_mtp_heads)
 
     def denominator(rows: slice, k: int) -> float:  # max(sum(w), 1) of head k over these rows
         mask = None if loss_mask is None else loss_mask[rows, k : k + t]
@@ -225,7 +244,7 @@ def _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute=
         mask = None if loss_mask is None else loss_mask[rows]
         return _loss_and_grads_rows(config, params, tokens[rows], targets[rows], mask, scales, recompute)
 
-    (loss, grads), *others = run_parts(run, [slice(b * i // n, b * (i + 1) // n) for i in range(n)])
+    (loss, grads), *others = run_parts(run, row_slices(b))
     for part_loss, part_grads in others:  # each slice's gradients are its own new arrays
         loss = loss + part_loss
         for name, g in part_grads.items():
