@@ -58,12 +58,13 @@ def test_worker_threads_give_the_one_thread_step(tmp_path) -> None:
         np.testing.assert_allclose(two[name], one[name], rtol=0, atol=1e-12 * scale, err_msg=name)
 
 
-# generate_batch on NumPy with two BLAS threads: the thread count its products saw, and after the call
+# generate_batch and generate on NumPy with two BLAS threads: the thread count their products saw, the
+# caller's between streamed tokens, and after the calls
 GENERATE_CHILD = """
 import json
 import threadpoolctl
 import euler_kernels.ops.linear as linear
-from euler_model import generate_batch, init_params, preset
+from euler_model import generate, generate_batch, init_params, preset
 seen, forward = set(), linear.linear_forward
 def spy(*args, **kwargs):
     seen.add(max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"))
@@ -71,19 +72,27 @@ def spy(*args, **kwargs):
 import euler_kernels
 euler_kernels.linear_forward = spy
 cfg = preset("small")
-out = generate_batch(cfg, init_params(cfg, seed=0), [[1, 2, 3], [4, 5]], 3, temperature=0.0)
+params = init_params(cfg, seed=0)
+out = generate_batch(cfg, params, [[1, 2, 3], [4, 5]], 3, temperature=0.0)
+batch_seen, seen = sorted(seen), set()
+between = set()  # the caller's BLAS threads between streamed tokens
+for token in generate(cfg, params, [1, 2, 3], 3, temperature=0.0):
+    between.add(max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"))
 blas = max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
-print(json.dumps({"during": sorted(seen), "after": blas, "tokens": [len(c.tokens) for c in out]}))
+print(json.dumps({"batch": batch_seen, "stream": sorted(seen), "between": sorted(between), "after": blas,
+                  "tokens": [len(c.tokens) for c in out]}))
 """
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS caps its threads at the core count")
 def test_numpy_generation_holds_blas_at_one_thread_and_restores_it() -> None:
+    """Both generation paths run their products with one BLAS thread; the caller keeps its own count."""
     env = os.environ | {"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(
         [sys.executable, "-c", GENERATE_CHILD], capture_output=True, text=True, env=env, check=True
     )
-    assert json.loads(proc.stdout) == {"during": [1], "after": 2, "tokens": [3, 3]}
+    got = json.loads(proc.stdout)
+    assert got == {"batch": [1], "stream": [1], "between": [2], "after": 2, "tokens": [3, 3]}
 
 
 # float64 logits of every head for 5 rows (split 2 + 3 over two workers), saved for the parent

@@ -11,6 +11,7 @@ emitted token is still a sample from head 0's distribution given everything befo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
+from euler_model.cpu_threads import one_blas_thread
 from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
 from euler_model.sampling import check_sampling_args, choose_token
@@ -178,14 +180,19 @@ def generate(
         steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
     else:
         steps = _plain(config, params, cache, prompt, pick, stats)
-    return _until_stop(steps, max_new_tokens, {int(t) for t in stop_tokens}, stats)
+    hold = one_blas_thread if xp is np else nullcontext  # NumPy: small products, one BLAS thread each
+    return _until_stop(steps, max_new_tokens, {int(t) for t in stop_tokens}, stats, hold)
 
 
-def _until_stop(steps: Iterator[int], max_new: int, stop: set[int], stats: GenerationStats) -> Iterator[int]:
-    """Pass tokens on until max_new were yielded or a stop token (not yielded) comes."""
+def _until_stop(
+    steps: Iterator[int], max_new: int, stop: set[int], stats: GenerationStats, hold: Callable[[], Any]
+) -> Iterator[int]:
+    """Pass tokens on until max_new were yielded or a stop token (not yielded) comes; each step runs
+    inside `hold()` (not across the yield: the caller's own work between tokens keeps its BLAS threads)."""
     count = 0
     while count < max_new:
-        token = next(steps, None)
+        with hold():
+            token = next(steps, None)
         if token is None or token in stop:
             return
         count += 1
