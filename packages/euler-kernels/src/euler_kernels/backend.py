@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_NUMPY_TYPES = (np.ndarray, np.generic)  # a tuple: isinstance with `a | b` builds the union at every call
 
 
 def get_array_module(x: Any) -> ModuleType:
@@ -21,7 +22,7 @@ def get_array_module(x: Any) -> ModuleType:
     >>> get_array_module(np.zeros(2)).__name__
     'numpy'
     """
-    if isinstance(x, np.ndarray | np.generic):
+    if isinstance(x, _NUMPY_TYPES):
         return np
     cupy = sys.modules.get("cupy")  # only consult CuPy if someone already imported it
     if cupy is not None and isinstance(x, cupy.ndarray):
@@ -81,10 +82,13 @@ def is_capturing(x: Any) -> bool:
 
 def check_float(fn: str, **arrays: Any) -> np.dtype:
     """Check that all named arrays share one float dtype (float32/float64); return it."""
-    dtypes = {name: np.dtype(a.dtype) for name, a in arrays.items()}
-    first = next(iter(dtypes.values()))
-    if first not in FLOAT_DTYPES or any(d != first for d in dtypes.values()):
-        desc = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+    dtypes = [a.dtype for a in arrays.values()]
+    first = dtypes[0]
+    if (first is FLOAT_DTYPES[0] or first is FLOAT_DTYPES[1]) and all(d is first for d in dtypes):
+        return first  # the common case, by identity (NumPy's builtin dtypes are singletons)
+    first = np.dtype(first)
+    if first not in FLOAT_DTYPES or any(d != first for d in dtypes):
+        desc = ", ".join(f"{n}: {np.dtype(a.dtype)}" for n, a in arrays.items())
         raise ValueError(f"{fn}: expected all float32 or all float64 arrays, got {desc}")
     return first
 
@@ -96,6 +100,8 @@ def is_bf16(x: Any) -> bool:
     >>> is_bf16(np.zeros(2, dtype=np.uint16))
     False
     """
+    if isinstance(x, _NUMPY_TYPES):
+        return False
     return get_array_module(x) is not np and np.dtype(x.dtype) == np.uint16
 
 
