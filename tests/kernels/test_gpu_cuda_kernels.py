@@ -301,7 +301,8 @@ def test_gemm_bf16_is_the_exact_product_of_bf16_rounded_operands(m, n, k, trans_
 )
 def test_gemm_bf16_on_stacks_is_each_matrix_product(batch, m, n, k, trans_a, trans_b, seed):
     """(batch, ., .) stacks of bf16 operands (one batched cuBLAS call): every product is the float64
-    product of its own rounded operands to float32 accuracy, also added into `out`, and rounded to bf16 output."""
+    product of its own rounded operands to float32 accuracy, also added into `out`, and rounded to bf16
+    output."""
     rng = np.random.default_rng(seed)
     a = randn(rng, batch, *((k, m) if trans_a else (m, k)))
     b = randn(rng, batch, *((n, k) if trans_b else (k, n)))
