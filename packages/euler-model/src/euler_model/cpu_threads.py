@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+import numpy as np
 from threadpoolctl import ThreadpoolController
 
 Part = TypeVar("Part")
@@ -47,6 +49,11 @@ def one_blas_thread() -> Any:
     the small products of a decode step want (two BLAS threads made batch-32 generation of the `small`
     preset 2.5x slower on the loaded 2-core machine)."""
     return _controller()[0].limit(limits=1)
+
+
+def one_blas_thread_for(like: Any) -> AbstractContextManager:
+    """one_blas_thread() when `like` is a NumPy array (the CPU path), else a context that does nothing."""
+    return one_blas_thread() if isinstance(like, np.ndarray) else nullcontext()
 
 
 def run_parts(fn: Callable[[Part], Any], parts: Sequence[Part]) -> list[Any]:

@@ -11,7 +11,6 @@ emitted token is still a sample from head 0's distribution given everything befo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
-from euler_model.cpu_threads import one_blas_thread
+from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
 from euler_model.sampling import check_sampling_args, choose_token
@@ -180,7 +179,7 @@ def generate(
         steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
     else:
         steps = _plain(config, params, cache, prompt, pick, stats)
-    hold = one_blas_thread if xp is np else nullcontext  # NumPy: small products, one BLAS thread each
+    hold = partial(one_blas_thread_for, params["embed"])  # NumPy: small products, one BLAS thread each
     return _until_stop(steps, max_new_tokens, {int(t) for t in stop_tokens}, stats, hold)
 
 

@@ -13,7 +13,6 @@ which decides a token only at an exact tie).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
-from euler_model.cpu_threads import one_blas_thread
+from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_graph import decode_runner
 from euler_model.decode_state import DecodeState
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
@@ -129,7 +128,7 @@ def generate_batch(
         config, xp, params["embed"].dtype, rows, limits, stops, _uniforms(row_seeds, max(limits))
     )
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
-    with one_blas_thread() if xp is np else nullcontext():  # NumPy: small products, one BLAS thread each
+    with one_blas_thread_for(params["embed"]):  # NumPy: small products, one BLAS thread each
         state.record(picker.pick(_prefill(config, params, state, rows), state))
         weights = inference_weights(config, params)
         step = partial(decode_step, config, weights, state, picker)

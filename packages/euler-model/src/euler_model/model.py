@@ -7,7 +7,6 @@ loss = mean over the K heads of the masked cross-entropy of that head
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ import euler_kernels as ek
 from euler_kernels.heap import keep_freed_memory
 from euler_model.blocks import layer_backward, layer_forward, norm_in
 from euler_model.config import ModelConfig
-from euler_model.cpu_threads import cpu_workers, one_blas_thread, run_parts
+from euler_model.cpu_threads import cpu_workers, one_blas_thread_for, run_parts
 from euler_model.recompute import LayerInput, layer_caches
 
 _ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
@@ -283,6 +282,6 @@ def forward_loss(
 ) -> float:
     """The same loss as loss_and_grads, for evaluation: no gradients are computed."""
     _check_targets(config, tokens, targets, loss_mask, "forward_loss")
-    with one_blas_thread() if ek.get_array_module(params["embed"]) is np else nullcontext():
+    with one_blas_thread_for(params["embed"]):
         h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
         return float(_heads_loss(config, params, h, targets, loss_mask))
