@@ -112,10 +112,12 @@ def balanced_parts(shapes: list[tuple[int, ...]], n: int) -> list[list[int]]:
     >>> balanced_parts([(4, 4), (8, 8), (4, 4), (2, 2)], 2)
     [[1], [0, 2, 3]]
     """
-    loads, parts = [0] * max(1, min(n, len(shapes))), [[] for _ in range(max(1, min(n, len(shapes))))]
-    for i in sorted(range(len(shapes)), key=lambda i: -shapes[i][0] * shapes[i][1] * min(shapes[i])):
+    work = [r * c * min(r, c) for r, c in shapes]
+    count = max(1, min(n, len(shapes)))
+    loads, parts = [0] * count, [[] for _ in range(count)]
+    for i in sorted(range(len(shapes)), key=lambda i: -work[i]):
         k = loads.index(min(loads))
-        loads[k] += shapes[i][0] * shapes[i][1] * min(shapes[i])
+        loads[k] += work[i]
         parts[k].append(i)
     return [sorted(part) for part in parts if part]
 

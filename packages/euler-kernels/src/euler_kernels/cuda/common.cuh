@@ -12,7 +12,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// bfloat16 activations are stored as their 16-bit patterns (unsigned short): the top half of a float32.
 // The sum of every thread's `v` over the block (up to 1024 threads), in a fixed order, valid in thread 0;
 // at most one call per kernel (its scratch is the block's).
 __device__ __forceinline__ double block_sum_double(double v) {
@@ -26,6 +25,7 @@ __device__ __forceinline__ double block_sum_double(double v) {
     return s;
 }
 
+// bfloat16 activations are stored as their 16-bit patterns (unsigned short): the top half of a float32.
 __device__ __forceinline__ float bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
 // float32 -> bfloat16, round to nearest even; a NaN stays a (quiet) NaN.
