@@ -28,6 +28,8 @@ from euler_kernels.ops.cross_entropy import (
     cross_entropy_forward,
     cross_entropy_weights,
 )
+from euler_kernels.ops.decode_attention import decode_attention_forward, decode_attention_kernel
+from euler_kernels.ops.decode_record import decode_record
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
@@ -56,6 +58,9 @@ __all__ = [
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_weights",
+    "decode_attention_forward",
+    "decode_attention_kernel",
+    "decode_record",
     "embedding_backward",
     "embedding_forward",
     "flash_attention_supports",

@@ -1,0 +1,133 @@
+"""decode_attention_forward (RoPE, cache write, attention of one new token per row) against a float64
+reference written out here: the rotation by explicit angles, each row's prefix attended with plain NumPy.
+The CPU runs the op's reference path; the GPU tests run the kernel (float32) over the shapes of issue 17's
+test matrix: head sizes 64 and 128, GQA groups 1, 3 and 12, cache lengths 1 to 8192."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import euler_kernels as ek
+from euler_kernels.cuda import cast
+
+THETA = 10000.0
+
+
+def rotate(x: np.ndarray, position: int) -> np.ndarray:
+    """x (..., D) rotated rotate-half style by the angles position * THETA ** (-2 i / D), in float64."""
+    d = x.shape[-1]
+    angle = position * THETA ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    c, s = np.cos(angle), np.sin(angle)
+    x1, x2 = x[..., : d // 2].astype(np.float64), x[..., d // 2 :].astype(np.float64)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def expected(qkv, k_cache, v_cache, pos, hq):
+    """(out (B, Hq D), the caches after the write), all float64."""
+    b, hkv, _, d = k_cache.shape
+    k_after, v_after = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    out = np.zeros((b, hq, d))
+    for row, p in enumerate(pos):
+        q = rotate(qkv[row, : hq * d].reshape(hq, d), p)
+        k_after[row, :, p] = rotate(qkv[row, hq * d : (hq + hkv) * d].reshape(hkv, d), p)
+        v_after[row, :, p] = qkv[row, (hq + hkv) * d :].reshape(hkv, d)
+        for h in range(hq):
+            keys, values = k_after[row, h // (hq // hkv), : p + 1], v_after[row, h // (hq // hkv), : p + 1]
+            scores = keys @ q[h] / np.sqrt(d)
+            w = np.exp(scores - scores.max())
+            out[row, h] = w @ values / w.sum()
+    return out.reshape(b, hq * d), k_after, v_after
+
+
+def inputs(rng, b, hq, hkv, s, d, pos, dtype=np.float64):
+    qkv = rng.standard_normal((b, (hq + 2 * hkv) * d)).astype(dtype)
+    k_cache, v_cache = (rng.standard_normal((b, hkv, s, d)).astype(dtype) for _ in range(2))
+    cos, sin = ek.rope_tables(d, s, THETA, dtype=dtype)
+    return qkv, k_cache, v_cache, np.asarray(pos, dtype=np.int64), cos, sin
+
+
+@pytest.mark.parametrize("window", [None, 12])
+def test_the_reference_path_equals_float64_attention_over_each_rows_prefix(window) -> None:
+    rng = np.random.default_rng(0)
+    b, hq, hkv, s, d = 4, 6, 2, 16, 8
+    qkv, k, v, pos, cos, sin = inputs(rng, b, hq, hkv, s, d, [0, 3, 11, 6])
+    want, k_want, v_want = expected(qkv, k, v, pos, hq)
+    got = ek.decode_attention_forward(qkv, k, v, pos, cos, sin, hq, window=window)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(k, k_want, rtol=1e-12, atol=1e-12)  # the new keys, rotated, at pos
+    np.testing.assert_array_equal(v, v_want)
+
+
+def test_bad_shapes_are_named() -> None:
+    rng = np.random.default_rng(1)
+    qkv, k, v, pos, cos, sin = inputs(rng, 2, 4, 2, 8, 4, [1, 2])
+    with pytest.raises(ValueError, match=r"qkv must be \(B, \(Hq \+ 2 Hkv\) D\)"):
+        ek.decode_attention_forward(qkv[:, :-4], k, v, pos, cos, sin, 4)
+    with pytest.raises(ValueError, match="pos must be"):
+        ek.decode_attention_forward(qkv, k, v, pos[:1], cos, sin, 4)
+    with pytest.raises(ValueError, match="float32 or all float64"):
+        ek.decode_attention_forward(qkv.astype(np.float32), k, v, pos, cos, sin, 4)
+
+
+# (Hq, Hkv, D, S, positions of the rows): GQA groups 1, 3, 12; the first and last slots, a chunk's
+# edges (D 64: 32 slots a block, D 128: 16), and long caches
+GPU_CASES = [
+    (4, 4, 64, 1, [0]),
+    (12, 4, 64, 64, [0, 31, 32, 63]),
+    (12, 1, 64, 129, [128, 7, 64]),
+    (12, 4, 64, 512, [511, 0, 200]),
+    (16, 4, 128, 2048, [2047, 15, 16, 1000]),
+    (12, 1, 128, 8192, [8191, 4100]),
+    (8, 8, 128, 7, [6, 2]),
+    (6, 2, 16, 40, [39, 5]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hkv", "d", "s", "pos"), GPU_CASES)
+def test_the_kernel_equals_float64_attention(hq, hkv, d, s, pos) -> None:
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(s + d)
+    qkv, k, v, pos, cos, sin = inputs(rng, len(pos), hq, hkv, s, d, pos, np.float32)
+    want, k_want, v_want = expected(qkv, k, v, pos, hq)
+    gk, gv = cp.asarray(k), cp.asarray(v)
+    assert ek.decode_attention_kernel(gk, hq)
+    tables = cp.asarray(cos), cp.asarray(sin)
+    got = ek.decode_attention_forward(cp.asarray(qkv), gk, gv, cp.asarray(pos), *tables, hq)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(cp.asnumpy(gk), k_want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cp.asnumpy(gv), v_want.astype(np.float32))
+    untouched = np.ones(k.shape, dtype=bool)
+    untouched[np.arange(len(pos)), :, pos] = False
+    np.testing.assert_array_equal(cp.asnumpy(gk)[untouched], k[untouched])  # no other slot is written
+
+
+@pytest.mark.gpu
+def test_the_bf16_output_is_the_float32_one_rounded() -> None:
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(5)
+    qkv, k, v, pos, cos, sin = (cp.asarray(a) for a in inputs(rng, 2, 12, 4, 300, 64, [299, 40], np.float32))
+    out = ek.decode_attention_forward(qkv, k.copy(), v.copy(), pos, cos, sin, 12)
+    out16 = ek.decode_attention_forward(qkv, k, v, pos, cos, sin, 12, bf16_out=True)
+    assert out16.dtype == cp.uint16
+    cp.testing.assert_array_equal(out16, cast.to_bf16(out))
+
+
+@pytest.mark.gpu
+def test_the_kernel_replayed_in_a_cuda_graph_equals_eager() -> None:
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(3)
+    arrays = inputs(rng, 3, 12, 4, 256, 64, [5, 100, 255], np.float32)
+    qkv, k, v, pos, cos, sin = (cp.asarray(a) for a in arrays)
+    eager = ek.decode_attention_forward(qkv, k.copy(), v.copy(), pos, cos, sin, 12)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ek.decode_attention_forward(qkv, k.copy(), v.copy(), pos, cos, sin, 12)  # compile outside capture
+        gk, gv = k.copy(), v.copy()
+        stream.begin_capture()
+        out = ek.decode_attention_forward(qkv, gk, gv, pos, cos, sin, 12)
+        graph = stream.end_capture()
+        graph.launch(stream=stream)
+        stream.synchronize()
+    cp.testing.assert_array_equal(out, eager)

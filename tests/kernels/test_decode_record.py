@@ -1,0 +1,69 @@
+"""decode_record: the array-operation path against a plain loop over the rows, and the GPU kernel against
+that path, on random batches (rows going, done, stopping, reaching their limit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import euler_kernels as ek
+
+
+def random_rows(seed: int, b: int = 64, v: int = 50, width: int = 9):
+    rng = np.random.default_rng(seed)
+    limit = rng.integers(0, width, b)
+    count = np.minimum(rng.integers(0, width, b), limit)
+    state = {
+        "out": rng.integers(0, v, (b, width + 1)),
+        "last": rng.integers(0, v, b),
+        "pos": rng.integers(0, 100, b),
+        "count": count,
+        "stopped_by": np.full(b, -1),
+        "done": (count >= limit) | (rng.random(b) < 0.2),
+        "seen": rng.random((b, v)) < 0.3,
+    }
+    stop = rng.random((b, v)) < 0.1
+    return rng.integers(0, v, b), state, stop, limit
+
+
+def looped(token, state, stop, limit) -> dict:
+    """The rule of ops/decode_record.py, one row at a time."""
+    s = {k: a.copy() for k, a in state.items()}
+    for b, t in enumerate(token):
+        if s["done"][b]:
+            continue
+        if stop[b, t]:
+            s["stopped_by"][b], s["done"][b] = t, True
+            continue
+        s["out"][b, s["count"][b]] = t
+        s["seen"][b, t], s["last"][b] = True, t
+        s["pos"][b] += 1
+        s["count"][b] += 1
+        s["done"][b] = s["count"][b] >= limit[b]
+    return s
+
+
+def record(token, state, stop, limit, xp=np) -> dict:
+    s = {k: xp.asarray(a).copy() for k, a in state.items()}
+    order = ("out", "last", "pos", "count", "stopped_by", "done", "seen")
+    ek.decode_record(xp.asarray(token), *(s[k] for k in order), xp.asarray(stop), xp.asarray(limit))
+    return {k: ek.to_numpy(a) for k, a in s.items()}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_array_path_equals_a_loop_over_the_rows(seed) -> None:
+    token, state, stop, limit = random_rows(seed)
+    want, got = looped(token, state, stop, limit), record(token, state, stop, limit)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert (want["done"] != state["done"]).any() and (want["count"] != state["count"]).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(5))
+def test_the_kernel_equals_a_loop_over_the_rows(seed) -> None:
+    cp = pytest.importorskip("cupy")
+    token, state, stop, limit = random_rows(seed, b=300)
+    want, got = looped(token, state, stop, limit), record(token, state, stop, limit, xp=cp)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
