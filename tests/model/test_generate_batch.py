@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import euler_kernels as ek
 from euler_model import GenerationStats, generate, generate_batch, preset
-from euler_model.decode_attention import decode_attention, key_bias
 from euler_model.sampling import choose_token, filter_top_k, filter_top_p, top_k_rows, top_p_rows
 from tests.model.test_generate import scaled_params, train_on_cycle
 
@@ -116,22 +114,6 @@ def test_a_trained_model_continues_its_cycle_in_every_row() -> None:
     stopped = generate_batch(cfg, params, prompts, 12, temperature=0.0, stop_tokens=[[9], [3], [5]])
     assert [c.tokens for c in stopped] == [[7, 8], [1, 2], [2, 3, 4]]
     assert [c.stop for c in stopped] == [9, 3, 5]
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_decode_attention_equals_attention_over_each_rows_prefix(dtype) -> None:
-    rng = np.random.default_rng(0)
-    b, hq, hkv, s, d = 4, 6, 2, 11, 8
-    q = rng.standard_normal((b, hq, d)).astype(dtype)
-    k, v = (rng.standard_normal((b, hkv, s, d)).astype(dtype) for _ in range(2))
-    pos = np.array([0, 3, 10, 6])  # each row's last position
-    got = decode_attention(q, k, v, key_bias(np.arange(s), pos, dtype))
-    for row, last in enumerate(pos):
-        keys = k[row : row + 1, :, : last + 1].transpose(0, 2, 1, 3)  # (1, S_b, Hkv, D)
-        vals = v[row : row + 1, :, : last + 1].transpose(0, 2, 1, 3)
-        want, _ = ek.attention_forward(q[row : row + 1, None], keys, vals, causal=True)  # the last query
-        tol = 1e-12 if dtype == np.float64 else 1e-5
-        np.testing.assert_allclose(got[row], want[0, 0], rtol=tol, atol=tol)
 
 
 def test_choose_token_draws_what_numpy_choice_draws() -> None:

@@ -34,10 +34,9 @@ class DecodeState:
     stop: Any  # (B, V) bool the stop tokens of each row
     seen: Any  # (B, V) bool the tokens of each row so far (prompt included), for the repetition penalty
     uniforms: Any  # (B, N + 1) float64 row b's j-th sampled token uses uniforms[b, j]
-    out: Any  # (B, N + 1) int64 emitted tokens; column N takes the writes of rows that emit nothing
+    out: Any  # (B, N + 1) int64 emitted tokens
     bad: Any  # (B,) bool a row sampled from probabilities that were not finite
     rows: Any  # (B,) int64 arange(B)
-    keys: Any  # (S,) int64 arange(S)
 
     @classmethod
     def allocate(
@@ -78,7 +77,6 @@ class DecodeState:
             out=ids(np.zeros((b, width + 1))),
             bad=xp.zeros(b, dtype=bool),
             rows=ids(np.arange(b)),
-            keys=ids(np.arange(config.context)),
         )
 
     def copy_prefill(self, row: int, cache: KVCache, index: int = 0) -> None:
@@ -91,18 +89,9 @@ class DecodeState:
 
     def record(self, token: Any) -> None:
         """Take each row's next token (B,): emitted by the rows still going that did not draw a stop
-        token; a stop token or the row's limit ends the row. Device operations only (no host sync)."""
-        xp = ek.get_array_module(token)
-        going = ~self.done
-        stop_hit = self.stop[self.rows, token]  # (B,)
-        emit = going & ~stop_hit
-        self.out[self.rows, xp.where(emit, self.count, self.out.shape[1] - 1)] = token
-        self.stopped_by[...] = xp.where(going & stop_hit, token, self.stopped_by)
-        self.seen[self.rows, token] |= emit
-        self.last[...] = xp.where(emit, token, self.last)
-        self.count += emit
-        self.pos += emit
-        self.done |= stop_hit | (self.count >= self.limit)
+        token; a stop token or the row's limit ends the row (ek.decode_record). Device work only."""
+        buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
+        ek.decode_record(token, *buffers, self.stop, self.limit)
 
     def results(self) -> list[tuple[list[int], int | None]]:
         """(tokens, the stop token that ended the row or None) of every row, read back to the host."""

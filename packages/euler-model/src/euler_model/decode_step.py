@@ -5,13 +5,12 @@
 
 Everything that changes from step to step (tokens, positions, counts, the KV cache) lives in the
 DecodeState's preallocated device buffers and is updated in place; the step reads no value back to the
-host and has the same shapes at every step with the same attention window (the cache slots it reads,
+host and has the same shapes at every step with the same attention window (the cache slots it may read,
 which the host picks from the step count alone: attention_window), so the same code runs eagerly (NumPy,
 or CuPy uncaptured) and captured as one CUDA graph per window (decode_graph.py). The blocks are the
-training blocks' (blocks.py: the norms, projections, RoPE and SwiGLU of euler-kernels); only attention
-differs: the queries of the batch sit at different positions, RoPE reads each row's position from the
-device (the rows of the batch play the part of RoPE's time axis, with tables gathered at their
-positions), and attention reads the static cache (decode_attention.py).
+training blocks' (blocks.py: the norms, projections and SwiGLU of euler-kernels); only attention differs:
+ek.decode_attention_forward applies RoPE at each row's own position, writes the new key and value into
+the static cache and attends over the row's slots.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import numpy as np
 import euler_kernels as ek
 from euler_model.blocks import norm_in
 from euler_model.config import ModelConfig
-from euler_model.decode_attention import decode_attention, key_bias
 from euler_model.decode_state import DecodeState
 from euler_model.model import _with_bf16_copies, rope_for
 from euler_model.sampling import inverse_cdf, penalize_rows, sampling_probs
@@ -45,6 +43,8 @@ class Picker:
         """Token ids (B,) from logits z (B, V), on z's device; a sampled row's draw is uniforms[b, count[b]]
         (so row b's j-th sampled token uses its j-th draw, whatever the other rows do)."""
         xp = ek.get_array_module(z)
+        if self.temperature == 0.0 and self.repetition_penalty == 1.0:
+            return z.argmax(axis=-1)  # in float64 the order, and so the first maximum, is the same
         z = penalize_rows(z.astype(xp.float64), state.seen, self.repetition_penalty)
         if self.temperature == 0.0:
             return z.argmax(axis=-1)
@@ -53,27 +53,29 @@ class Picker:
         return inverse_cdf(probs, state.uniforms[state.rows, state.count])
 
 
+def _bf16(w: dict) -> bool:
+    """Whether the products take bf16 weight copies (inference_weights): then the norms and SwiGLU write
+    bf16 activations, the products' operands as they are (no cast per product)."""
+    return ek.is_bf16(w["heads.0"])
+
+
 def _attention_block(
-    config: ModelConfig, w: dict, prefix: str, stream: tuple, state: DecodeState, layer: int, rope_rows: tuple
+    config: ModelConfig, w: dict, prefix: str, stream: tuple, state: DecodeState, layer: int, rope: tuple
 ) -> tuple[Any, Any]:
     """blocks.attention_block_forward for one new token per row: (x, branch) (B, C) -> (s, o)."""
-    b, hq, hkv, d = state.rows.shape[0], config.n_heads, config.n_kv_heads, config.head_dim
-    s, h, _ = norm_in(config, w[prefix + "attn_norm"], stream, False)  # (B, C) each
+    s, h, _ = norm_in(config, w[prefix + "attn_norm"], stream, _bf16(w))  # (B, C) each
     qkv, _ = ek.linear_forward(h, w[prefix + "wqkv"])  # (B, (Hq + 2 Hkv) D): q, k, v side by side
-    qk, _ = ek.rope_forward(qkv[:, : (hq + hkv) * d].reshape(1, b, hq + hkv, d), *rope_rows[:2])
-    state.k[layer, state.rows, :, state.pos] = qk[0, :, hq:]  # slot pos[b] of row b: (B, Hkv, D)
-    state.v[layer, state.rows, :, state.pos] = qkv[:, (hq + hkv) * d :].reshape(b, hkv, d)
-    window = rope_rows[2].shape[-1]  # the keys attended to: slots 0..window-1 hold every row's
-    k, v = state.k[layer, :, :, :window], state.v[layer, :, :, :window]  # (B, Hkv, W, D) views
-    a = decode_attention(qk[0, :, :hq], k, v, rope_rows[2])  # (B, Hq, D)
-    o, _ = ek.linear_forward(a.reshape(b, hq * d), w[prefix + "wo"])  # (B, C)
+    k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new key and value land at slot pos[b]
+    cos, sin, window = rope  # a: (B, Hq D), bf16 when the product after it takes bf16
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w))
+    o, _ = ek.linear_forward(a, w[prefix + "wo"])  # (B, C)
     return s, o
 
 
 def _ffn_block(config: ModelConfig, w: dict, prefix: str, stream: tuple) -> tuple[Any, Any]:
     """blocks.ffn_block_forward with the gate and up projections as one product: (x, branch) -> (s, o)."""
-    s, h, _ = norm_in(config, w[prefix + "ffn_norm"], stream, False)  # (B, C) each
-    gate_up, _ = ek.linear_forward(h, w[prefix + "w_gate_up"])  # (B, 2F)
+    s, h, _ = norm_in(config, w[prefix + "ffn_norm"], stream, _bf16(w))  # (B, C) each
+    gate_up, _ = ek.linear_forward(h, w[prefix + "w_gate_up"], bf16_out=_bf16(w))  # (B, 2F)
     gated, _ = ek.swiglu_forward(gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :])  # (B, F)
     o, _ = ek.linear_forward(gated, w[prefix + "w_down"])  # (B, C)
     return s, o
@@ -83,16 +85,13 @@ def decode_hidden(config: ModelConfig, weights: dict[str, Any], state: DecodeSta
     """The final-normed hidden state (B, C) after feeding each row's last token at its position; attention
     reads the first `window` slots of the cache, which must exceed every row's position."""
     xp = ek.get_array_module(state.pos)
-    cos, sin = rope_for(config, weights["embed"])  # (context, D/2) each
-    # row b's RoPE angles (B, D/2) twice, and the mask (B, 1, 1, W) of the keys it sees: shared by the layers
-    at_pos = (xp.take(cos, state.pos, axis=0), xp.take(sin, state.pos, axis=0))
-    at_pos += (key_bias(state.keys[:window], state.pos, state.k.dtype),)
+    rope = (*rope_for(config, weights["embed"]), window)  # (context, D/2) tables, and the window
     stream = (xp.take(weights["embed"], state.last, axis=0), None)  # (B, C); ids are the model's own
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
-        stream = _attention_block(config, weights, prefix, stream, state, i, at_pos)
+        stream = _attention_block(config, weights, prefix, stream, state, i, rope)
         stream = _ffn_block(config, weights, prefix, stream)
-    _, h, _ = norm_in(config, weights["norm"], stream, False)
+    _, h, _ = norm_in(config, weights["norm"], stream, _bf16(weights))
     return h
 
 
@@ -105,15 +104,20 @@ def decode_step(
     state.record(picker.pick(z, state))
 
 
-def attention_window(config: ModelConfig, last_position: int) -> int:
+def attention_window(config: ModelConfig, last_position: int, kernel: bool = False) -> int:
     """The cache slots a step attends to when no row is past last_position: that bound rounded up to a
     multiple of WINDOW (at most the context), so a few captured graphs serve a whole generation while
-    attention reads little more than the filled slots.
+    attention reads little more than the filled slots. With the decode attention kernel (kernel=True:
+    ek.decode_attention_kernel), which reads each row's own slots, always the whole context: one graph.
 
     >>> from euler_model.config import preset
     >>> [attention_window(preset("gpu"), p) for p in (16, 63, 64, 600)]
     [64, 64, 128, 512]
+    >>> attention_window(preset("gpu"), 16, kernel=True)
+    512
     """
+    if kernel:
+        return config.context
     return min(config.context, (last_position // WINDOW + 1) * WINDOW)
 
 

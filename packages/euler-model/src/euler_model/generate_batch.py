@@ -134,8 +134,9 @@ def generate_batch(
         step = partial(decode_step, config, weights, state, picker)
         runner = decode_runner(step, state.done, cuda_graph)
         every, steps, longest = (1 if xp is np else SYNC_EVERY), 0, max(len(p) for p in rows)
+        kernel = ek.decode_attention_kernel(state.k[0], config.n_heads)  # it reads each row's own slots
         while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
-            runner.run(attention_window(config, longest + steps))  # no row is past position longest + steps
+            runner.run(attention_window(config, longest + steps, kernel))  # no row is past longest + steps
             steps += 1
         runner.synchronize()
     if temperature > 0 and bool(state.bad.any()):
