@@ -66,8 +66,8 @@ def _attention_block(
     s, h, _ = norm_in(config, w[prefix + "attn_norm"], stream, _bf16(w))  # (B, C) each
     qkv, _ = ek.linear_forward(h, w[prefix + "wqkv"])  # (B, (Hq + 2 Hkv) D): q, k, v side by side
     k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new key and value land at slot pos[b]
-    cos, sin, window = rope  # a: (B, Hq D), bf16 when the product after it takes bf16
-    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w))
+    cos, sin, window = rope
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window)  # (B, Hq D)
     o, _ = ek.linear_forward(a, w[prefix + "wo"])  # (B, C)
     return s, o
 

@@ -7,7 +7,7 @@
 // from split * SLOTS on (a block whose first slot is past pos[b] returns at once, so one launch serves every
 // length) and writes its partial softmax: the maximum score m, the sum of exp(score - m) l, and
 // sum exp(score - m) v, for each of the G = Hq / Hkv query heads that share the kv head (GQA: K and V
-// are read once for all of them). The reduce kernel merges a head's partials into the output (B, Hq, D), float32 or bf16.
+// are read once for all of them). The reduce kernel merges a head's partials into the output (B, Hq, D).
 // Slot pos[b] is read from the new key and value, never from the cache, so no block reads what another
 // writes. float32 throughout; HEAD_DIM and SLOTS are compile-time (-D). (common.cuh's CHUNK is the
 // multi-tensor kernels' own.)
@@ -107,11 +107,9 @@ extern "C" __global__ void decode_attention_split(float* part_acc, float* part_m
     }
 }
 
-// One block of D threads per (b, query head): merge the partials of splits 0..pos[b] / SLOTS into out
-// (float32, or bf16 for the bf16 product after it).
-template <typename Out>
-__device__ __forceinline__ void reduce_body(Out* out, const float* part_acc, const float* part_ml,
-                                            const long long* pos, int hq, int splits) {
+// One block of D threads per (b, query head): merge the partials of splits 0..pos[b] / SLOTS.
+extern "C" __global__ void decode_attention_reduce(float* out, const float* part_acc, const float* part_ml,
+                                                   const long long* pos, int hq, int splits) {
     const int bh = blockIdx.x, d = threadIdx.x;
     const int used = (int)(pos[bh / hq] / SLOTS) + 1;
     const float* ml = part_ml + (size_t)bh * splits * 2;
@@ -123,16 +121,5 @@ __device__ __forceinline__ void reduce_body(Out* out, const float* part_acc, con
         num += w * part_acc[((size_t)bh * splits + i) * D + d];
         den += w * ml[2 * i + 1];
     }
-    store_act(out, (size_t)bh * D + d, num / den);
-}
-
-extern "C" __global__ void decode_attention_reduce(float* out, const float* part_acc, const float* part_ml,
-                                                   const long long* pos, int hq, int splits) {
-    reduce_body(out, part_acc, part_ml, pos, hq, splits);
-}
-
-extern "C" __global__ void decode_attention_reduce_bf16(unsigned short* out, const float* part_acc,
-                                                        const float* part_ml, const long long* pos, int hq,
-                                                        int splits) {
-    reduce_body(out, part_acc, part_ml, pos, hq, splits);
+    out[(size_t)bh * D + d] = num / den;
 }

@@ -30,11 +30,9 @@ def decode_attention_fits(head_dim: int, n_heads: int, n_kv_heads: int) -> bool:
     return even and _smem(head_dim, n_heads // n_kv_heads) <= _SMEM_LIMIT
 
 
-def decode_attention(
-    qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, n_heads: int, bf16_out: bool = False
-) -> Any:
+def decode_attention(qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, n_heads: int) -> Any:
     """qkv (B, (Hq + 2 Hkv) D) float32, caches (B, Hkv, S, D) float32 (contiguous, written in place at
-    pos), pos (B,) int64, tables (P, D/2) float32 -> out (B, Hq, D) float32, or bf16 with bf16_out."""
+    pos), pos (B,) int64, tables (P, D/2) float32 -> out (B, Hq, D) float32."""
     import cupy
 
     qkv, cos, sin = contiguous(qkv, cos, sin)
@@ -43,12 +41,11 @@ def decode_attention(
     splits = -(-s // slots)
     part_acc = cupy.empty((b, n_heads, splits, d), dtype=cupy.float32)
     part_ml = cupy.empty((b, n_heads, splits, 2), dtype=cupy.float32)
-    out = cupy.empty((b, n_heads, d), dtype=cupy.uint16 if bf16_out else cupy.float32)
+    out = cupy.empty((b, n_heads, d), dtype=cupy.float32)
     split = get_kernel("decode_attention.cu", "decode_attention_split", HEAD_DIM=d, SLOTS=slots)
     sizes = (np.int32(n_heads), np.int32(hkv), np.int32(s), np.float32(1.0 / math.sqrt(d)))
     args = (part_acc, part_ml, k_cache, v_cache, qkv, cos, sin, pos, *sizes)
     split((splits, hkv, b), (_THREADS,), args, shared_mem=_smem(d, n_heads // hkv))
-    name = "decode_attention_reduce_bf16" if bf16_out else "decode_attention_reduce"
-    reduce = get_kernel("decode_attention.cu", name, HEAD_DIM=d, SLOTS=slots)
+    reduce = get_kernel("decode_attention.cu", "decode_attention_reduce", HEAD_DIM=d, SLOTS=slots)
     reduce((b * n_heads,), (d,), (out, part_acc, part_ml, pos, np.int32(n_heads), np.int32(splits)))
     return out

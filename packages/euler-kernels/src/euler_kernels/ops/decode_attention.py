@@ -7,7 +7,7 @@ every step (what a CUDA graph needs). Query heads are grouped under their key/va
 
 On float32 CuPy arrays one kernel pair runs it (cuda/decode_attention.cu: RoPE, the cache write and a
 flash-decoding split over the keys, then the merge of the splits), reading each row's own slots only.
-Elsewhere (NumPy, float64 on the GPU) the reference below runs: rope_forward, an indexed write, and a
+Elsewhere (NumPy, float64 on the GPU) the reference below runs: rope_rows, an indexed write, and a
 masked softmax over the first `window` slots, written as CuPy element-wise products and reductions on the
 GPU (CuPy's matmul refuses to run while a stream is captured into a CUDA graph).
 """
@@ -19,9 +19,8 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
-from euler_kernels.cuda import cast
 from euler_kernels.cuda import decode_attention as decode_cuda
-from euler_kernels.ops.rope import rope_forward
+from euler_kernels.ops.rope import rope_rows
 
 
 def decode_attention_kernel(k_cache: Any, n_heads: int) -> bool:
@@ -40,7 +39,6 @@ def decode_attention_forward(
     sin: Any,
     n_heads: int,
     window: int | None = None,
-    bf16_out: bool = False,
 ) -> Any:
     """softmax(q k^T / sqrt(D) + mask) v for each sequence's newest token, after writing its key and value.
 
@@ -48,8 +46,7 @@ def decode_attention_forward(
     and v_cache (B, Hkv, S, D), contiguous, get the rotated key and the value at slot pos[b] of row b (in
     place); pos (B,) int64 with every pos[b] < S; cos, sin the rope_tables (P, D/2), P > every pos[b].
     window: the reference reads only slots 0..window-1 (every pos[b] must be below it; None: all S).
-    Returns (B, Hq * D) in qkv's dtype, or as a bf16 activation with bf16_out (GPU: the operand of a bf16
-    product); query head h reads key/value head h // (Hq // Hkv).
+    Returns (B, Hq * D); query head h reads key/value head h // (Hq // Hkv).
 
     >>> import numpy as np
     >>> from euler_kernels.ops.rope import rope_tables
@@ -75,12 +72,8 @@ def decode_attention_forward(
     check_float("decode_attention_forward", qkv=qkv, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
     in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
     if in_place and decode_attention_kernel(k_cache, n_heads):
-        out = decode_cuda.decode_attention(qkv, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out)
-        return out.reshape(b, -1)
-    if bf16_out and not cuda.fused(qkv):
-        raise ValueError("decode_attention_forward: bf16_out needs float32 CuPy arrays")
-    out = _reference(qkv, k_cache, v_cache, pos, cos, sin, n_heads, s if window is None else window)
-    return cast.as_bf16(out) if bf16_out else out
+        return decode_cuda.decode_attention(qkv, k_cache, v_cache, pos, cos, sin, n_heads).reshape(b, -1)
+    return _reference(qkv, k_cache, v_cache, pos, cos, sin, n_heads, s if window is None else window)
 
 
 def _reference(
@@ -90,16 +83,15 @@ def _reference(
     xp = get_array_module(qkv)
     b, hkv, _, d = k_cache.shape
     rows = xp.arange(b)
-    # the batch's rows play the part of RoPE's time axis, with the tables gathered at their positions
-    at_pos = xp.take(cos, pos, axis=0), xp.take(sin, pos, axis=0)  # (B, D/2) each
-    qk, _ = rope_forward(qkv[:, : (hq + hkv) * d].reshape(1, b, hq + hkv, d), *at_pos)
-    k_cache[rows, :, pos] = qk[0, :, hq:]  # slot pos[b] of row b: (B, Hkv, D)
+    at_pos = xp.take(cos, pos, axis=0), xp.take(sin, pos, axis=0)  # (B, D/2) each: every row's own angles
+    qk = rope_rows(qkv[:, : (hq + hkv) * d].reshape(b, hq + hkv, d), *at_pos)  # (B, Hq + Hkv, D)
+    k_cache[rows, :, pos] = qk[:, hq:]  # slot pos[b] of row b: (B, Hkv, D)
     v_cache[rows, :, pos] = qkv[:, (hq + hkv) * d :].reshape(b, hkv, d)
     k, v = k_cache[:, :, :window], v_cache[:, :, :window]  # (B, Hkv, W, D) views
-    q = qk[0, :, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, Hq, D), pre-scaled
+    q = qk[:, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, Hq, D), pre-scaled
     scores = _products(xp, q.reshape(b, hkv, hq // hkv, d), k.swapaxes(-1, -2))  # (B, Hkv, G, W)
-    mask = xp.where(xp.arange(window)[None, :] <= pos[:, None], 0.0, -xp.inf)  # (B, W): row b sees 0..pos[b]
-    scores += mask.astype(qkv.dtype)[:, None, None]
+    hidden = xp.arange(window)[None, :] > pos[:, None]  # (B, W): row b sees slots 0..pos[b]
+    scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
     scores -= scores.max(axis=-1, keepdims=True)
     p = xp.exp(scores, out=scores)  # slot 0 is always seen: every row has a finite maximum
     out = _products(xp, p, v)  # (B, Hkv, G, D)

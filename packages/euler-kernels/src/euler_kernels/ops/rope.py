@@ -91,6 +91,22 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tupl
     return _rotate(x, c, s, 1.0), (c, s)
 
 
+def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
+    """Rotate x (B, H, D) when each row b sits at its own position: cos_rows, sin_rows (B, D/2) are the
+    tables' rows at those positions (the decode step's case; forward only, NumPy-style arrays). The same
+    numbers as rope_forward: x1 cos - x2 sin equals its x1 cos + x2 (-sin) exactly.
+
+    >>> cos, sin = rope_tables(2, 3)
+    >>> rope_rows(np.ones((2, 1, 2)), cos[[0, 2]], sin[[0, 2]]).round(4).tolist()
+    [[[1.0, 1.0]], [[-1.3254, 0.4932]]]
+    """
+    xp = get_array_module(x)
+    half = x.shape[-1] // 2
+    c, s = cos_rows[:, None], sin_rows[:, None]  # (B, 1, D/2)
+    x1, x2 = x[..., :half], x[..., half:]
+    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
 def rope_backward(dout: Any, cache: tuple) -> Any:
     """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle."""
     if cuda.fused_cache(cache):
