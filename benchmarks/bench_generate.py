@@ -7,6 +7,8 @@ best of --repeats timed runs after one warm-up, prefill included on both sides. 
 
   euler graph    generate_batch, the decode step captured as a CUDA graph (GPU only)
   euler eager    generate_batch launched from Python (on the CPU the only way)
+  euler spec     generate_batch(speculative=True): the MTP heads draft, each step verifies (K >= 2;
+                 graph on the GPU); the same greedy tokens, with the drafts' acceptance printed
   euler one      generate(), the one-prompt generator (batch 1 only): the path before generate_batch
   hf eager       transformers generate, dynamic cache
   hf compiled    transformers generate, static cache + torch.compile (GPU, --hf-compile; may fail: said)
@@ -43,7 +45,15 @@ import transformers  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 import euler_kernels as ek  # noqa: E402
-from euler_model import generate, generate_batch, init_params, load_checkpoint, preset, save_hf  # noqa: E402
+from euler_model import (  # noqa: E402
+    GenerationStats,
+    generate,
+    generate_batch,
+    init_params,
+    load_checkpoint,
+    preset,
+    save_hf,
+)
 
 
 def timed(fn, repeats: int) -> tuple[list[list[int]], float]:
@@ -56,20 +66,24 @@ def timed(fn, repeats: int) -> tuple[list[list[int]], float]:
     return out, best
 
 
-def euler_runs(cfg, params, prompts, n, gpu: bool) -> dict:
-    """name -> a function generating the rows' new tokens with euler-model."""
+def euler_runs(cfg, params, prompts, n, gpu: bool, quick: bool, stats: GenerationStats) -> dict:
+    """name -> a function generating the rows' new tokens with euler-model (quick: no uncaptured GPU rows);
+    the speculative row adds its drafts to `stats`."""
 
-    def batched(graph: bool):
+    def batched(graph: bool, speculative: bool = False):
         def run():
-            return [
-                c.tokens for c in generate_batch(cfg, params, prompts, n, temperature=0.0, cuda_graph=graph)
-            ]
+            kw = {"speculative": True, "stats": stats} if speculative else {}
+            out = generate_batch(cfg, params, prompts, n, temperature=0.0, cuda_graph=graph, **kw)
+            return [c.tokens for c in out]
 
         return run
 
     runs = {"euler graph": batched(True)} if gpu else {}
-    runs["euler eager"] = batched(False)
-    if len(prompts) == 1:
+    if not (gpu and quick):
+        runs["euler eager"] = batched(False)
+    if cfg.n_mtp_heads > 1:
+        runs["euler spec"] = batched(True, speculative=True)
+    if len(prompts) == 1 and not (gpu and quick):
         runs["euler one"] = lambda: [list(generate(cfg, params, prompts[0], n, temperature=0.0))]
     return runs
 
@@ -129,6 +143,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="BLAS and torch threads on the CPU")
     p.add_argument("--hf-compile", action="store_true", help="also transformers with static cache + compile")
+    p.add_argument("--quick", action="store_true", help="GPU: leave out the uncaptured euler rows (slow)")
     args = p.parse_args()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
@@ -157,8 +172,8 @@ def main() -> None:
         for precision in precisions:
             os.environ["EULER_MATMUL_PRECISION"] = precision
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-            results = {}
-            for name, fn in euler_runs(cfg, params, prompts, args.new_tokens, gpu).items():
+            results, spec = {}, GenerationStats()
+            for name, fn in euler_runs(cfg, params, prompts, args.new_tokens, gpu, args.quick, spec).items():
                 results[name] = timed(fn, args.repeats)
             hf = hf_runs(folder, prompts, args.new_tokens, "cuda" if gpu else "cpu", dtype, args.hf_compile)
             for name, fn in hf.items():
@@ -170,6 +185,12 @@ def main() -> None:
             for name, (_, seconds) in results.items():
                 print(
                     f"batch {b:3d} {precision}  {name:12s} {tokens / seconds:10.0f} tok/s  ({seconds:.3f} s)"
+                )
+            if spec.drafted:
+                print(
+                    f"batch {b:3d} {precision}  euler spec: {spec.accepted:,} of {spec.drafted:,} drafts "
+                    f"accepted ({spec.acceptance_rate:.0%}); tokens equal to euler's plain greedy: "
+                    f"{agreement(results['euler spec'][0], results[next(iter(results))][0])}"
                 )
             ours = min((s, n) for n, (_, s) in results.items() if n.startswith("euler") and n != "euler one")
             theirs = min((s, n) for n, (_, s) in results.items() if n.startswith("hf"))

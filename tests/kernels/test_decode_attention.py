@@ -58,10 +58,27 @@ def test_the_reference_path_equals_float64_attention_over_each_rows_prefix(windo
     np.testing.assert_array_equal(v, v_want)
 
 
+def test_t_new_tokens_a_row_equal_t_steps_of_one() -> None:
+    """A speculative step's T tokens at pos..pos + T - 1: each sees the slots up to its own position, so
+    the result (and the cache) is that of T consecutive one-token steps."""
+    rng = np.random.default_rng(2)
+    b, hq, hkv, s, d, t = 3, 6, 2, 20, 8, 4
+    _, k, v, pos, cos, sin = inputs(rng, b, hq, hkv, s, d, [0, 7, 15])
+    qkv = rng.standard_normal((b, t, (hq + 2 * hkv) * d))
+    k_seq, v_seq, want = k.copy(), v.copy(), []
+    for i in range(t):  # the float64 reference, one token at a time
+        out, k_seq, v_seq = expected(qkv[:, i], k_seq, v_seq, pos + i, hq)
+        want.append(out)
+    got = ek.decode_attention_forward(qkv, k, v, pos, cos, sin, hq, window=19)
+    np.testing.assert_allclose(got, np.stack(want, axis=1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(k, k_seq, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(v, v_seq)
+
+
 def test_bad_shapes_are_named() -> None:
     rng = np.random.default_rng(1)
     qkv, k, v, pos, cos, sin = inputs(rng, 2, 4, 2, 8, 4, [1, 2])
-    with pytest.raises(ValueError, match=r"qkv must be \(B, \(Hq \+ 2 Hkv\) D\)"):
+    with pytest.raises(ValueError, match=r"qkv must be \(B, \[T,\] \(Hq \+ 2 Hkv\) D\)"):
         ek.decode_attention_forward(qkv[:, :-4], k, v, pos, cos, sin, 4)
     with pytest.raises(ValueError, match="pos must be"):
         ek.decode_attention_forward(qkv, k, v, pos[:1], cos, sin, 4)

@@ -158,3 +158,47 @@ def test_bad_arguments_raise(kwargs, message) -> None:
     args = {"prompts": [[1, 2], [3]], "max_new_tokens": 3} | kwargs
     with pytest.raises(ValueError, match=message):
         generate_batch(cfg, scaled_params(cfg, 0), **args)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_speculative_rows_equal_plain_greedy(dtype, seed) -> None:
+    """Random weights (drafts mostly rejected): the same tokens, also where the drafts run past the
+    context (rows 1-3) and at the limits."""
+    cfg = preset("tiny")  # context 16, K = 3: two drafts a step
+    params = scaled_params(cfg, seed, dtype)
+    prompts = random_prompts(cfg, [5, 1, 12, 15, 3, 2, 5, 3], seed)
+    limits = [9, 20, 20, 4, 0, 1, 11, 7]
+    stats = GenerationStats()
+    out = generate_batch(cfg, params, prompts, limits, temperature=0.0, speculative=True, stats=stats)
+    assert [c.tokens for c in out] == reference(cfg, params, prompts, limits, temperature=0.0)
+    assert stats.drafted > 0
+
+
+def test_speculative_steps_accept_a_trained_models_drafts_and_stop_where_plain_stops() -> None:
+    cfg = preset("tiny")
+    params, loss = train_on_cycle(cfg)
+    assert loss < 0.5
+    prompts = [[4, 5, 6], [0], [8, 9, 10, 0, 1]]
+    plain, fast = GenerationStats(), GenerationStats()
+    want = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, stats=plain)
+    got = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, speculative=True, stats=fast)
+    assert got == want
+    assert fast.accepted > 0.8 * fast.drafted  # the cycle is easy to guess: nearly every draft is kept
+    assert fast.forwards - 3 < 0.5 * (plain.forwards - 3)  # decode steps (after 3 prefills): ~3 tokens each
+    stops = [[9], [3], [5]]
+    kept = generate_batch(cfg, params, prompts, 12, temperature=0.0, stop_tokens=stops, speculative=True)
+    assert kept == generate_batch(cfg, params, prompts, 12, temperature=0.0, stop_tokens=stops)
+    assert [c.stop for c in kept] == [9, 3, 5]
+
+
+def test_speculative_sampling_is_refused_and_one_head_decodes_plainly() -> None:
+    cfg = preset("tiny")
+    params = scaled_params(cfg, 0)
+    with pytest.raises(ValueError, match="greedy only"):
+        generate_batch(cfg, params, [[1, 2]], 4, temperature=0.8, speculative=True)
+    one = preset("tiny", n_mtp_heads=1)
+    p1 = scaled_params(one, 0)
+    stats = GenerationStats()
+    out = generate_batch(one, p1, [[1, 2]], 4, temperature=0.0, speculative=True, stats=stats)
+    assert out == generate_batch(one, p1, [[1, 2]], 4, temperature=0.0) and stats.drafted == 0

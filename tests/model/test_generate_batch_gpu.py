@@ -83,3 +83,16 @@ def test_bf16_weights_captured_equals_eager(cp, monkeypatch) -> None:
     captured = generate_batch(cfg, gpu, prompts, 32, temperature=0.0, stats=stats)
     assert stats.decode == "cuda graph"
     assert captured == generate_batch(cfg, gpu, prompts, 32, temperature=0.0, cuda_graph=False)
+
+
+def test_captured_speculative_equals_plain_greedy(cp) -> None:
+    """The speculative step captured (T = K tokens a row: attention's reference path, one graph per
+    window) gives the plain captured step's tokens."""
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
+    prompts = prompts_for(cfg, [16, 1, 40, 100, 7], seed=6)
+    limits = [60, 127, 30, 40, 0]
+    stats = GenerationStats()
+    fast = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, speculative=True, stats=stats)
+    assert stats.decode == "cuda graph" and stats.drafted > 0
+    assert fast == generate_batch(cfg, gpu, prompts, limits, temperature=0.0)

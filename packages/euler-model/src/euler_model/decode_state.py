@@ -21,7 +21,8 @@ from euler_model.kv_cache import KVCache
 
 @dataclass
 class DecodeState:
-    """The device buffers of one batch of B sequences (S = context, N = the largest limit)."""
+    """The device buffers of one batch of B sequences (S = context + M slots, N = the largest limit, M the
+    drafts of a speculative step: 0 without speculation)."""
 
     k: Any  # (L, B, Hkv, S, D) keys, a sequence's slots contiguous per head
     v: Any  # (L, B, Hkv, S, D) values
@@ -37,6 +38,9 @@ class DecodeState:
     out: Any  # (B, N + 1) int64 emitted tokens
     bad: Any  # (B,) bool a row sampled from probabilities that were not finite
     rows: Any  # (B,) int64 arange(B)
+    drafts: Any  # (B, M) int64 the tokens heads 1..M guess after `last`, fed after it by a speculative step
+    drafted: Any  # (B,) int64 drafts a row has had verified
+    accepted: Any  # (B,) int64 of which head 0 agreed with (each an emitted token with no forward of its own)
 
     @classmethod
     def allocate(
@@ -48,11 +52,13 @@ class DecodeState:
         limits: list[int],
         stops: list[set[int]],
         uniforms: np.ndarray,
+        drafts: int = 0,
     ) -> DecodeState:
         """Buffers for these prompts (each 1..context-1 ids), each row's limit and stop set, and the host
-        uniforms (B, N + 1); the caches start empty (see copy_prefill)."""
+        uniforms (B, N + 1); the caches start empty (see copy_prefill). drafts: M, the speculative step's
+        drafts per row (its last draft may sit M slots past the context)."""
         b, v, width = len(prompts), config.vocab_size, uniforms.shape[1] - 1
-        shape = (config.n_layers, b, config.n_kv_heads, config.context, config.head_dim)
+        shape = (config.n_layers, b, config.n_kv_heads, config.context + drafts, config.head_dim)
         stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
         for i, (prompt, row_stops) in enumerate(zip(prompts, stops)):
             stop[i, [t for t in sorted(row_stops) if 0 <= t < v]] = True  # others can never come
@@ -77,6 +83,9 @@ class DecodeState:
             out=ids(np.zeros((b, width + 1))),
             bad=xp.zeros(b, dtype=bool),
             rows=ids(np.arange(b)),
+            drafts=ids(np.zeros((b, drafts))),
+            drafted=ids(np.zeros(b)),
+            accepted=ids(np.zeros(b)),
         )
 
     def copy_prefill(self, row: int, cache: KVCache, index: int = 0) -> None:

@@ -62,13 +62,15 @@ def _bf16(w: dict) -> bool:
 def _attention_block(
     config: ModelConfig, w: dict, prefix: str, stream: tuple, state: DecodeState, layer: int, rope: tuple
 ) -> tuple[Any, Any]:
-    """blocks.attention_block_forward for one new token per row: (x, branch) (B, C) -> (s, o)."""
-    s, h, _ = norm_in(config, w[prefix + "attn_norm"], stream, _bf16(w))  # (B, C) each
-    qkv, _ = ek.linear_forward(h, w[prefix + "wqkv"])  # (B, (Hq + 2 Hkv) D): q, k, v side by side
-    k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new key and value land at slot pos[b]
+    """blocks.attention_block_forward for T new tokens per row: (x, branch) (B T, C) -> (s, o)."""
+    s, h, _ = norm_in(config, w[prefix + "attn_norm"], stream, _bf16(w))  # (B T, C) each
+    qkv, _ = ek.linear_forward(h, w[prefix + "wqkv"])  # (B T, (Hq + 2 Hkv) D): q, k, v side by side
+    b = state.pos.shape[0]
+    qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
+    k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
     cos, sin, window = rope
-    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window)  # (B, Hq D)
-    o, _ = ek.linear_forward(a, w[prefix + "wo"])  # (B, C)
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window)  # (B, [T,] Hq D)
+    o, _ = ek.linear_forward(a.reshape(s.shape[0], -1), w[prefix + "wo"])  # (B T, C)
     return s, o
 
 
@@ -81,12 +83,16 @@ def _ffn_block(config: ModelConfig, w: dict, prefix: str, stream: tuple) -> tupl
     return s, o
 
 
-def decode_hidden(config: ModelConfig, weights: dict[str, Any], state: DecodeState, window: int) -> Any:
-    """The final-normed hidden state (B, C) after feeding each row's last token at its position; attention
-    reads the first `window` slots of the cache, which must exceed every row's position."""
+def decode_hidden(
+    config: ModelConfig, weights: dict[str, Any], state: DecodeState, window: int, tokens: Any = None
+) -> Any:
+    """The final-normed hidden states (B T, C) after feeding each row T new tokens at positions pos[b]..
+    pos[b] + T - 1: tokens (B, T), or by default its last token (T = 1); attention reads the first
+    `window` slots of the cache, which must exceed every new token's position."""
     xp = ek.get_array_module(state.pos)
-    rope = (*rope_for(config, weights["embed"]), window)  # (context, D/2) tables, and the window
-    stream = (xp.take(weights["embed"], state.last, axis=0), None)  # (B, C); ids are the model's own
+    rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window)  # (S, D/2) tables, the window
+    ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,); ids are the model's own
+    stream = (xp.take(weights["embed"], ids, axis=0), None)  # (B T, C)
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
         stream = _attention_block(config, weights, prefix, stream, state, i, rope)
@@ -104,11 +110,12 @@ def decode_step(
     state.record(picker.pick(z, state))
 
 
-def attention_window(config: ModelConfig, last_position: int, kernel: bool = False) -> int:
-    """The cache slots a step attends to when no row is past last_position: that bound rounded up to a
-    multiple of WINDOW (at most the context), so a few captured graphs serve a whole generation while
-    attention reads little more than the filled slots. With the decode attention kernel (kernel=True:
-    ek.decode_attention_kernel), which reads each row's own slots, always the whole context: one graph.
+def attention_window(config: ModelConfig, last_position: int, kernel: bool = False, slots: int = 0) -> int:
+    """The cache slots a step attends to when no new token is past last_position: that bound rounded up to
+    a multiple of WINDOW (at most the cache's `slots`, default the context), so a few captured graphs serve
+    a whole generation while attention reads little more than the filled slots. With the decode attention
+    kernel (kernel=True: ek.decode_attention_kernel), which reads each row's own slots, always all: one
+    graph.
 
     >>> from euler_model.config import preset
     >>> [attention_window(preset("gpu"), p) for p in (16, 63, 64, 600)]
@@ -116,15 +123,17 @@ def attention_window(config: ModelConfig, last_position: int, kernel: bool = Fal
     >>> attention_window(preset("gpu"), 16, kernel=True)
     512
     """
+    slots = slots or config.context
     if kernel:
-        return config.context
-    return min(config.context, (last_position // WINDOW + 1) * WINDOW)
+        return slots
+    return min(slots, (last_position // WINDOW + 1) * WINDOW)
 
 
-def inference_weights(config: ModelConfig, params: dict[str, Any]) -> dict[str, Any]:
+def inference_weights(config: ModelConfig, params: dict[str, Any], drafters: bool = False) -> dict[str, Any]:
     """The decode step's weights, made once per batch: params plus each layer's q/k/v projections as one
-    matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two).
-    In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and head 0 are bf16 copies,
+    matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two);
+    with `drafters`, heads 1..K-1 stacked as `drafters` ((K-1) V, C), the speculative step's one product.
+    In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and heads are bf16 copies,
     so the products run on the bf16 tensor cores with no cast per token; activations and cache stay float32.
     """
     xp = ek.get_array_module(params["embed"])
@@ -133,7 +142,11 @@ def inference_weights(config: ModelConfig, params: dict[str, Any]) -> dict[str, 
         p = f"layers.{i}."
         weights[p + "wqkv"] = xp.concatenate([params[p + "wq"], params[p + "wk"], params[p + "wv"]])
         weights[p + "w_gate_up"] = xp.concatenate([params[p + "w_gate"], params[p + "w_up"]])
+    heads = ["heads.0"]
+    if drafters:
+        weights["drafters"] = xp.concatenate([params[f"heads.{k}"] for k in range(1, config.n_mtp_heads)])
+        heads.append("drafters")
     if xp is np or not ek.bf16_activations(params["embed"]):
         return weights
     names = [f"layers.{i}.{n}" for i in range(config.n_layers) for n in ("wqkv", "wo", "w_gate_up", "w_down")]
-    return _with_bf16_copies(weights, [*names, "heads.0"])
+    return _with_bf16_copies(weights, [*names, *heads])

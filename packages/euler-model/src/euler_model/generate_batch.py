@@ -23,6 +23,7 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_graph import decode_runner
+from euler_model.decode_speculative import draft, speculative_step
 from euler_model.decode_state import DecodeState
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
 from euler_model.generate import GenerationStats, checked_prompt
@@ -67,14 +68,15 @@ def _uniforms(seeds: list[int | None], width: int) -> np.ndarray:
 
 def _prefill(
     config: ModelConfig, params: dict[str, Any], state: DecodeState, prompts: list[list[int]]
-) -> Any:
+) -> tuple[Any, Any]:
     """The prompts through the trunk, those of one length together (trunk_forward into a KVCache of their
-    number), their keys/values copied into their rows; head 0's logits (B, V) after each last token."""
+    number), their keys/values copied into their rows; head 0's logits (B, V) after each last token, and
+    the hidden states (B, C) they came from."""
     xp = ek.get_array_module(params["embed"])
     by_length: dict[int, list[int]] = {}
     for b, prompt in enumerate(prompts):
         by_length.setdefault(len(prompt), []).append(b)
-    logits = [None] * len(prompts)
+    logits, hidden = [None] * len(prompts), [None] * len(prompts)
     for rows in by_length.values():
         cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp)
         tokens = xp.asarray([prompts[b] for b in rows], dtype=xp.int64)  # (G, T)
@@ -82,8 +84,8 @@ def _prefill(
         z = ek.linear_forward(h[:, -1], params["heads.0"])[0]  # (G, V)
         for j, b in enumerate(rows):
             state.copy_prefill(b, cache, j)
-            logits[b] = z[j : j + 1]
-    return xp.concatenate(logits)
+            logits[b], hidden[b] = z[j : j + 1], h[j : j + 1, -1]
+    return xp.concatenate(logits), xp.concatenate(hidden)
 
 
 def generate_batch(
@@ -99,6 +101,7 @@ def generate_batch(
     seeds: Sequence[int | None] | None = None,
     cuda_graph: bool = True,
     stats: GenerationStats | None = None,
+    speculative: bool = False,
 ) -> list[Completion]:
     """One Completion per prompt, in order: up to max_new_tokens new ids each (one limit, or one per
     prompt), ending early at a stop token (not included) or where prompt + output fill the context.
@@ -106,6 +109,8 @@ def generate_batch(
     temperature 0 is greedy; sampling arguments are those of `generate`, shared by the rows. stop_tokens:
     ids that stop every row, or one collection of ids per row. seeds: one per row (None: fresh entropy).
     cuda_graph: on the GPU, capture the decode step as a CUDA graph (stats.decode says how it ran).
+    speculative: heads 1..K-1 draft and each step verifies them (decode_speculative.py; needs K >= 2, else
+    plain steps): the same greedy tokens in fewer steps (stats.drafted / accepted). Greedy only.
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -117,6 +122,12 @@ def generate_batch(
         raise ValueError("generate_batch: no prompts")
     rows = [checked_prompt(config, p, f"generate_batch: prompt {i}") for i, p in enumerate(prompts)]
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
+    speculative = speculative and config.n_mtp_heads > 1
+    if speculative and (temperature != 0 or repetition_penalty != 1.0):
+        raise ValueError(
+            "generate_batch: speculative decoding is greedy only (temperature 0, repetition_penalty 1); "
+            "generate() samples speculatively for one prompt"
+        )
     wanted = _per_row(max_new_tokens, b, "max_new_tokens")
     if not all(isinstance(n, int | np.integer) and n >= 0 for n in wanted):
         raise ValueError(f"generate_batch: max_new_tokens must be ints >= 0, got {wanted}")
@@ -124,19 +135,27 @@ def generate_batch(
     row_seeds = [None] * b if seeds is None else _per_row(list(seeds), b, "seeds")
     limits = [min(int(n), config.context - len(p)) for n, p in zip(wanted, rows)]  # the context's room
     xp = ek.get_array_module(params["embed"])
+    fed = config.n_mtp_heads if speculative else 1  # tokens a step feeds per row
     state = DecodeState.allocate(
-        config, xp, params["embed"].dtype, rows, limits, stops, _uniforms(row_seeds, max(limits))
+        config, xp, params["embed"].dtype, rows, limits, stops, _uniforms(row_seeds, max(limits)), fed - 1
     )
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
     with one_blas_thread_for(params["embed"]):  # NumPy: small products, one BLAS thread each
-        state.record(picker.pick(_prefill(config, params, state, rows), state))
-        weights = inference_weights(config, params)
-        step = partial(decode_step, config, weights, state, picker)
+        logits, hidden = _prefill(config, params, state, rows)
+        state.record(picker.pick(logits, state))
+        weights = inference_weights(config, params, drafters=speculative)
+        if speculative:
+            draft(config, weights, state, hidden)
+            step = partial(speculative_step, config, weights, state)
+        else:
+            step = partial(decode_step, config, weights, state, picker)
         runner = decode_runner(step, state.done, cuda_graph)
         every, steps, longest = (1 if xp is np else SYNC_EVERY), 0, max(len(p) for p in rows)
-        kernel = ek.decode_attention_kernel(state.k[0], config.n_heads)  # it reads each row's own slots
+        # the kernel reads each row's own slots: one window (it takes one new token per row)
+        kernel = fed == 1 and ek.decode_attention_kernel(state.k[0], config.n_heads)
         while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
-            runner.run(attention_window(config, longest + steps, kernel))  # no row is past longest + steps
+            last = longest + (steps + 1) * fed - 1  # no row feeds a token past this position
+            runner.run(attention_window(config, last, kernel, slots=state.k.shape[3]))
             steps += 1
         runner.synchronize()
     if temperature > 0 and bool(state.bad.any()):
@@ -148,5 +167,7 @@ def generate_batch(
     stats = GenerationStats() if stats is None else stats
     stats.forwards += b + steps
     stats.generated += sum(len(c.tokens) for c in results)
+    stats.drafted += int(state.drafted.sum())
+    stats.accepted += int(state.accepted.sum())
     stats.decode = runner.mode
     return results

@@ -21,13 +21,15 @@ from euler_model.recompute import LayerInput, layer_caches
 _ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
 
 
-def rope_for(config: ModelConfig, like: Any) -> tuple[Any, Any]:
-    """cos/sin tables (context, head_dim // 2) in the array kind and dtype of `like`, memoised."""
+def rope_for(config: ModelConfig, like: Any, positions: int | None = None) -> tuple[Any, Any]:
+    """cos/sin tables (positions, head_dim // 2) in the array kind and dtype of `like`, memoised;
+    positions defaults to the context (a speculative decode step computes a few past it)."""
     xp = ek.get_array_module(like)
-    key = (config.head_dim, config.context, config.rope_theta, np.dtype(like.dtype).str, xp.__name__)
+    positions = config.context if positions is None else positions
+    key = (config.head_dim, positions, config.rope_theta, np.dtype(like.dtype).str, xp.__name__)
     if key not in _ROPE_TABLES:
         _ROPE_TABLES[key] = ek.rope_tables(
-            config.head_dim, config.context, theta=config.rope_theta, dtype=like.dtype, xp=xp
+            config.head_dim, positions, theta=config.rope_theta, dtype=like.dtype, xp=xp
         )
     return _ROPE_TABLES[key]
 

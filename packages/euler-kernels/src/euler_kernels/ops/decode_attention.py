@@ -1,15 +1,18 @@
-"""Decode attention: one new token per sequence, appended to a static KV cache and attended over it.
+"""Decode attention: new tokens per sequence, appended to a static KV cache and attended over it.
 
-The cache holds S key slots per sequence; sequence b is at position pos[b] (on the device) and sees its
-keys 0..pos[b], so a batch of sequences of different lengths is one fixed-shape computation, the same at
-every step (what a CUDA graph needs). Query heads are grouped under their key/value head (GQA) as in
-`attention_forward`, so K and V are never repeated. Inference only: there is no backward.
+The cache holds S key slots per sequence; sequence b's new token is at position pos[b] (on the device)
+and sees its keys 0..pos[b], so a batch of sequences of different lengths is one fixed-shape
+computation, the same at every step (what a CUDA graph needs). Query heads are grouped under their
+key/value head (GQA) as in `attention_forward`, so K and V are never repeated. Inference only: there is
+no backward. A row may also bring T > 1 new tokens at positions pos[b]..pos[b] + T - 1 (a speculative
+step verifying drafts), each seeing the slots up to its own position.
 
-On float32 CuPy arrays one kernel pair runs it (cuda/decode_attention.cu: RoPE, the cache write and a
-flash-decoding split over the keys, then the merge of the splits), reading each row's own slots only.
-Elsewhere (NumPy, float64 on the GPU) the reference below runs: rope_rows, an indexed write, and a
-masked softmax over the first `window` slots, written as CuPy element-wise products and reductions on the
-GPU (CuPy's matmul refuses to run while a stream is captured into a CUDA graph).
+On float32 CuPy arrays with one new token per row, one kernel pair runs it (cuda/decode_attention.cu:
+RoPE, the cache write and a flash-decoding split over the keys, then the merge of the splits), reading
+each row's own slots only. Elsewhere (NumPy, float64 on the GPU, T > 1) the reference below runs:
+rope_rows, an indexed write, and a masked softmax over the first `window` slots, written as CuPy
+element-wise products and reductions on the GPU (CuPy's matmul refuses to run while a stream is captured
+into a CUDA graph).
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ def decode_attention_forward(
     qkv (B, (Hq + 2 Hkv) D): each row's q, k and v projections side by side, RoPE not applied yet; k_cache
     and v_cache (B, Hkv, S, D), contiguous, get the rotated key and the value at slot pos[b] of row b (in
     place); pos (B,) int64 with every pos[b] < S; cos, sin the rope_tables (P, D/2), P > every pos[b].
-    window: the reference reads only slots 0..window-1 (every pos[b] must be below it; None: all S).
-    Returns (B, Hq * D); query head h reads key/value head h // (Hq // Hkv).
+    qkv may be (B, T, (Hq + 2 Hkv) D): T new tokens per row, at slots pos[b]..pos[b] + T - 1 (< S).
+    window: the reference reads only slots 0..window-1 (every new slot must be below it; None: all S).
+    Returns (B, Hq * D), or (B, T, Hq * D); query head h reads key/value head h // (Hq // Hkv).
 
     >>> import numpy as np
     >>> from euler_kernels.ops.rope import rope_tables
@@ -59,10 +63,12 @@ def decode_attention_forward(
     ([[2.0, 3.0]], [1.0, 1.0])
     """
     b, hkv, s, d = k_cache.shape
-    if qkv.ndim != 2 or qkv.shape != (b, (n_heads + 2 * hkv) * d) or v_cache.shape != k_cache.shape:
+    width = (n_heads + 2 * hkv) * d
+    rows_ok = qkv.ndim in (2, 3) and qkv.shape[0] == b and qkv.shape[-1] == width
+    if not rows_ok or v_cache.shape != k_cache.shape:
         raise shape_error(
             "decode_attention_forward",
-            f"qkv must be (B, (Hq + 2 Hkv) D) = ({b}, {(n_heads + 2 * hkv) * d}) and v_cache like k_cache",
+            f"qkv must be (B, [T,] (Hq + 2 Hkv) D) = ({b}, [T,] {width}) and v_cache like k_cache",
             qkv=qkv,
             k_cache=k_cache,
             v_cache=v_cache,
@@ -71,32 +77,37 @@ def decode_attention_forward(
         raise shape_error("decode_attention_forward", f"pos must be (B,) and Hkv divide {n_heads}", pos=pos)
     check_float("decode_attention_forward", qkv=qkv, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
     in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
-    if in_place and decode_attention_kernel(k_cache, n_heads):
+    if qkv.ndim == 2 and in_place and decode_attention_kernel(k_cache, n_heads):
         return decode_cuda.decode_attention(qkv, k_cache, v_cache, pos, cos, sin, n_heads).reshape(b, -1)
-    return _reference(qkv, k_cache, v_cache, pos, cos, sin, n_heads, s if window is None else window)
+    out = _reference(qkv.reshape(b, -1, width), k_cache, v_cache, pos, cos, sin, n_heads, window or s)
+    return out.reshape(b, -1) if qkv.ndim == 2 else out
 
 
 def _reference(
     qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, hq: int, window: int
 ) -> Any:
-    """decode_attention_forward in array operations, reading slots 0..window-1."""
+    """decode_attention_forward in array operations, qkv (B, T, (Hq + 2 Hkv) D) -> (B, T, Hq D), reading
+    slots 0..window-1."""
     xp = get_array_module(qkv)
-    b, hkv, _, d = k_cache.shape
-    rows = xp.arange(b)
-    at_pos = xp.take(cos, pos, axis=0), xp.take(sin, pos, axis=0)  # (B, D/2) each: every row's own angles
-    qk = rope_rows(qkv[:, : (hq + hkv) * d].reshape(b, hq + hkv, d), *at_pos)  # (B, Hq + Hkv, D)
-    k_cache[rows, :, pos] = qk[:, hq:]  # slot pos[b] of row b: (B, Hkv, D)
-    v_cache[rows, :, pos] = qkv[:, (hq + hkv) * d :].reshape(b, hkv, d)
-    k, v = k_cache[:, :, :window], v_cache[:, :, :window]  # (B, Hkv, W, D) views
-    q = qk[:, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, Hq, D), pre-scaled
-    scores = _products(xp, q.reshape(b, hkv, hq // hkv, d), k.swapaxes(-1, -2))  # (B, Hkv, G, W)
-    hidden = xp.arange(window)[None, :] > pos[:, None]  # (B, W): row b sees slots 0..pos[b]
+    b, t = qkv.shape[:2]
+    hkv, d = k_cache.shape[1], k_cache.shape[3]
+    at = pos[:, None] + xp.arange(t)  # (B, T) the new tokens' positions, their cache slots
+    angles = xp.take(cos, at.ravel(), axis=0), xp.take(sin, at.ravel(), axis=0)  # (B T, D/2) each
+    qk = rope_rows(qkv[..., : (hq + hkv) * d].reshape(b * t, hq + hkv, d), *angles).reshape(b, t, -1, d)
+    rows = xp.arange(b)[:, None]
+    k_cache[rows, :, at] = qk[:, :, hq:]  # slots at[b] of row b: (B, T, Hkv, D)
+    v_cache[rows, :, at] = qkv[..., (hq + hkv) * d :].reshape(b, t, hkv, d)
+    k, v = k_cache[:, :, None, :window], v_cache[:, :, None, :window]  # (B, Hkv, 1, W, D) views
+    q = qk[:, :, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, T, Hq, D), pre-scaled
+    q = q.reshape(b, t, hkv, hq // hkv, d).transpose(0, 2, 3, 1, 4)  # (B, Hkv, G, T, D)
+    scores = _products(xp, q, k.swapaxes(-1, -2))  # (B, Hkv, G, T, W)
+    hidden = xp.arange(window) > at[:, :, None]  # (B, T, W): the new token at pos[b] + i sees 0..pos[b] + i
     scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
     scores -= scores.max(axis=-1, keepdims=True)
     p = xp.exp(scores, out=scores)  # slot 0 is always seen: every row has a finite maximum
-    out = _products(xp, p, v)  # (B, Hkv, G, D)
+    out = _products(xp, p, v)  # (B, Hkv, G, T, D)
     out /= p.sum(axis=-1, keepdims=True)
-    return out.reshape(b, hq * d)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
 
 
 def _products(xp: Any, a: Any, b: Any) -> Any:
