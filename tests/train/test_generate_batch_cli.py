@@ -40,6 +40,13 @@ def test_greedy_batch_file_equals_one_generate_per_prompt(tiny_run, cli, capsys,
     assert sum(r["tokens"] for r in rows) > 0
 
 
+def test_speculative_greedy_batch_file_equals_the_plain_one(tiny_run, cli, tmp_path) -> None:
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    flags = ("--temperature", "0", "--max-new-tokens", "20", "--batch-size", "3")
+    assert batch(cli, tiny_run, path, *flags, "--speculative") == batch(cli, tiny_run, path, *flags)
+
+
 def test_seeded_jsonl_batch_equals_generate_with_seed_plus_index(tiny_run, cli, capsys, tmp_path) -> None:
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\r\n" for i, p in enumerate(PROMPTS[:4])))
@@ -81,7 +88,7 @@ def test_a_bad_batch_file_is_one_line_and_exit_2(tiny_run, cli, tmp_path, name, 
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--batch-file", "{file}", "--speculative"], "--speculative decodes one prompt"),
+        (["--batch-file", "{file}", "--speculative"], "--speculative with --batch-file is greedy only"),
         (["--batch-file", "{file}", "--prompt", "x"], "not allowed with argument"),
         ([], "one of the arguments --prompt --batch-file is required"),
         (["--batch-file", "{file}", "--batch-size", "0"], "--batch-size"),

@@ -69,8 +69,10 @@ def read_batch_file(path: str) -> list[str]:
 
 def check_batch_args(args: argparse.Namespace) -> list[str]:
     """The prompts to continue, checked with the flags, before any model is loaded."""
-    if args.speculative:
-        raise ConfigError("--speculative decodes one prompt: use it with --prompt, not --batch-file")
+    if args.speculative and (args.temperature != 0 or args.repetition_penalty != 1.0):
+        raise ConfigError(
+            "--speculative with --batch-file is greedy only: add --temperature 0 (no --repetition-penalty)"
+        )
     return read_batch_file(args.batch_file)
 
 
@@ -86,6 +88,7 @@ def _completions(model: SamplingModel, args: argparse.Namespace, prompts: list[s
         args.max_new_tokens,
         stop_tokens=stops,
         seeds=seeds,
+        speculative=args.speculative,
         **sampling_kwargs(args),
     )
 
