@@ -2,8 +2,9 @@
 the same weights (exported with euler-model's save_hf, loaded as LlamaForCausalLM), in one run.
 
 For each batch size (default 1 and 32) and precision (fp32, and bf16 on the GPU): B prompts of
---prompt-len random ids, --new-tokens new tokens each (no stop token: every row makes all of them), the
-best of --repeats timed runs after one warm-up, prefill included on both sides. Rows printed:
+--prompt-len random ids (or windows of --prompts-from's val split), --new-tokens new tokens each (no stop
+token: every row makes all of them), the best of --repeats timed runs after one warm-up, prefill included
+on both sides. Rows printed:
 
   euler graph    generate_batch, the decode step captured as a CUDA graph (GPU only)
   euler eager    generate_batch launched from Python (on the CPU the only way)
@@ -13,13 +14,15 @@ best of --repeats timed runs after one warm-up, prefill included on both sides. 
   hf eager       transformers generate, dynamic cache
   hf compiled    transformers generate, static cache + torch.compile (GPU, --hf-compile; may fail: said)
 
-then, per setting, the ratio of euler's best to transformers' best and how many rows of our tokens equal
+then (GPU) the captured step's steady rate, from the time of --new-tokens less that of an eighth as many,
+and, per setting, the ratio of euler's best to transformers' best and how many rows of our tokens equal
 theirs (float rounding may flip a near-tie and the rest of a row with it). The load averages before and
 after are printed: on a shared machine they decide how far a figure can be trusted.
 
 Run (from the repository root):
   hatch run bench:python benchmarks/bench_generate.py                       # CPU, `small`
   hatch run bench:python benchmarks/bench_generate.py --device gpu --preset gpu --new-tokens 400
+  hatch run bench:python benchmarks/bench_generate.py --checkpoint CKPT --prompts-from runs/data/DATASET
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import transformers  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 import euler_kernels as ek  # noqa: E402
+from euler_data.meta import open_split  # noqa: E402
 from euler_model import (  # noqa: E402
     GenerationStats,
     generate,
@@ -125,6 +129,18 @@ def _with_forward(model, forward, fn):
         model.forward = plain
 
 
+def steady_decode(cfg, params, prompts, n: int, seconds_n: float, repeats: int) -> None:
+    """Print the captured decode step's own rate: the time of n tokens less that of n // 8, per token, and
+    what is left of the call (prefill, weights, the eager first step, capture) as its fixed cost."""
+    short = max(2, n // 8)
+    _, seconds_short = timed(lambda: generate_batch(cfg, params, prompts, short, temperature=0.0), repeats)
+    step = (seconds_n - seconds_short) / (n - short)
+    print(
+        f"batch {len(prompts):3d}  euler graph steady decode: {step * 1e6:.0f} us a step = "
+        f"{len(prompts) / step:,.0f} tok/s; fixed cost of a call {(seconds_n - n * step) * 1e3:.1f} ms"
+    )
+
+
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
     same = sum(a == b for a, b in zip(ours, theirs))
     prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(ours, theirs)]
@@ -144,6 +160,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="BLAS and torch threads on the CPU")
     p.add_argument("--hf-compile", action="store_true", help="also transformers with static cache + compile")
     p.add_argument("--quick", action="store_true", help="GPU: leave out the uncaptured euler rows (slow)")
+    p.add_argument(
+        "--prompts-from", help="an euler-data dataset folder: prompts are windows of its val split"
+    )
     args = p.parse_args()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
@@ -167,8 +186,13 @@ def main() -> None:
     )
     print(f"# numpy {np.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
     rng = np.random.default_rng(0)
+    val = np.concatenate(open_split(args.prompts_from, "val")) if args.prompts_from else None
     for b in [int(x) for x in args.batches.split(",")]:
-        prompts = rng.integers(0, cfg.vocab_size, (b, args.prompt_len)).tolist()
+        if val is None:
+            prompts = rng.integers(0, cfg.vocab_size, (b, args.prompt_len)).tolist()
+        else:
+            starts = rng.integers(0, len(val) - args.prompt_len, b)
+            prompts = [val[i : i + args.prompt_len].astype(np.int64).tolist() for i in starts]
         for precision in precisions:
             os.environ["EULER_MATMUL_PRECISION"] = precision
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -186,6 +210,8 @@ def main() -> None:
                 print(
                     f"batch {b:3d} {precision}  {name:12s} {tokens / seconds:10.0f} tok/s  ({seconds:.3f} s)"
                 )
+            if gpu:
+                steady_decode(cfg, params, prompts, args.new_tokens, results["euler graph"][1], args.repeats)
             if spec.drafted:
                 print(
                     f"batch {b:3d} {precision}  euler spec: {spec.accepted:,} of {spec.drafted:,} drafts "
