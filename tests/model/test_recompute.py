@@ -106,8 +106,11 @@ def test_recompute_lowers_the_measured_peak_and_the_estimate_covers_it(name, b, 
     # the caches of all but one layer are gone: at least a third of the activations of 4+ layers
     assert rerun < 0.75 * kept, (rerun, kept)
     assert est["activations"] < est_kept["activations"]
-    # the estimate covers the step's peak without wasting much (the rule of test_memory.py)
-    need = est["weights"] + est["optimizer"] + rerun
+    # the estimate covers the step's peak without wasting much (the rule of test_memory.py): the step holds
+    # the larger of the training peak and an evaluation's (every head's logits, which recompute leaves as
+    # they are; with vocab 4096 it is the larger, and leaving it out made the bound fail on a loaded machine)
+    evaluation = peak_bytes(lambda: logits(cfg, params, tokens, all_heads=True))
+    need = est["weights"] + est["optimizer"] + max(rerun, evaluation)
     assert need <= est["total"] <= 2.0 * need + (64 << 20), (need, est)
 
 
