@@ -10,11 +10,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from multiprocessing import Pipe
 from pathlib import Path
+from threading import Thread
 
 import pytest
 
 from euler_train.comm import EXIT_LOST_RANK
+from euler_train.socket_comm import DIED, send_within
 from tests.train.test_distributed import launch
 
 BOUND_S = 30  # a survivor must have stopped this long after the loss at the latest
@@ -97,3 +100,24 @@ def test_a_silent_rank_is_lost_after_the_collective_timeout(tmp_path, dataset, m
         procs[1].kill()
         procs[1].communicate()
     assert "error: rank 1 was lost: it sent nothing for 3 s (EULER_COMM_TIMEOUT)" in last, last
+
+
+def test_a_send_to_a_peer_that_reads_nothing_gives_up_after_the_wait() -> None:
+    """A buffer larger than the socket's blocks its writer until the peer reads: a hung peer (alive,
+    reading nothing) must not hang the sender past the collective timeout."""
+    data = bytes(64 << 20)  # far beyond any socket buffer
+    ours, silent = Pipe()  # a socket pair whose other end never reads
+    started = time.monotonic()
+    assert send_within(ours, data, 0.5) == "it read nothing for 0.5 s (EULER_COMM_TIMEOUT)"
+    assert 0.5 <= time.monotonic() - started < 5
+    silent.close()  # the blocked send fails now, on its daemon thread
+
+    ours, reading = Pipe()  # a peer that reads takes the whole buffer
+    got: list[bytes] = []
+    reader = Thread(target=lambda: got.append(reading.recv_bytes()))
+    reader.start()
+    assert send_within(ours, data, 60) is None
+    reader.join()
+    assert got == [data]
+    reading.close()
+    assert send_within(ours, bytes(1 << 20), 5) == DIED  # a closed peer is a dead one

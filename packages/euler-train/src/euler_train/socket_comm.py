@@ -5,10 +5,11 @@ Rank 0 listens on an ephemeral localhost port and writes it, with a random key, 
 folder; the other ranks connect. An all-reduce sends each rank's flat float buffer to rank 0, which adds
 them in rank order (deterministic) and sends the sum back. Raw bytes only, no pickles.
 
-A rank that dies closes its connection and one that hangs stops sending: rank 0 names the lost rank,
-tells the other ranks (an empty message, then the reason as text) and every survivor raises CommError.
-A collective waits at most EULER_COMM_TIMEOUT seconds (default 600) for a rank's buffer on rank 0, and
-twice that for rank 0's answer on the other ranks (rank 0 may itself be waiting out a silent rank).
+A rank that dies closes its connection and one that hangs stops sending and reading: rank 0 names the
+lost rank, tells the other ranks (an empty message, then the reason as text) and every survivor raises
+CommError. A collective waits at most EULER_COMM_TIMEOUT seconds (default 600) for a rank's buffer on
+rank 0, and twice that for rank 0's answer on the other ranks (rank 0 may itself be waiting out a silent
+rank); a send waits as long for its reader (a buffer larger than the socket's blocks until it is read).
 
 >>> # RANK=0 WORLD_SIZE=2 EULER_COMM=socket euler-train pretrain ...   (and RANK=1 beside it)
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -39,6 +41,26 @@ def collective_timeout() -> float:
 
 def _address_file(run_dir: Path) -> Path:
     return run_dir / f".socket-{os.environ.get('MASTER_PORT', '0')}.json"
+
+
+def send_within(conn: Connection, data: bytes, wait: float) -> str | None:
+    """Send `data`, waiting at most `wait` seconds for the peer to take it: None when it did, else why not
+    (its connection closed, or it read nothing). The send runs on a daemon thread, since a blocked socket
+    write has no timeout of its own; one left blocked ends with the process, which is stopping."""
+    failed: list[OSError] = []
+
+    def send() -> None:
+        try:
+            conn.send_bytes(data)
+        except OSError as err:
+            failed.append(err)
+
+    sender = threading.Thread(target=send, name="euler-socket-send", daemon=True)
+    sender.start()
+    sender.join(wait)
+    if sender.is_alive():
+        return f"it read nothing for {wait:g} s (EULER_COMM_TIMEOUT)"
+    return DIED if failed else None
 
 
 def _drain(conn: Connection, deadline: float) -> None:
@@ -102,24 +124,24 @@ class SocketComm(Comm):
         for r, conn in enumerate(self.peers, start=1):
             total += np.frombuffer(self._receive(r, conn, self.wait), dtype=flat.dtype)
         for r, conn in enumerate(self.peers, start=1):
-            try:
-                conn.send_bytes(total.tobytes())
-            except OSError:
-                self._lost(r, DIED)
+            self._send(r, conn, total.tobytes())
         return total
 
     def _through_hub(self, flat: np.ndarray) -> np.ndarray:
         """A non-zero rank's side: send to rank 0, read the sum (or rank 0's notice of a lost rank)."""
         hub = self.peers[0]
-        try:
-            hub.send_bytes(flat.tobytes())
-        except OSError:
-            self._lost(0, DIED)
+        self._send(0, hub, flat.tobytes())
         reply = self._receive(0, hub, 2 * self.wait)
         if not reply:  # rank 0's notice: another rank is lost, the reason follows
             notice = self._receive(0, hub, self.wait).decode("utf-8", "replace")
             self._stop(f"{notice} (told by rank 0)")
         return np.frombuffer(reply, dtype=flat.dtype).copy()
+
+    def _send(self, peer: int, conn: Connection, data: bytes) -> None:
+        """Send to rank `peer`; a closed connection, or `wait` seconds without it reading, lose it."""
+        why = send_within(conn, data, self.wait)
+        if why is not None:
+            self._lost(peer, why)
 
     def _receive(self, peer: int, conn: Connection, wait: float) -> bytes:
         """The next message from rank `peer`; a closed connection or `wait` seconds of silence lose it."""
@@ -135,12 +157,9 @@ class SocketComm(Comm):
         what = f"rank {peer} was lost: {reason}"
         if self.rank == 0:
             told = [conn for r, conn in enumerate(self.peers, start=1) if r != peer]
-            for conn in told:
-                try:
-                    conn.send_bytes(b"")
-                    conn.send_bytes(what.encode("utf-8"))
-                except OSError:
-                    pass  # that one is gone too; it cannot be told
+            for conn in told:  # one that is gone too, or does not read, cannot be told
+                if send_within(conn, b"", NOTICE_S) is None:
+                    send_within(conn, what.encode("utf-8"), NOTICE_S)
             for conn in told:  # closing with unread bytes would reset the notice away: wait for their close
                 _drain(conn, time.monotonic() + NOTICE_S)
         self._stop(what)
