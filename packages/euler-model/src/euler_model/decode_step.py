@@ -7,7 +7,8 @@ Everything that changes from step to step (tokens, positions, counts, the KV cac
 DecodeState's preallocated device buffers and is updated in place; the step reads no value back to the
 host and has the same shapes at every step with the same attention window (the cache slots it may read,
 which the host picks from the step count alone: attention_window), so the same code runs eagerly (NumPy,
-or CuPy uncaptured) and captured as one CUDA graph per window (decode_graph.py). The blocks are the
+or CuPy uncaptured) and captured as one CUDA graph per window (decode_graph.py; with the decode attention
+kernel, which reads each row's own slots, one window and one graph serve a generation). The blocks are the
 training blocks' (blocks.py: the norms, projections and SwiGLU of euler-kernels); only attention differs:
 ek.decode_attention_forward applies RoPE at each row's own position, writes the new key and value into
 the static cache and attends over the row's slots.
@@ -76,10 +77,10 @@ def _attention_block(
 
 def _ffn_block(config: ModelConfig, w: dict, prefix: str, stream: tuple) -> tuple[Any, Any]:
     """blocks.ffn_block_forward with the gate and up projections as one product: (x, branch) -> (s, o)."""
-    s, h, _ = norm_in(config, w[prefix + "ffn_norm"], stream, _bf16(w))  # (B, C) each
-    gate_up, _ = ek.linear_forward(h, w[prefix + "w_gate_up"], bf16_out=_bf16(w))  # (B, 2F)
-    gated, _ = ek.swiglu_forward(gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :])  # (B, F)
-    o, _ = ek.linear_forward(gated, w[prefix + "w_down"])  # (B, C)
+    s, h, _ = norm_in(config, w[prefix + "ffn_norm"], stream, _bf16(w))  # (B T, C) each
+    gate_up, _ = ek.linear_forward(h, w[prefix + "w_gate_up"], bf16_out=_bf16(w))  # (B T, 2F)
+    gated, _ = ek.swiglu_forward(gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :])  # (B T, F)
+    o, _ = ek.linear_forward(gated, w[prefix + "w_down"])  # (B T, C)
     return s, o
 
 
