@@ -8,6 +8,7 @@ import pytest
 import euler_kernels as ek
 from euler_model import GenerationStats, KVCache, generate, init_params, logits, loss_and_grads, preset
 from euler_model.model import trunk_forward
+from euler_model.sampling import choose_token
 
 
 def naive_greedy(cfg, params, prompt, n, penalty=1.0):
@@ -42,6 +43,65 @@ def test_kv_cache_forward_equals_full_forward(dtype) -> None:
     assert cache.length == cfg.context
     with pytest.raises(ValueError, match="exceed the context"):
         trunk_forward(cfg, params, seq[:, :1], kv=cache)
+
+
+def plain_reference(
+    cfg,
+    params,
+    prompt,
+    n,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    repetition_penalty=1.0,
+    stop_tokens=(),
+    seed=None,
+) -> list[int]:
+    """The one-prompt generator as it was written before it streamed a batch of one: trunk_forward over a
+    KVCache, one forward per token, choose_token on the host with one rng draw per sampled token (the
+    oracle that generate and generate_batch must equal)."""
+    rng = np.random.default_rng(seed)
+    kw = {
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "repetition_penalty": repetition_penalty,
+    }
+    cache, history, out = KVCache(cfg, 1, dtype=params["embed"].dtype), list(prompt), []
+    h = trunk_forward(cfg, params, np.asarray([history]), kv=cache)[0][:, -1]  # (1, C)
+    while len(out) < n and len(history) < cfg.context:
+        z = ek.to_numpy(ek.linear_forward(h, params["heads.0"])[0])[0]
+        token = choose_token(z, history, rng, **kw)
+        if token in stop_tokens:
+            break
+        history.append(token)
+        out.append(token)
+        h = trunk_forward(cfg, params, np.asarray([[token]]), kv=cache)[0][:, -1]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_generate_equals_the_per_token_reference(dtype, seed) -> None:
+    """Greedy, sampled (every filter), with a stop token and to the end of the context."""
+    cfg = preset("tiny")
+    params = scaled_params(cfg, seed, dtype, scale=3.0)
+    prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, 4).tolist()
+    for kw in (
+        {"temperature": 0.0},
+        {"temperature": 0.9, "top_k": 20, "top_p": 0.9, "repetition_penalty": 1.3, "seed": seed},
+        {"temperature": 1.2, "seed": seed + 10},
+    ):
+        free = plain_reference(cfg, params, prompt, 30, **kw)  # 12 tokens: the context ends it
+        assert len(free) == cfg.context - len(prompt)
+        assert list(generate(cfg, params, prompt, 30, **kw)) == free
+        stop = [free[5]]
+        want = plain_reference(cfg, params, prompt, 30, stop_tokens=stop, **kw)
+        assert (
+            list(generate(cfg, params, prompt, 30, stop_tokens=stop, **kw))
+            == want
+            == free[: free.index(stop[0])]
+        )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -7,14 +7,15 @@ import pytest
 
 from euler_model import GenerationStats, generate, generate_batch, preset
 from euler_model.sampling import choose_token, filter_top_k, filter_top_p, top_k_rows, top_p_rows
-from tests.model.test_generate import scaled_params, train_on_cycle
+from tests.model.test_generate import plain_reference, scaled_params, train_on_cycle
 
 
 def reference(cfg, params, prompts, limits, **kw) -> list[list[int]]:
-    """generate() once per prompt: the one-prompt path batched generation must equal."""
+    """The per-token reference once per prompt (test_generate.plain_reference; generate() itself now
+    streams a batch of one, so it is not an independent oracle)."""
     seeds = kw.pop("seeds", [None] * len(prompts))
     return [
-        list(generate(cfg, params, p, n, seed=s, **kw))
+        plain_reference(cfg, params, p, n, seed=s, **kw)
         for p, n, s in zip(prompts, limits, seeds, strict=True)
     ]
 

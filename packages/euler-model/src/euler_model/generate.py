@@ -1,7 +1,10 @@
-"""Streaming generation with a KV cache, sampling, and speculative decoding with the MTP heads.
+"""Streaming generation: sampling, and speculative decoding with the MTP heads.
 
-Speculative decoding (greedy output identical to plain decoding): at the last accepted position,
-heads 1..K-1 draft the K-1 tokens after head 0's next token; one forward over [next token, drafts]
+Plain decoding streams a batch of one through decode_batch.py (the static cache and decode step of
+generate_batch; on the GPU one CUDA graph), yielding each token once its step is done.
+
+Speculative decoding (greedy output identical to plain decoding), over a KVCache: at the last accepted
+position, heads 1..K-1 draft the K-1 tokens after head 0's next token; one forward over [next token, drafts]
 lets head 0 check each draft; the longest prefix of drafts head 0 agrees with is kept, plus head 0's
 own token after it, and the KV cache is rolled back past the rejected drafts. When sampling, head 0's
 token at each checked position is sampled and a draft is kept only if it equals that sample, so every
@@ -20,6 +23,8 @@ import numpy as np
 import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import one_blas_thread_for
+from euler_model.decode_batch import start
+from euler_model.decode_step import Picker
 from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
 from euler_model.sampling import check_sampling_args, choose_token
@@ -59,16 +64,37 @@ def _forward(config, params, cache, ids: Sequence[int], stats: GenerationStats) 
     return trunk_forward(config, params, xp.asarray([list(ids)], dtype=xp.int64), kv=cache)[0]
 
 
-def _plain(config, params, cache, history: list[int], pick: Callable, stats) -> Iterator[int]:
-    """One forward per token; stops when the sequence fills the context."""
-    h = _forward(config, params, cache, history, stats)[:, -1:]
+def _streamed(
+    config: ModelConfig,
+    params: dict[str, Any],
+    prompt: list[int],
+    limit: int,
+    stop: set[int],
+    seed: int | None,
+    picker: Picker,
+    stats: GenerationStats,
+) -> Iterator[int]:
+    """A batch of one decoded by decode_batch (on the GPU, its step a CUDA graph), each new token yielded
+    as its step is done; the steps run with BLAS at one thread, not the caller's work between tokens."""
+    hold = partial(one_blas_thread_for, params["embed"])  # NumPy: small products, one BLAS thread each
+    with hold():
+        run = start(config, params, [prompt], [limit], [stop], [seed], picker, False, cuda_graph=True)
+    stats.forwards += 1
+    shown = 0
     while True:
-        token = pick(_host_logits(h, params["heads.0"])[0], history)
-        history.append(token)
-        yield token
-        if len(history) >= config.context:
+        run.runner.synchronize()  # the steps queued on the GPU are done
+        count, done, bad = (ek.to_numpy(a)[0] for a in (run.state.count, run.state.done, run.state.bad))
+        if bad:
+            raise ValueError("generate: the probabilities are not finite (NaN or inf logits)")
+        for token in ek.to_numpy(run.state.out[0, shown:count]).tolist():
+            stats.generated += 1
+            yield token
+        shown = count
+        if done:
             return
-        h = _forward(config, params, cache, [token], stats)
+        with hold():
+            run.step()
+        stats.forwards += 1
 
 
 def _confident_drafts(guesses: np.ndarray, threshold: float) -> list[int]:
@@ -164,6 +190,12 @@ def generate(
     """
     prompt = checked_prompt(config, prompt_ids, "generate: the prompt")
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
+    stats = GenerationStats() if stats is None else stats
+    stop = {int(t) for t in stop_tokens}
+    if not (speculative and config.n_mtp_heads > 1):
+        limit = max(0, min(int(max_new_tokens), config.context - len(prompt)))  # the context's room
+        picker = Picker(temperature, top_k, top_p, repetition_penalty)
+        return _streamed(config, params, prompt, limit, stop, seed, picker, stats)
     pick = partial(
         choose_token,
         rng=np.random.default_rng(seed),
@@ -172,15 +204,11 @@ def generate(
         top_p=top_p,
         repetition_penalty=repetition_penalty,
     )
-    stats = GenerationStats() if stats is None else stats
     xp = ek.get_array_module(params["embed"])
     cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
-    if speculative and config.n_mtp_heads > 1:
-        steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
-    else:
-        steps = _plain(config, params, cache, prompt, pick, stats)
+    steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
     hold = partial(one_blas_thread_for, params["embed"])  # NumPy: small products, one BLAS thread each
-    return _until_stop(steps, max_new_tokens, {int(t) for t in stop_tokens}, stats, hold)
+    return _until_stop(steps, max_new_tokens, stop, stats, hold)
 
 
 def _until_stop(

@@ -1,20 +1,17 @@
 """Batched generation: B prompts of different lengths decoded together, each with its own stops.
 
-The prompts are prefilled by the training kernels (trunk_forward into a KVCache, the prompts of one
-length together), their keys/values copied into their rows of the static cache; the
-rows then advance together, one decode_step per token for the whole batch (captured as a CUDA graph on
-the GPU), until every row has met a stop token or its limit. Sampling runs on the device with the rules
-of sampling.py; row b draws its uniforms from numpy.random.default_rng(seeds[b]) in the order the
-one-prompt generator draws them, so row b's tokens are those of
-`generate(prompts[b], max_new_tokens[b], seed=seeds[b], ...)` (up to the rounding of a batched product,
-which decides a token only at an exact tie).
+The prompts are prefilled and the rows then advance together (decode_batch.py), one step for the whole
+batch at a time (captured as a CUDA graph on the GPU), until every row has met a stop token or its
+limit. Sampling runs on the device with the rules of sampling.py; row b draws its uniforms from
+numpy.random.default_rng(seeds[b]) in the order the one-prompt generator draws them, so row b's tokens
+are those of `generate(prompts[b], max_new_tokens[b], seed=seeds[b], ...)` (the one-prompt generator
+streams a batch of one; up to the rounding of a batched product, which decides a token only at a tie).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,13 +19,9 @@ import numpy as np
 import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import one_blas_thread_for
-from euler_model.decode_graph import decode_runner
-from euler_model.decode_speculative import draft, speculative_step
-from euler_model.decode_state import DecodeState
-from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
+from euler_model.decode_batch import start
+from euler_model.decode_step import Picker
 from euler_model.generate import GenerationStats, checked_prompt
-from euler_model.kv_cache import KVCache
-from euler_model.model import trunk_forward
 from euler_model.sampling import check_sampling_args
 
 SYNC_EVERY = 16  # on the GPU, decode steps between two looks at whether every row is done
@@ -59,33 +52,6 @@ def _stop_sets(stop_tokens: Any, b: int) -> list[set[int]]:
     if all(isinstance(t, int | np.integer) for t in items):
         return [{int(t) for t in items}] * b
     return [{int(t) for t in row} for row in _per_row(items, b, "stop_tokens")]
-
-
-def _uniforms(seeds: list[int | None], width: int) -> np.ndarray:
-    """(B, width + 1) draws: row b's from numpy.random.default_rng(seeds[b]), in order."""
-    return np.stack([np.random.default_rng(s).random(width + 1) for s in seeds])
-
-
-def _prefill(
-    config: ModelConfig, params: dict[str, Any], state: DecodeState, prompts: list[list[int]]
-) -> tuple[Any, Any]:
-    """The prompts through the trunk, those of one length together (trunk_forward into a KVCache of their
-    number), their keys/values copied into their rows; head 0's logits (B, V) after each last token, and
-    the hidden states (B, C) they came from."""
-    xp = ek.get_array_module(params["embed"])
-    by_length: dict[int, list[int]] = {}
-    for b, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt), []).append(b)
-    logits, hidden = [None] * len(prompts), [None] * len(prompts)
-    for rows in by_length.values():
-        cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp)
-        tokens = xp.asarray([prompts[b] for b in rows], dtype=xp.int64)  # (G, T)
-        h = trunk_forward(config, params, tokens, kv=cache)[0]  # (G, T, C)
-        z = ek.linear_forward(h[:, -1], params["heads.0"])[0]  # (G, V)
-        for j, b in enumerate(rows):
-            state.copy_prefill(b, cache, j)
-            logits[b], hidden[b] = z[j : j + 1], h[j : j + 1, -1]
-    return xp.concatenate(logits), xp.concatenate(hidden)
 
 
 def generate_batch(
@@ -135,29 +101,14 @@ def generate_batch(
     row_seeds = [None] * b if seeds is None else _per_row(list(seeds), b, "seeds")
     limits = [min(int(n), config.context - len(p)) for n, p in zip(wanted, rows)]  # the context's room
     xp = ek.get_array_module(params["embed"])
-    fed = config.n_mtp_heads if speculative else 1  # tokens a step feeds per row
-    state = DecodeState.allocate(
-        config, xp, params["embed"].dtype, rows, limits, stops, _uniforms(row_seeds, max(limits)), fed - 1
-    )
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
     with one_blas_thread_for(params["embed"]):  # NumPy: small products, one BLAS thread each
-        logits, hidden = _prefill(config, params, state, rows)
-        state.record(picker.pick(logits, state))
-        weights = inference_weights(config, params, drafters=speculative)
-        if speculative:
-            draft(config, weights, state, hidden)
-            step = partial(speculative_step, config, weights, state)
-        else:
-            step = partial(decode_step, config, weights, state, picker)
-        runner = decode_runner(step, state.done, cuda_graph)
-        every, steps, longest = (1 if xp is np else SYNC_EVERY), 0, max(len(p) for p in rows)
-        # the kernel reads each row's own slots: one window (it takes one new token per row)
-        kernel = fed == 1 and ek.decode_attention_kernel(state.k[0], config.n_heads)
-        while steps < max(limits) - 1 and not (steps % every == 0 and runner.finished()):
-            last = longest + (steps + 1) * fed - 1  # no row feeds a token past this position
-            runner.run(attention_window(config, last, kernel, slots=state.k.shape[3]))
-            steps += 1
-        runner.synchronize()
+        run = start(config, params, rows, limits, stops, row_seeds, picker, speculative, cuda_graph)
+        every = 1 if xp is np else SYNC_EVERY
+        while run.steps < max(limits) - 1 and not (run.steps % every == 0 and run.runner.finished()):
+            run.step()
+        run.runner.synchronize()
+    state, steps = run.state, run.steps
     if temperature > 0 and bool(state.bad.any()):
         bad = np.flatnonzero(ek.to_numpy(state.bad)).tolist()
         raise ValueError(
@@ -169,5 +120,5 @@ def generate_batch(
     stats.generated += sum(len(c.tokens) for c in results)
     stats.drafted += int(state.drafted.sum())
     stats.accepted += int(state.accepted.sum())
-    stats.decode = runner.mode
+    stats.decode = run.runner.mode
     return results
