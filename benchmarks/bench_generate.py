@@ -10,7 +10,8 @@ on both sides. Rows printed:
   euler eager    generate_batch launched from Python (on the CPU the only way)
   euler spec     generate_batch(speculative=True): the MTP heads draft, each step verifies (K >= 2;
                  graph on the GPU); the same greedy tokens, with the drafts' acceptance printed
-  euler one      generate(), the one-prompt generator (batch 1 only): the path before generate_batch
+  euler one      generate(), the one-prompt streaming generator (batch 1 only): a batch of one, each token
+                 read back as its step ends
   hf eager       transformers generate, dynamic cache
   hf compiled    transformers generate, static cache + torch.compile (GPU, --hf-compile; may fail: said)
 
