@@ -67,3 +67,17 @@ def test_the_kernel_equals_a_loop_over_the_rows(seed) -> None:
     want, got = looped(token, state, stop, limit), record(token, state, stop, limit, xp=cp)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.mark.gpu
+def test_the_kernel_takes_a_column_of_tokens() -> None:
+    """A speculative step records column i of its (B, T) tokens: a strided view, read with its strides."""
+    cp = pytest.importorskip("cupy")
+    token, state, stop, limit = random_rows(7, b=300)
+    columns = np.stack([token, token[::-1]], axis=1)  # (B, 2): column 0 is `token`
+    s = {k: cp.asarray(a).copy() for k, a in state.items()}
+    order = ("out", "last", "pos", "count", "stopped_by", "done", "seen")
+    ek.decode_record(cp.asarray(columns)[:, 0], *(s[k] for k in order), cp.asarray(stop), cp.asarray(limit))
+    want = looped(token, state, stop, limit)
+    for key in want:
+        np.testing.assert_array_equal(cp.asnumpy(s[key]), want[key], err_msg=key)
