@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
+from euler_kernels.cuda import cast
 
 THETA = 10000.0
 
@@ -117,6 +118,42 @@ def test_the_kernel_equals_float64_attention(hq, hkv, d, s, pos) -> None:
     untouched = np.ones(k.shape, dtype=bool)
     untouched[np.arange(len(pos)), :, pos] = False
     np.testing.assert_array_equal(cp.asnumpy(gk)[untouched], k[untouched])  # no other slot is written
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "s", "pos"), [(12, 4, 64, 512, [0, 30, 500]), (16, 4, 128, 300, [15, 290])]
+)
+def test_the_kernel_with_t_new_tokens_a_row_equals_t_steps_of_one(hq, hkv, d, s, pos) -> None:
+    """Four new tokens a row (a speculative step), across the blocks' slot boundaries (32 or 16 slots)."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(11)
+    t = 4
+    _, k, v, pos, cos, sin = inputs(rng, len(pos), hq, hkv, s + t, d, pos, np.float32)
+    qkv = rng.standard_normal((len(pos), t, (hq + 2 * hkv) * d)).astype(np.float32)
+    k_seq, v_seq, want = k.copy(), v.copy(), []
+    for i in range(t):
+        out, k_seq, v_seq = expected(qkv[:, i], k_seq, v_seq, pos + i, hq)
+        want.append(out)
+    gk, gv = cp.asarray(k), cp.asarray(v)
+    assert ek.decode_attention_kernel(gk, hq, t)
+    tables = cp.asarray(cos), cp.asarray(sin)
+    got = ek.decode_attention_forward(cp.asarray(qkv), gk, gv, cp.asarray(pos), *tables, hq)
+    assert got.shape == (len(pos), t, hq * d)
+    np.testing.assert_allclose(cp.asnumpy(got), np.stack(want, axis=1), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(cp.asnumpy(gk), k_seq, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cp.asnumpy(gv), v_seq.astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_the_bf16_output_is_the_float32_one_rounded() -> None:
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(5)
+    qkv, k, v, pos, cos, sin = (cp.asarray(a) for a in inputs(rng, 2, 12, 4, 300, 64, [299, 40], np.float32))
+    out = ek.decode_attention_forward(qkv, k.copy(), v.copy(), pos, cos, sin, 12)
+    out16 = ek.decode_attention_forward(qkv, k, v, pos, cos, sin, 12, bf16_out=True)
+    assert out16.dtype == cp.uint16
+    cp.testing.assert_array_equal(out16, cast.to_bf16(out))
 
 
 @pytest.mark.gpu

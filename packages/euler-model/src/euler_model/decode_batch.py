@@ -98,5 +98,5 @@ def start(
     else:
         step = partial(decode_step, config, weights, state, picker)
     runner = decode_runner(step, state.done, cuda_graph)
-    kernel = fed == 1 and ek.decode_attention_kernel(state.k[0], config.n_heads)  # one new token a row
+    kernel = ek.decode_attention_kernel(state.k[0], config.n_heads, fed)  # it reads each row's own slots
     return Decoding(config, state, runner, fed, max(len(p) for p in rows), kernel)

@@ -69,8 +69,8 @@ def _attention_block(
     b = state.pos.shape[0]
     qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
     k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
-    cos, sin, window = rope
-    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window)  # (B, [T,] Hq D)
+    cos, sin, window = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w))
     o, _ = ek.linear_forward(a.reshape(s.shape[0], -1), w[prefix + "wo"])  # (B T, C)
     return s, o
 

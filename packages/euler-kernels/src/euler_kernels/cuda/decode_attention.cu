@@ -29,36 +29,44 @@ __device__ __forceinline__ float rotated(const float* x, int d, const float* c, 
     return d < HALF ? x[d] * c[d] - x[d + HALF] * s[d] : x[d] * c[d - HALF] + x[d - HALF] * s[d - HALF];
 }
 
+// Block (split, kv head, b): the T new tokens of row b at positions p .. p + T - 1 against slots
+// start .. start + n - 1 of the cache; query row r = g * T + t is query head kvh * G + g of new token t,
+// which sees the slots up to p + t.
 extern "C" __global__ void decode_attention_split(float* part_acc, float* part_ml, float* k_cache, float* v_cache,
                                                   const float* qkv, const float* cos_table,
                                                   const float* sin_table, const long long* pos, int hq, int hkv,
-                                                  int S, float scale) {
+                                                  int S, int T, float scale) {
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
-    const int G = hq / hkv, start = split * SLOTS;
-    const long long p = pos[b];
-    if (start > p) return;  // the reduce reads only splits 0..p / SLOTS
-    const int n = (int)min((long long)SLOTS, p - start + 1);  // slots start .. start + n - 1
+    const int G = hq / hkv, R = G * T, start = split * SLOTS;
+    const long long p = pos[b], last = p + T - 1;
+    if (start > last) return;  // the reduce reads only splits 0..(p + t) / SLOTS of token t
+    const int n = (int)min((long long)SLOTS, last - start + 1);  // slots start .. start + n - 1
 
     extern __shared__ float smem[];
     float* ks = smem;               // (SLOTS, KPAD)
     float* vs = ks + SLOTS * KPAD;  // (SLOTS, D)
-    float* qs = vs + SLOTS * D;     // (G, D) rotated, times scale
-    float* ps = qs + G * D;         // (G, SLOTS) scores, then exp(score - m)
+    float* qs = vs + SLOTS * D;     // (R, D) rotated, times scale
+    float* ps = qs + R * D;         // (R, SLOTS) scores, then exp(score - m)
 
-    const float* row = qkv + (size_t)b * (hq + 2 * hkv) * D;  // q heads, then k heads, then v heads
-    const float* c = cos_table + (size_t)p * HALF;
-    const float* s = sin_table + (size_t)p * HALF;
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x)
-        qs[i] = rotated(row + (size_t)(kvh * G + i / D) * D, i % D, c, s) * scale;
+    const int width = (hq + 2 * hkv) * D;  // one new token's q heads, then k heads, then v heads
+    const float* rows = qkv + (size_t)b * T * width;
+    for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
+        const int r = i / D, g = r / T, t = r % T;
+        const float* c = cos_table + (size_t)(p + t) * HALF;
+        const float* s = sin_table + (size_t)(p + t) * HALF;
+        qs[i] = rotated(rows + (size_t)t * width + (size_t)(kvh * G + g) * D, i % D, c, s) * scale;
+    }
     const size_t base = ((size_t)(b * hkv + kvh) * S + start) * D;  // slot `start` of this head's cache
-    const float* k_new = row + (size_t)(hq + kvh) * D;
-    const float* v_new = row + (size_t)(hq + hkv + kvh) * D;
     for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
         const int j = i / D, d = i % D;
+        const long long t = start + j - p;  // >= 0: the slot of new token t
         float kv, vv;
-        if (start + j == p) {  // the new token: rotate its key, and write both into its slot
-            kv = rotated(k_new, d, c, s);
-            vv = v_new[d];
+        if (t >= 0) {  // a new token: rotate its key, and write both into its slot
+            const float* x = rows + (size_t)t * width;
+            const float* c = cos_table + (size_t)(p + t) * HALF;
+            const float* s = sin_table + (size_t)(p + t) * HALF;
+            kv = rotated(x + (size_t)(hq + kvh) * D, d, c, s);
+            vv = x[(size_t)(hq + hkv + kvh) * D + d];
             k_cache[base + i] = kv;
             v_cache[base + i] = vv;
         } else {
@@ -70,56 +78,72 @@ extern "C" __global__ void decode_attention_split(float* part_acc, float* part_m
     }
     __syncthreads();
 
-    for (int i = threadIdx.x; i < G * n; i += blockDim.x) {  // score of query head g against slot j
-        const int g = i / n, j = i % n;
+    for (int i = threadIdx.x; i < R * n; i += blockDim.x) {  // score of query row r against slot j
+        const int r = i / n, j = i % n;
         float dot = 0.0f;
 #pragma unroll 16
-        for (int d = 0; d < D; d++) dot += qs[g * D + d] * ks[j * KPAD + d];
-        ps[g * SLOTS + j] = dot;
+        for (int d = 0; d < D; d++) dot += qs[r * D + d] * ks[j * KPAD + d];
+        ps[r * SLOTS + j] = start + j <= p + r % T ? dot : -INFINITY;  // token t sees slots up to p + t
     }
     __syncthreads();
 
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int g = threadIdx.x >> 5; g < G; g += warps) {  // one warp per query head: m, l, and the exps
+    for (int r = threadIdx.x >> 5; r < R; r += warps) {  // one warp per query row: m, l, and the exps
         float m = -INFINITY;
-        for (int j = lane; j < n; j += 32) m = fmaxf(m, ps[g * SLOTS + j]);
+        for (int j = lane; j < n; j += 32) m = fmaxf(m, ps[r * SLOTS + j]);
         for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, offset));
         float l = 0.0f;
         for (int j = lane; j < n; j += 32) {
-            const float e = expf(ps[g * SLOTS + j] - m);
-            ps[g * SLOTS + j] = e;
+            const float e = m == -INFINITY ? 0.0f : expf(ps[r * SLOTS + j] - m);  // a row seeing no slot here
+            ps[r * SLOTS + j] = e;
             l += e;
         }
         l = warp_sum(l);
         if (lane == 0) {
-            const size_t at = ((size_t)(b * hq + kvh * G + g) * splits + split) * 2;
+            const int g = r / T, t = r % T;
+            const size_t at = (((size_t)(b * hq + kvh * G + g) * T + t) * splits + split) * 2;
             part_ml[at] = m;
             part_ml[at + 1] = l;
         }
     }
     __syncthreads();
 
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {  // sum_j exp(score_j - m) v_j, per head and d
-        const int g = i / D, d = i % D;
+    for (int i = threadIdx.x; i < R * D; i += blockDim.x) {  // sum_j exp(score_j - m) v_j, per row and d
+        const int r = i / D, d = i % D, g = r / T, t = r % T;
         float acc = 0.0f;
-        for (int j = 0; j < n; j++) acc += ps[g * SLOTS + j] * vs[j * D + d];
-        part_acc[((size_t)(b * hq + kvh * G + g) * splits + split) * D + d] = acc;
+        for (int j = 0; j < n; j++) acc += ps[r * SLOTS + j] * vs[j * D + d];
+        part_acc[((((size_t)(b * hq + kvh * G + g) * T + t) * splits + split)) * D + d] = acc;
     }
 }
 
-// One block of D threads per (b, query head): merge the partials of splits 0..pos[b] / SLOTS.
-extern "C" __global__ void decode_attention_reduce(float* out, const float* part_acc, const float* part_ml,
-                                                   const long long* pos, int hq, int splits) {
-    const int bh = blockIdx.x, d = threadIdx.x;
-    const int used = (int)(pos[bh / hq] / SLOTS) + 1;
-    const float* ml = part_ml + (size_t)bh * splits * 2;
+// One block of D threads per (b, query head, new token t): merge the partials of splits 0..(p + t) / SLOTS
+// (float32, or bf16 for the bf16 product after it).
+template <typename Out>
+__device__ __forceinline__ void reduce_body(Out* out, const float* part_acc, const float* part_ml,
+                                            const long long* pos, int hq, int T, int splits) {
+    const int bht = blockIdx.x, d = threadIdx.x;  // bht = (b * hq + h) * T + t
+    const int used = (int)((pos[bht / (hq * T)] + bht % T) / SLOTS) + 1;
+    const float* ml = part_ml + (size_t)bht * splits * 2;
     float m = -INFINITY;
     for (int i = 0; i < used; i++) m = fmaxf(m, ml[2 * i]);
     float num = 0.0f, den = 0.0f;
     for (int i = 0; i < used; i++) {
         const float w = expf(ml[2 * i] - m);
-        num += w * part_acc[((size_t)bh * splits + i) * D + d];
+        num += w * part_acc[((size_t)bht * splits + i) * D + d];
         den += w * ml[2 * i + 1];
     }
-    out[(size_t)bh * D + d] = num / den;
+    // out is (B, T, Hq, D): token t's heads side by side, the next product's row
+    const int t = bht % T, h = (bht / T) % hq, b = bht / (hq * T);
+    store_act(out, (((size_t)b * T + t) * hq + h) * D + d, num / den);
+}
+
+extern "C" __global__ void decode_attention_reduce(float* out, const float* part_acc, const float* part_ml,
+                                                   const long long* pos, int hq, int T, int splits) {
+    reduce_body(out, part_acc, part_ml, pos, hq, T, splits);
+}
+
+extern "C" __global__ void decode_attention_reduce_bf16(unsigned short* out, const float* part_acc,
+                                                        const float* part_ml, const long long* pos, int hq, int T,
+                                                        int splits) {
+    reduce_body(out, part_acc, part_ml, pos, hq, T, splits);
 }

@@ -18,34 +18,44 @@ def slots_per_block(head_dim: int) -> int:
     return max(16, min(64, 2048 // head_dim))
 
 
-def _smem(head_dim: int, groups: int) -> int:
-    """Bytes of shared memory of a split block (see decode_attention.cu): keys, values, queries, scores."""
+def _smem(head_dim: int, rows: int) -> int:
+    """Bytes of shared memory of a split block (see decode_attention.cu): keys, values, and for its `rows`
+    query rows (G query heads x T new tokens) the queries and scores."""
     slots = slots_per_block(head_dim)
-    return 4 * (slots * (head_dim + 1) + slots * head_dim + groups * head_dim + groups * slots)
+    return 4 * (slots * (head_dim + 1) + slots * head_dim + rows * head_dim + rows * slots)
 
 
-def decode_attention_fits(head_dim: int, n_heads: int, n_kv_heads: int) -> bool:
+def decode_attention_fits(head_dim: int, n_heads: int, n_kv_heads: int, new_tokens: int = 1) -> bool:
     """Whether the kernel takes this head layout: D even and at most 256, a block's shared memory in 48 KB."""
     even = head_dim % 2 == 0 and 0 < head_dim <= 256 and n_heads % n_kv_heads == 0
-    return even and _smem(head_dim, n_heads // n_kv_heads) <= _SMEM_LIMIT
+    return even and _smem(head_dim, n_heads // n_kv_heads * new_tokens) <= _SMEM_LIMIT
 
 
-def decode_attention(qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, n_heads: int) -> Any:
-    """qkv (B, (Hq + 2 Hkv) D) float32, caches (B, Hkv, S, D) float32 (contiguous, written in place at
-    pos), pos (B,) int64, tables (P, D/2) float32 -> out (B, Hq, D) float32."""
+def decode_attention(
+    qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, n_heads: int, bf16_out: bool = False
+) -> Any:
+    """qkv (B, T, (Hq + 2 Hkv) D) float32, caches (B, Hkv, S, D) float32 (contiguous, written in place at
+    pos[b] .. pos[b] + T - 1), pos (B,) int64, tables (P, D/2) float32 -> out (B, T, Hq, D) float32, or
+    bf16 with bf16_out."""
     import cupy
 
     qkv, cos, sin = contiguous(qkv, cos, sin)
     b, hkv, s, d = k_cache.shape
+    t = qkv.shape[1]
     slots = slots_per_block(d)
     splits = -(-s // slots)
-    part_acc = cupy.empty((b, n_heads, splits, d), dtype=cupy.float32)
-    part_ml = cupy.empty((b, n_heads, splits, 2), dtype=cupy.float32)
-    out = cupy.empty((b, n_heads, d), dtype=cupy.float32)
+    part_acc = cupy.empty((b, n_heads, t, splits, d), dtype=cupy.float32)
+    part_ml = cupy.empty((b, n_heads, t, splits, 2), dtype=cupy.float32)
+    out = cupy.empty((b, t, n_heads, d), dtype=cupy.uint16 if bf16_out else cupy.float32)
     split = get_kernel("decode_attention.cu", "decode_attention_split", HEAD_DIM=d, SLOTS=slots)
-    sizes = (np.int32(n_heads), np.int32(hkv), np.int32(s), np.float32(1.0 / math.sqrt(d)))
+    sizes = (np.int32(n_heads), np.int32(hkv), np.int32(s), np.int32(t), np.float32(1.0 / math.sqrt(d)))
     args = (part_acc, part_ml, k_cache, v_cache, qkv, cos, sin, pos, *sizes)
-    split((splits, hkv, b), (_THREADS,), args, shared_mem=_smem(d, n_heads // hkv))
-    reduce = get_kernel("decode_attention.cu", "decode_attention_reduce", HEAD_DIM=d, SLOTS=slots)
-    reduce((b * n_heads,), (d,), (out, part_acc, part_ml, pos, np.int32(n_heads), np.int32(splits)))
+    split((splits, hkv, b), (_THREADS,), args, shared_mem=_smem(d, n_heads // hkv * t))
+    name = "decode_attention_reduce_bf16" if bf16_out else "decode_attention_reduce"
+    reduce = get_kernel("decode_attention.cu", name, HEAD_DIM=d, SLOTS=slots)
+    reduce(
+        (b * n_heads * t,),
+        (d,),
+        (out, part_acc, part_ml, pos, np.int32(n_heads), np.int32(t), np.int32(splits)),
+    )
     return out

@@ -7,9 +7,9 @@ key/value head (GQA) as in `attention_forward`, so K and V are never repeated. I
 no backward. A row may also bring T > 1 new tokens at positions pos[b]..pos[b] + T - 1 (a speculative
 step verifying drafts), each seeing the slots up to its own position.
 
-On float32 CuPy arrays with one new token per row, one kernel pair runs it (cuda/decode_attention.cu:
-RoPE, the cache write and a flash-decoding split over the keys, then the merge of the splits), reading
-each row's own slots only. Elsewhere (NumPy, float64 on the GPU, T > 1) the reference below runs:
+On float32 CuPy arrays one kernel pair runs it (cuda/decode_attention.cu: RoPE, the cache write and a
+flash-decoding split over the keys, then the merge of the splits), reading each row's own slots only.
+Elsewhere (NumPy, float64 on the GPU) the reference below runs:
 rope_rows, an indexed write, and a masked softmax over the first `window` slots, written as CuPy
 element-wise products and reductions on the GPU (CuPy's matmul refuses to run while a stream is captured
 into a CUDA graph).
@@ -22,15 +22,16 @@ from typing import Any
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.cuda import cast
 from euler_kernels.cuda import decode_attention as decode_cuda
 from euler_kernels.ops.rope import rope_rows
 
 
-def decode_attention_kernel(k_cache: Any, n_heads: int) -> bool:
-    """Whether decode_attention_forward runs its kernel for this cache (B, Hkv, S, D) and Hq query heads:
-    then it reads each row's slots 0..pos[b] itself and `window` does not matter."""
+def decode_attention_kernel(k_cache: Any, n_heads: int, new_tokens: int = 1) -> bool:
+    """Whether decode_attention_forward runs its kernel for this cache (B, Hkv, S, D), Hq query heads and T
+    new tokens a row: then it reads each row's own slots itself and `window` does not matter."""
     _, hkv, _, d = k_cache.shape
-    return cuda.fused(k_cache) and decode_cuda.decode_attention_fits(d, n_heads, hkv)
+    return cuda.fused(k_cache) and decode_cuda.decode_attention_fits(d, n_heads, hkv, new_tokens)
 
 
 def decode_attention_forward(
@@ -42,6 +43,7 @@ def decode_attention_forward(
     sin: Any,
     n_heads: int,
     window: int | None = None,
+    bf16_out: bool = False,
 ) -> Any:
     """softmax(q k^T / sqrt(D) + mask) v for each sequence's newest token, after writing its key and value.
 
@@ -50,7 +52,8 @@ def decode_attention_forward(
     place); pos (B,) int64 with every pos[b] < S; cos, sin the rope_tables (P, D/2), P > every pos[b].
     qkv may be (B, T, (Hq + 2 Hkv) D): T new tokens per row, at slots pos[b]..pos[b] + T - 1 (< S).
     window: the reference reads only slots 0..window-1 (every new slot must be below it; None: all S).
-    Returns (B, Hq * D), or (B, T, Hq * D); query head h reads key/value head h // (Hq // Hkv).
+    Returns (B, Hq * D), or (B, T, Hq * D), in qkv's dtype or, with bf16_out, as a bf16 activation (the
+    GPU's bf16 products take it as it is); query head h reads key/value head h // (Hq // Hkv).
 
     >>> import numpy as np
     >>> from euler_kernels.ops.rope import rope_tables
@@ -77,10 +80,15 @@ def decode_attention_forward(
         raise shape_error("decode_attention_forward", f"pos must be (B,) and Hkv divide {n_heads}", pos=pos)
     check_float("decode_attention_forward", qkv=qkv, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
     in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
-    if qkv.ndim == 2 and in_place and decode_attention_kernel(k_cache, n_heads):
-        return decode_cuda.decode_attention(qkv, k_cache, v_cache, pos, cos, sin, n_heads).reshape(b, -1)
-    out = _reference(qkv.reshape(b, -1, width), k_cache, v_cache, pos, cos, sin, n_heads, window or s)
-    return out.reshape(b, -1) if qkv.ndim == 2 else out
+    rows = qkv.reshape(b, -1, width)  # (B, T, width)
+    if in_place and decode_attention_kernel(k_cache, n_heads, rows.shape[1]):
+        out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out)
+    else:
+        if bf16_out and not cuda.fused(qkv):
+            raise ValueError("decode_attention_forward: bf16_out needs float32 CuPy arrays")
+        out = _reference(rows, k_cache, v_cache, pos, cos, sin, n_heads, window or s)
+        out = cast.as_bf16(out) if bf16_out else out
+    return out.reshape(b, -1) if qkv.ndim == 2 else out.reshape(b, rows.shape[1], -1)
 
 
 def _reference(
