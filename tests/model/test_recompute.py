@@ -126,7 +126,9 @@ def test_a_forward_without_backward_keeps_no_layer_caches() -> None:
     growth = (peaks[1] - weights[1]) - (peaks[0] - weights[0])
     streams = 6 * b * t * 2 * shallow.dim * 4  # six more layers' (x, branch)
     caches = 6 * b * t * (8 * shallow.dim + 2 * shallow.kv_dim + 3 * shallow.ffn_dim) * 4
-    assert growth <= 1.2 * streams + (1 << 20) < caches / 2, (growth, streams, caches)
+    # the worker threads' transient slices make each peak move by a few MiB (10.5 MB of growth against
+    # 6.3 MB of streams in one loaded CI run): 2x the streams still lies far below the caches (9x)
+    assert growth <= 2 * streams + (1 << 20) < caches / 2, (growth, streams, caches)
 
 
 def test_the_estimate_with_recompute_keeps_streams_in_float32() -> None:
