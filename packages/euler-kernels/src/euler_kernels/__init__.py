@@ -29,6 +29,7 @@ from euler_kernels.ops.cross_entropy import (
     cross_entropy_weights,
 )
 from euler_kernels.ops.decode_attention import decode_attention_forward, decode_attention_kernel
+from euler_kernels.ops.decode_linear import decode_linear_forward
 from euler_kernels.ops.decode_record import decode_record
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
@@ -60,6 +61,7 @@ __all__ = [
     "cross_entropy_weights",
     "decode_attention_forward",
     "decode_attention_kernel",
+    "decode_linear_forward",
     "decode_record",
     "embedding_backward",
     "embedding_forward",

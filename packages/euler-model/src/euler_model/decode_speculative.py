@@ -30,7 +30,7 @@ from euler_model.decode_step import decode_hidden
 
 def draft(config: ModelConfig, weights: dict[str, Any], state: DecodeState, h: Any) -> None:
     """Set state.drafts (B, M) to heads 1..M's greedy guesses at the hidden rows h (B, C)."""
-    z, _ = ek.linear_forward(h, weights["drafters"])  # (B, M V)
+    z = ek.decode_linear_forward(h, weights["drafters"])  # (B, M V)
     state.drafts[...] = z.reshape(h.shape[0], -1, config.vocab_size).argmax(axis=-1)
 
 
@@ -41,7 +41,7 @@ def speculative_step(config: ModelConfig, weights: dict[str, Any], state: Decode
     b, m = state.drafts.shape
     tokens = xp.concatenate([state.last[:, None], state.drafts], axis=1)  # (B, T)
     h = decode_hidden(config, weights, state, window, tokens)  # (B T, C)
-    z, _ = ek.linear_forward(h, weights["heads.0"])  # (B T, V)
+    z = ek.decode_linear_forward(h, weights["heads.0"])  # (B T, V)
     g = z.argmax(axis=-1).reshape(b, m + 1)  # head 0's token after each fed one
     # accepted drafts: the first disagreement's index (a column of False ends every row)
     agree = xp.concatenate([g[:, :m] == state.drafts, xp.zeros((b, 1), dtype=bool)], axis=1)

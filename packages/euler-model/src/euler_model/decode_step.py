@@ -8,10 +8,11 @@ DecodeState's preallocated device buffers and is updated in place; the step read
 host and has the same shapes at every step with the same attention window (the cache slots it may read,
 which the host picks from the step count alone: attention_window), so the same code runs eagerly (NumPy,
 or CuPy uncaptured) and captured as one CUDA graph per window (decode_graph.py; with the decode attention
-kernel, which reads each row's own slots, one window and one graph serve a generation). The blocks are the
-training blocks' (blocks.py: the norms, projections and SwiGLU of euler-kernels); only attention differs:
-ek.decode_attention_forward applies RoPE at each row's own position, writes the new key and value into
-the static cache and attends over the row's slots.
+kernel, which reads each row's own slots, one window and one graph serve a generation). The blocks compute
+what the training blocks do (blocks.py), each product through ek.decode_linear_forward, which takes the
+norm in front of it and SwiGLU or the residual addition after it (one kernel on the GPU); attention is
+ek.decode_attention_forward, which applies RoPE at each row's own position, writes the new key and value
+into the static cache and attends over the row's slots.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
-from euler_model.blocks import norm_in
 from euler_model.config import ModelConfig
 from euler_model.decode_state import DecodeState
 from euler_model.model import _with_bf16_copies, rope_for
@@ -61,27 +61,26 @@ def _bf16(w: dict) -> bool:
 
 
 def _attention_block(
-    config: ModelConfig, w: dict, prefix: str, stream: tuple, state: DecodeState, layer: int, rope: tuple
-) -> tuple[Any, Any]:
-    """blocks.attention_block_forward for T new tokens per row: (x, branch) (B T, C) -> (s, o)."""
-    s, h, _ = norm_in(config, w[prefix + "attn_norm"], stream, _bf16(w))  # (B T, C) each
-    qkv, _ = ek.linear_forward(h, w[prefix + "wqkv"])  # (B T, (Hq + 2 Hkv) D): q, k, v side by side
-    b = state.pos.shape[0]
+    config: ModelConfig, w: dict, prefix: str, x: Any, state: DecodeState, layer: int, rope: tuple
+) -> Any:
+    """blocks.attention_block_forward for T new tokens per row: the stream x (B T, C) -> x + the block's
+    output; the norm rides in the q/k/v product and the addition in the output product."""
+    eps = config.norm_eps
+    qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], norm=w[prefix + "attn_norm"], eps=eps)
+    b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
     qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
     k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
     cos, sin, window = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
     a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w))
-    o, _ = ek.linear_forward(a.reshape(s.shape[0], -1), w[prefix + "wo"])  # (B T, C)
-    return s, o
+    return ek.decode_linear_forward(a.reshape(x.shape[0], -1), w[prefix + "wo"], residual=x)  # (B T, C)
 
 
-def _ffn_block(config: ModelConfig, w: dict, prefix: str, stream: tuple) -> tuple[Any, Any]:
-    """blocks.ffn_block_forward with the gate and up projections as one product: (x, branch) -> (s, o)."""
-    s, h, _ = norm_in(config, w[prefix + "ffn_norm"], stream, _bf16(w))  # (B T, C) each
-    gate_up, _ = ek.linear_forward(h, w[prefix + "w_gate_up"], bf16_out=_bf16(w))  # (B T, 2F)
-    gated, _ = ek.swiglu_forward(gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :])  # (B T, F)
-    o, _ = ek.linear_forward(gated, w[prefix + "w_down"])  # (B T, C)
-    return s, o
+def _ffn_block(config: ModelConfig, w: dict, prefix: str, x: Any) -> Any:
+    """blocks.ffn_block_forward with the gate and up projections as one product, the norm and SwiGLU
+    fused around it: the stream x (B T, C) -> x + the block's output."""
+    norm = w[prefix + "ffn_norm"]
+    gated = ek.decode_linear_forward(x, w[prefix + "w_gate_up"], norm=norm, eps=config.norm_eps, swiglu=True)
+    return ek.decode_linear_forward(gated, w[prefix + "w_down"], residual=x)  # (B T, C), gated (B T, F)
 
 
 def decode_hidden(
@@ -93,13 +92,12 @@ def decode_hidden(
     xp = ek.get_array_module(state.pos)
     rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window)  # (S, D/2) tables, the window
     ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,); ids are the model's own
-    stream = (xp.take(weights["embed"], ids, axis=0), None)  # (B T, C)
+    x = xp.take(weights["embed"], ids, axis=0)  # (B T, C): the residual stream
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
-        stream = _attention_block(config, weights, prefix, stream, state, i, rope)
-        stream = _ffn_block(config, weights, prefix, stream)
-    _, h, _ = norm_in(config, weights["norm"], stream, _bf16(weights))
-    return h
+        x = _attention_block(config, weights, prefix, x, state, i, rope)
+        x = _ffn_block(config, weights, prefix, x)
+    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=_bf16(weights))[0]
 
 
 def decode_step(
@@ -107,7 +105,7 @@ def decode_step(
 ) -> None:
     """Feed each row's last token, then pick and record its next one (device work only, in place); the
     host passes a `window` of cache slots above every row's position (see attention_window)."""
-    z, _ = ek.linear_forward(decode_hidden(config, weights, state, window), weights["heads.0"])  # (B, V)
+    z = ek.decode_linear_forward(decode_hidden(config, weights, state, window), weights["heads.0"])  # (B, V)
     state.record(picker.pick(z, state))
 
 

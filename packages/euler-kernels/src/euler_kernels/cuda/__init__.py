@@ -24,9 +24,14 @@ from euler_kernels.cuda.gemm import matmul_precision
 def fused(*arrays: Any) -> bool:
     """Whether the fused kernels take these arrays: all float32 CuPy arrays (EULER_FUSED_KERNELS=0 turns
     them off, so the NumPy-style path can be compared with them on the same GPU)."""
-    if isinstance(arrays[0], np.ndarray) or os.environ.get("EULER_FUSED_KERNELS", "1") == "0":
+    if isinstance(arrays[0], np.ndarray) or not kernels_on():
         return False
     return all(not isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
+
+
+def kernels_on() -> bool:
+    """Whether the fused kernels may run at all (EULER_FUSED_KERNELS is not 0)."""
+    return os.environ.get("EULER_FUSED_KERNELS", "1") != "0"
 
 
 def bf16_activations(*arrays: Any) -> bool:
@@ -42,4 +47,4 @@ def fused_cache(cache: tuple) -> bool:
     return isinstance(cache[0], str) and cache[0] == "cuda"
 
 
-__all__ = ["bf16_activations", "fused", "fused_cache"]
+__all__ = ["bf16_activations", "fused", "fused_cache", "kernels_on"]

@@ -1,0 +1,176 @@
+// A few rows through one linear layer, the way a decode step needs it: out (R, N) = h (R, K) @ W.T with
+// W (N, K) read once from memory, one warp per output column n (a row of W), R <= 8 rows of h at once.
+// Fused around the product (compile-time switches):
+//   NORM      h = rmsnorm(x) * g (each warp computes the R rows' rstd itself: x is small and in L1/L2)
+//   SWIGLU    W is (2F, K), gate rows then up rows; out (R, F) = silu(gate) * up
+//   RESIDUAL  out = res + product (the residual stream after a block)
+// With bf16 weights (W_BF16) h is rounded to bf16 before the product, and the gate and up sums are rounded
+// to bf16 before SwiGLU, as the unfused bf16 path rounds them (products accumulate in float32 either way).
+// Defines: ROWS (R), VEC_ITERS (16-byte pieces of a W row per lane), W_BF16, X_BF16 (x's storage),
+// NORM, SWIGLU, RESIDUAL. x's rows, W's rows and g are read in aligned 16-byte (or 8-byte) pieces.
+// Launch: blockDim 256 (8 warps, 8 columns), grid ceil(columns / 8).
+#include "common.cuh"
+
+#if W_BF16
+typedef unsigned short w_t;
+#define W_PER_VEC 8  // bf16 weights in 16 bytes
+#else
+typedef float w_t;
+#define W_PER_VEC 4
+#endif
+#if X_BF16
+typedef unsigned short x_t;
+#else
+typedef float x_t;
+#endif
+
+// Eight bf16 in 16 bytes as floats.
+__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float* f) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+
+// The W_PER_VEC weights of one 16-byte piece as floats.
+__device__ __forceinline__ void unpack(const uint4 v, float* f) {
+#if W_BF16
+    unpack_bf16x8(v, f);
+#else
+    f[0] = __uint_as_float(v.x);
+    f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z);
+    f[3] = __uint_as_float(v.w);
+#endif
+}
+
+// The operand as the product sees it: rounded to bf16 when the weights are.
+__device__ __forceinline__ float operand(float h) {
+#if W_BF16
+    return bf16_to_float(float_to_bf16(h));
+#else
+    return h;
+#endif
+}
+
+// The W_PER_VEC activations of row r at k0 as floats: one 16-byte load (8 bf16 or 4 float32) or two.
+__device__ __forceinline__ void load_x(const x_t* x, size_t at, float* f) {
+#if X_BF16 && W_PER_VEC == 8
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(x + at), f);
+#elif X_BF16
+    const uint2 v = *reinterpret_cast<const uint2*>(x + at);
+    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+#else
+#pragma unroll
+    for (int i = 0; i < W_PER_VEC / 4; i++) {
+        const float4 v = reinterpret_cast<const float4*>(x + at)[i];
+        f[4 * i] = v.x, f[4 * i + 1] = v.y, f[4 * i + 2] = v.z, f[4 * i + 3] = v.w;
+    }
+#endif
+}
+
+// The dot products of W row `n` (pieces held in `w`) with the R rows of h, summed over the warp; every
+// load is unrolled (K <= VEC_ITERS pieces of the warp), so they are all in flight at once.
+__device__ __forceinline__ void dot_rows(const uint4* w, const x_t* x, const float* g, const float* rstd, int K,
+                                         int lane, float* acc) {
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+#pragma unroll
+    for (int it = 0; it < VEC_ITERS; it++) {
+        const int k0 = (it * 32 + lane) * W_PER_VEC;
+        if (k0 < K) {
+            float wf[W_PER_VEC], gf[W_PER_VEC];
+            unpack(w[it], wf);
+#if NORM
+#pragma unroll
+            for (int i = 0; i < W_PER_VEC / 4; i++) {
+                const float4 v = reinterpret_cast<const float4*>(g + k0)[i];
+                gf[4 * i] = v.x, gf[4 * i + 1] = v.y, gf[4 * i + 2] = v.z, gf[4 * i + 3] = v.w;
+            }
+#endif
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float xf[W_PER_VEC];
+                load_x(x, (size_t)r * K + k0, xf);
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < W_PER_VEC; j++) {
+#if NORM
+                    xf[j] = xf[j] * rstd[r] * gf[j];
+#endif
+                    s = fmaf(operand(xf[j]), wf[j], s);
+                }
+                acc[r] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = warp_sum(acc[r]);
+}
+
+// Row n of W (K weights) into this lane's pieces: all loads issued before any is used.
+__device__ __forceinline__ void load_row(const w_t* W, size_t n, int K, int lane, uint4* w) {
+    const uint4* row = reinterpret_cast<const uint4*>(W + n * K);
+#pragma unroll
+    for (int it = 0; it < VEC_ITERS; it++) {
+        const int piece = it * 32 + lane;
+        w[it] = piece * W_PER_VEC < K ? __ldg(row + piece) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// out (R, columns) from x (R, K), W (N, K); g (K,) the norm's weight; res (R, columns) the stream.
+extern "C" __global__ void __launch_bounds__(256) decode_linear(float* out, const x_t* x, const w_t* W,
+                                                                const float* g, const float* res, int K,
+                                                                int columns, float eps) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * 8 + (threadIdx.x >> 5);  // this warp's output column
+    if (n >= columns) return;
+    uint4 w[VEC_ITERS];
+    load_row(W, n, K, lane, w);
+#if SWIGLU
+    uint4 wu[VEC_ITERS];
+    load_row(W, (size_t)columns + n, K, lane, wu);  // the up row, F rows below the gate row
+#endif
+    float rstd[ROWS];
+#if NORM
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {  // the same pieces the product reads, all loads in flight at once
+        float ss = 0.0f;
+#pragma unroll
+        for (int it = 0; it < VEC_ITERS; it++) {
+            const int k0 = (it * 32 + lane) * W_PER_VEC;
+            if (k0 < K) {
+                float xf[W_PER_VEC];
+                load_x(x, (size_t)r * K + k0, xf);
+#pragma unroll
+                for (int j = 0; j < W_PER_VEC; j++) ss = fmaf(xf[j], xf[j], ss);
+            }
+        }
+        rstd[r] = rsqrtf(warp_sum(ss) / K + eps);
+    }
+#endif
+    float acc[ROWS];
+    dot_rows(w, x, g, rstd, K, lane, acc);
+#if SWIGLU
+    float up[ROWS];
+    dot_rows(wu, x, g, rstd, K, lane, up);
+#endif
+    if (lane >= ROWS) return;
+    // lane r writes row r (every lane holds every row's sum); a constant index keeps acc in registers
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        if (r != lane) continue;
+        float y = acc[r];
+#if SWIGLU
+        const float gate = operand(y), u = operand(up[r]);
+        y = gate / (1.0f + __expf(-gate)) * u;
+#endif
+#if RESIDUAL
+        y += res[(size_t)r * columns + n];
+#endif
+        out[(size_t)r * columns + n] = y;
+    }
+}

@@ -1,0 +1,59 @@
+"""Launcher of decode_linear.cu: a few rows through a linear layer, with the norm before it and SwiGLU or the
+residual addition after it, in one launch (one warp per output column)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from euler_kernels.cuda._module import blocks, get_kernel
+
+MAX_ROWS = 8  # rows of h per launch: each lane keeps one sum per row
+MAX_VEC_ITERS = 16  # 16-byte pieces of a weight row per lane (registers): K <= 4096 bf16, 2048 float32
+_THREADS = 256  # 8 warps, one output column each
+
+
+def _pieces(k: int, itemsize: int) -> int:
+    """16-byte pieces of a weight row per lane (32 lanes share a row)."""
+    return -(-k * itemsize // (16 * 32))
+
+
+def decode_linear_fits(x: Any, weight: Any, norm: Any = None) -> bool:
+    """Whether the kernel takes x (R, K) against this (N, K) weight: at most MAX_ROWS rows, rows of the
+    weight a whole number of 16-byte pieces, at most MAX_VEC_ITERS of them per lane, and x, the weight and
+    the norm's weight C-contiguous from 16-byte aligned addresses (the kernel reads them in pieces)."""
+    k, itemsize = weight.shape[1], weight.dtype.itemsize
+    arrays = [a for a in (x, weight, norm) if a is not None]
+    aligned = all(a.data.ptr % 16 == 0 and a.flags.c_contiguous for a in arrays)
+    whole = (k * itemsize) % 16 == 0 and _pieces(k, itemsize) <= MAX_VEC_ITERS
+    return 1 <= x.shape[0] <= MAX_ROWS and aligned and whole
+
+
+def decode_linear(
+    x: Any, weight: Any, norm: Any = None, eps: float = 0.0, residual: Any = None, swiglu: bool = False
+) -> Any:
+    """out (R, columns) float32 from x (R, K) (float32 or bf16) and weight (N, K) (float32 or bf16;
+    decode_linear_fits), columns = N, or N / 2 with swiglu; norm (K,) float32, residual (R, columns)
+    float32 contiguous (see ops/decode_linear.py for what each does)."""
+    import cupy
+
+    r, k = x.shape
+    columns = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    out = cupy.empty((r, columns), dtype=cupy.float32)
+    kernel = get_kernel(
+        "decode_linear.cu",
+        "decode_linear",
+        ROWS=r,
+        VEC_ITERS=_pieces(k, weight.dtype.itemsize),
+        W_BF16=int(weight.dtype == np.uint16),
+        X_BF16=int(x.dtype == np.uint16),
+        NORM=int(norm is not None),
+        SWIGLU=int(swiglu),
+        RESIDUAL=int(residual is not None),
+    )
+    g = x if norm is None else norm  # an unused pointer when the switch is off
+    res = x if residual is None else residual
+    args = (out, x, weight, g, res, np.int32(k), np.int32(columns), np.float32(eps))
+    kernel((blocks(columns, 8),), (_THREADS,), args)
+    return out

@@ -1,0 +1,93 @@
+"""A linear layer for the few rows of a decode step, with what surrounds it in a block fused in.
+
+    out = residual + f(rmsnorm(x) * norm @ weight.T),  f = SwiGLU over the two halves, or nothing
+
+each part optional: `norm` the RMSNorm weight in front of the product (eps its epsilon), `swiglu` a weight
+(2F, K) of gate rows then up rows giving silu(gate) * up (R, F), `residual` the stream the block's output
+is added to. A decode step is a few rows (one per sequence), so its products are matrix-vector products
+bound by reading the weights, and the step by the number of launches: on the GPU one kernel does all of it
+(cuda/decode_linear.cu, one warp per output column, at most 8 rows), where the unfused ops take three.
+Inference only: there is no backward.
+
+Numerics follow the unfused ops: with bf16 weights the product's operand is rounded to bf16 (what
+rmsnorm_forward(bf16_out=True) writes) and so are the gate and up sums before SwiGLU; sums are float32.
+The kernel multiplies float32 weights exactly (no TF32), so it serves float32 weights unless the matmul
+precision is bf16 (then the unfused bf16 products do). Elsewhere, and for more rows, the unfused ops run:
+rmsnorm_forward, linear_forward, swiglu_forward and an addition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from euler_kernels import cuda
+from euler_kernels.backend import is_bf16, shape_error
+from euler_kernels.cuda import decode_linear as decode_linear_cuda
+from euler_kernels.cuda import gemm
+from euler_kernels.ops.linear import linear_forward
+from euler_kernels.ops.rmsnorm import rmsnorm_forward
+from euler_kernels.ops.swiglu import swiglu_forward
+
+
+def decode_linear_forward(
+    x: Any,
+    weight: Any,
+    norm: Any = None,
+    eps: float = 1e-5,
+    residual: Any = None,
+    swiglu: bool = False,
+) -> Any:
+    """out (R, N), or (R, N / 2) with swiglu, from x (R, K) and weight (N, K); see the module docstring.
+
+    x and weight may be bf16 on the GPU (backend.is_bf16); norm is (K,), residual (R, out columns), both
+    in the float dtype; the output is in that dtype (float32 on the GPU).
+
+    >>> import numpy as np
+    >>> x, w = np.array([[3.0, 4.0]]), np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
+    >>> decode_linear_forward(x, w, residual=np.ones((1, 4))).tolist()
+    [[4.0, 5.0, 8.0, 7.0]]
+    >>> np.round(decode_linear_forward(x, w, norm=np.ones(2), eps=0.0, swiglu=True), 4).tolist()
+    [[1.1764, 1.4517]]
+    """
+    _check(x, weight, norm, residual, swiglu)
+    if _kernel_takes(x, weight, norm, residual):
+        return decode_linear_cuda.decode_linear(x, weight, norm, eps, residual, swiglu)
+    bf16 = is_bf16(weight)
+    h = x if norm is None else rmsnorm_forward(x, norm, eps, bf16_out=bf16)[0]  # (R, K)
+    y, _ = linear_forward(h, weight, bf16_out=bf16 and swiglu)  # (R, N)
+    if swiglu:
+        f = weight.shape[0] // 2
+        y, _ = swiglu_forward(y[:, :f], y[:, f:])  # (R, F)
+        y = y if not is_bf16(y) else cuda.cast.from_bf16(y)
+    return y if residual is None else residual + y
+
+
+def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any) -> bool:
+    """Whether decode_linear.cu runs: CuPy arrays (fused kernels on), x float32 or bf16, the weight bf16,
+    or float32 outside the bf16 matmul modes, of a shape and alignment the kernel takes."""
+    if isinstance(x, np.ndarray) or not cuda.kernels_on():
+        return False
+    floats = [a for a in (norm, residual) if a is not None]
+    storage_ok = all(is_bf16(a) or a.dtype == np.float32 for a in (x, weight))
+    storage_ok = storage_ok and (not floats or cuda.fused(*floats))
+    exact = is_bf16(weight) or gemm.matmul_precision() not in ("bf16", "bf16fast")
+    contiguous = residual is None or residual.flags.c_contiguous
+    return storage_ok and exact and contiguous and decode_linear_cuda.decode_linear_fits(x, weight, norm)
+
+
+def _check(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool) -> None:
+    columns = weight.shape[0] // 2 if swiglu and weight.ndim == 2 else weight.shape[0]
+    ok = x.ndim == 2 and weight.ndim == 2 and x.shape[1] == weight.shape[1]
+    ok = ok and (norm is None or tuple(norm.shape) == (x.shape[1],))
+    ok = ok and (residual is None or tuple(residual.shape) == (x.shape[0], columns))
+    ok = ok and not (swiglu and weight.shape[0] % 2)
+    if not ok:
+        arrays = {"x": x, "weight": weight, **({} if norm is None else {"norm": norm})}
+        arrays.update({} if residual is None else {"residual": residual})
+        raise shape_error(
+            "decode_linear_forward",
+            "needs x (R, K), weight (N, K) (N even with swiglu), norm (K,), residual (R, N or N/2)",
+            **arrays,
+        )

@@ -1,0 +1,152 @@
+"""decode_linear_forward (the norm in front of a product, SwiGLU or the residual addition after it) against
+a float64 reference written out here. The CPU runs the op's unfused path; the GPU tests run the kernel
+(decode_linear.cu) on float32 and bf16 weights for 1 to 8 rows, the decode step's shapes and ragged ones,
+and check that it hands more rows, or a misaligned weight, to the unfused path."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import euler_kernels as ek
+from euler_kernels.cuda import cast
+from euler_kernels.cuda import decode_linear as decode_linear_cuda
+
+EPS = 1e-5
+
+
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """float64 values rounded to the nearest bfloat16 (half to even), as float64."""
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def expected(x, w, norm=None, residual=None, swiglu=False, bf16=False):
+    """The op's result in float64; bf16: the operand and the gate/up sums rounded as the bf16 path does."""
+    h = x.astype(np.float64)
+    if norm is not None:
+        h = h / np.sqrt((h * h).mean(axis=1, keepdims=True) + EPS) * norm
+    if bf16:
+        h = round_bf16(h)
+    y = h @ w.astype(np.float64).T
+    if swiglu:
+        f = w.shape[0] // 2
+        gate, up = (round_bf16(y[:, :f]), round_bf16(y[:, f:])) if bf16 else (y[:, :f], y[:, f:])
+        y = gate / (1.0 + np.exp(-gate)) * up
+    return y if residual is None else residual + y
+
+
+def inputs(rng, rows, k, n, swiglu, dtype=np.float64):
+    cols = n // 2 if swiglu else n
+    x = rng.standard_normal((rows, k)).astype(dtype)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(dtype)
+    norm = (1.0 + 0.3 * rng.standard_normal(k)).astype(dtype)
+    residual = rng.standard_normal((rows, cols)).astype(dtype)
+    return x, w, norm, residual
+
+
+FUSIONS = [  # (norm, residual, swiglu): the decode step's three uses, and the plain product
+    (True, False, False),
+    (False, True, False),
+    (True, False, True),
+    (False, False, False),
+]
+
+
+@pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
+def test_the_unfused_path_equals_float64(use_norm, use_residual, swiglu) -> None:
+    rng = np.random.default_rng(0)
+    x, w, norm, residual = inputs(rng, 3, 24, 10, swiglu)
+    kw = {"norm": norm if use_norm else None, "residual": residual if use_residual else None}
+    got = ek.decode_linear_forward(x, w, eps=EPS, swiglu=swiglu, **kw)
+    np.testing.assert_allclose(got, expected(x, w, swiglu=swiglu, **kw), rtol=1e-12, atol=1e-12)
+
+
+def test_bad_shapes_are_named() -> None:
+    x, w, norm, residual = inputs(np.random.default_rng(1), 2, 8, 6, False)
+    with pytest.raises(ValueError, match=r"decode_linear_forward: needs x \(R, K\).*x\(2, 7\)"):
+        ek.decode_linear_forward(x[:, :7], w)
+    with pytest.raises(ValueError, match="norm"):
+        ek.decode_linear_forward(x, w, norm=norm[:3])
+    with pytest.raises(ValueError, match="residual"):
+        ek.decode_linear_forward(x, w, residual=residual, swiglu=True)  # residual must be (R, N/2)
+    with pytest.raises(ValueError, match="N even with swiglu"):
+        ek.decode_linear_forward(x, w[:5], swiglu=True)
+
+
+# (rows, K, N): the gpu preset's products (K 768: q/k/v 1280, gate/up 4096; K 2048: down 768; head 4096),
+# a ragged K (not a multiple of a warp's 32 pieces) and N (a partly used block of 8 columns)
+GPU_SHAPES = [(1, 768, 1280), (4, 768, 4096), (8, 2048, 768), (3, 200, 74), (2, 1000, 37 * 2)]
+
+
+def _gpu(cp, *arrays):
+    return [None if a is None else cp.asarray(a) for a in arrays]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "k", "n"), GPU_SHAPES)
+@pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
+def test_the_kernel_with_float32_weights_equals_float64(rows, k, n, use_norm, use_residual, swiglu) -> None:
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(rows * k + n)
+    x, w, norm, residual = inputs(rng, rows, k, n, swiglu, np.float32)
+    norm, residual = (norm if use_norm else None), (residual if use_residual else None)
+    gx, gw, gnorm, gres = _gpu(cp, x, w, norm, residual)
+    assert decode_linear_cuda.decode_linear_fits(gx, gw, gnorm)
+    got = ek.decode_linear_forward(gx, gw, norm=gnorm, eps=EPS, residual=gres, swiglu=swiglu)
+    assert got.dtype == np.float32
+    want = expected(x, w, norm, residual, swiglu)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "k", "n"), GPU_SHAPES[:3])
+@pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
+@pytest.mark.parametrize("x_bf16", [False, True])
+def test_the_kernel_with_bf16_weights_equals_float64(rows, k, n, use_norm, use_residual, swiglu, x_bf16):
+    """bf16 weights: the operand is rounded to bf16 (an x given as bf16 already is), so are the gate and up
+    sums; the reference rounds at the same places, so only summation order and the rare bf16 rounding it
+    flips differ."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(7 + rows)
+    x, w, norm, residual = inputs(rng, rows, k, n, swiglu, np.float32)
+    if x_bf16:
+        x, norm = round_bf16(x).astype(np.float32), None  # a bf16 activation is a product's input as it is
+    w = round_bf16(w).astype(np.float32)
+    norm, residual = (norm if use_norm else None), (residual if use_residual else None)
+    gx, gw, gnorm, gres = _gpu(cp, x, w, norm, residual)
+    gx = cast.to_bf16(gx) if x_bf16 else gx
+    got = ek.decode_linear_forward(gx, cast.to_bf16(gw), norm=gnorm, eps=EPS, residual=gres, swiglu=swiglu)
+    want = expected(x, w, norm, residual, swiglu, bf16=True)
+    close = np.isclose(cp.asnumpy(got), want, rtol=1e-4, atol=1e-4)
+    assert close.mean() > 0.995, f"{(~close).sum()} of {close.size} differ"  # a flipped rounding: 2^-8
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
+    """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), or a misaligned x go
+    to the unfused ops, which give the same result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(3)
+    for rows, k in [(9, 256), (2, 201), (2, 260)]:
+        x, w, norm, residual = inputs(rng, rows, k, 64, True, np.float32)
+        gx, gw, gnorm = _gpu(cp, x, w, norm)
+        if k == 260:  # x from an address 8 bytes past a 16-byte boundary
+            gx = cp.empty(gx.size + 2, dtype=cp.float32)[2:].reshape(gx.shape)
+            gx[...] = cp.asarray(x)
+        assert not decode_linear_cuda.decode_linear_fits(gx, gw, gnorm)
+        got = ek.decode_linear_forward(gx, gw, norm=gnorm, eps=EPS, swiglu=True)
+        np.testing.assert_allclose(cp.asnumpy(got), expected(x, w, norm, swiglu=True), rtol=1e-4, atol=1e-4)
+    x, w, norm, residual = inputs(rng, 2, 256, 64, False, np.float32)
+    gx, gw, gnorm, gres = _gpu(cp, x, w, norm, residual)
+    fused = ek.decode_linear_forward(gx, gw, norm=gnorm, eps=EPS, residual=gres)
+    os.environ["EULER_FUSED_KERNELS"] = "0"
+    try:
+        unfused = ek.decode_linear_forward(gx, gw, norm=gnorm, eps=EPS, residual=gres)
+    finally:
+        del os.environ["EULER_FUSED_KERNELS"]
+    np.testing.assert_allclose(cp.asnumpy(fused), cp.asnumpy(unfused), rtol=1e-4, atol=1e-4)
