@@ -1,7 +1,7 @@
 """decode_linear_forward (the norm in front of a product, SwiGLU or the residual addition after it) against
 a float64 reference written out here. The CPU runs the op's unfused path; the GPU tests run the kernel
 (decode_linear.cu) on float32 and bf16 weights for 1 to 8 rows, the decode step's shapes and ragged ones,
-and check that it hands more rows, or a misaligned weight, to the unfused path."""
+and check that it hands more rows, or a misaligned weight or x, to the unfused path."""
 
 from __future__ import annotations
 
@@ -128,8 +128,9 @@ def test_the_kernel_with_bf16_weights_equals_float64(rows, k, n, use_norm, use_r
 
 @pytest.mark.gpu
 def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
-    """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), or a misaligned x go
-    to the unfused ops, which give the same result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
+    """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), or a misaligned x
+    go to the unfused ops, which give the same result; so does the kernel switched off
+    (EULER_FUSED_KERNELS=0)."""
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng(3)
     for rows, k in [(9, 256), (2, 201), (2, 260)]:
