@@ -77,9 +77,11 @@ def test_bad_shapes_are_named() -> None:
         ek.decode_linear_forward(x, w[:5], swiglu=True)
 
 
-# (rows, K, N): the gpu preset's products (K 768: q/k/v 1280, gate/up 4096; K 2048: down 768; head 4096),
-# a ragged K (not a multiple of a warp's 32 pieces) and N (a partly used block of 8 columns)
-GPU_SHAPES = [(1, 768, 1280), (4, 768, 4096), (8, 2048, 768), (3, 200, 74), (2, 1000, 37 * 2)]
+# (rows, K, N): the gpu preset's products (K 768: q/k/v 1280, gate/up 4096; K 2048: down 768; head 4096)
+# for one row (each warp norms it) and several (h staged in shared memory: 5 x 2048 float32 is 40 KB), a
+# ragged K (not a multiple of a warp's 32 pieces) and N (a partly used block of 8 columns)
+GPU_SHAPES = [(1, 768, 1280), (4, 768, 4096), (5, 2048, 768), (1, 2048, 768), (3, 200, 74), (2, 1000, 37 * 2)]
+BF16_SHAPES = [(1, 768, 1280), (4, 768, 4096), (8, 2048, 768), (1, 2048, 768)]  # 8 x 2048 bf16: 32 KB
 
 
 def _gpu(cp, *arrays):
@@ -103,7 +105,7 @@ def test_the_kernel_with_float32_weights_equals_float64(rows, k, n, use_norm, us
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("rows", "k", "n"), GPU_SHAPES[:3])
+@pytest.mark.parametrize(("rows", "k", "n"), BF16_SHAPES)
 @pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
 @pytest.mark.parametrize("x_bf16", [False, True])
 def test_the_kernel_with_bf16_weights_equals_float64(rows, k, n, use_norm, use_residual, swiglu, x_bf16):
@@ -128,12 +130,12 @@ def test_the_kernel_with_bf16_weights_equals_float64(rows, k, n, use_norm, use_r
 
 @pytest.mark.gpu
 def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
-    """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), or a misaligned x
-    go to the unfused ops, which give the same result; so does the kernel switched off
-    (EULER_FUSED_KERNELS=0)."""
+    """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), a misaligned x, or
+    rows whose staged h would not fit 48 KB (8 x 2048 float32) go to the unfused ops, which give the same
+    result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng(3)
-    for rows, k in [(9, 256), (2, 201), (2, 260)]:
+    for rows, k in [(9, 256), (2, 201), (2, 260), (8, 2048)]:
         x, w, norm, residual = inputs(rng, rows, k, 64, True, np.float32)
         gx, gw, gnorm = _gpu(cp, x, w, norm)
         if k == 260:  # x from an address 8 bytes past a 16-byte boundary

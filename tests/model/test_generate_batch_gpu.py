@@ -85,13 +85,21 @@ def test_bf16_weights_captured_equals_eager(cp, monkeypatch) -> None:
     assert captured == generate_batch(cfg, gpu, prompts, 32, temperature=0.0, cuda_graph=False)
 
 
-def test_captured_speculative_equals_plain_greedy(cp) -> None:
-    """The speculative step captured (T = K tokens a row: attention's reference path, one graph per
-    window) gives the plain captured step's tokens."""
+@pytest.mark.parametrize(
+    ("lengths", "limits", "precision"),
+    [
+        ([16, 1, 40, 100, 7], [60, 127, 30, 40, 0], "fp32"),  # 20 rows a step: the cuBLAS products
+        ([16], [100], "fp32"),  # 4 rows a step: decode_linear's staged kernel
+        ([30, 3], [90, 120], "bf16"),
+    ],
+)
+def test_captured_speculative_equals_plain_greedy(cp, monkeypatch, lengths, limits, precision) -> None:
+    """The speculative step captured (T = K tokens a row, one graph) gives the plain captured step's
+    tokens, with the products of its B K rows in cuBLAS (more than 8) or in decode_linear's kernel."""
+    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
     cfg = preset("small")
     gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
-    prompts = prompts_for(cfg, [16, 1, 40, 100, 7], seed=6)
-    limits = [60, 127, 30, 40, 0]
+    prompts = prompts_for(cfg, lengths, seed=6)
     stats = GenerationStats()
     fast = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, speculative=True, stats=stats)
     assert stats.decode == "cuda graph" and stats.drafted > 0

@@ -28,6 +28,7 @@ from euler_kernels.ops.cross_entropy import (
     cross_entropy_forward,
     cross_entropy_weights,
 )
+from euler_kernels.ops.decode_accept import decode_accept
 from euler_kernels.ops.decode_attention import decode_attention_forward, decode_attention_kernel
 from euler_kernels.ops.decode_linear import decode_linear_forward
 from euler_kernels.ops.decode_record import decode_record
@@ -59,6 +60,7 @@ __all__ = [
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_weights",
+    "decode_accept",
     "decode_attention_forward",
     "decode_attention_kernel",
     "decode_linear_forward",

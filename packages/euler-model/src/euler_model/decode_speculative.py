@@ -31,7 +31,7 @@ from euler_model.decode_step import decode_hidden
 def draft(config: ModelConfig, weights: dict[str, Any], state: DecodeState, h: Any) -> None:
     """Set state.drafts (B, M) to heads 1..M's greedy guesses at the hidden rows h (B, C)."""
     z = ek.decode_linear_forward(h, weights["drafters"])  # (B, M V)
-    state.drafts[...] = z.reshape(h.shape[0], -1, config.vocab_size).argmax(axis=-1)
+    z.reshape(h.shape[0], -1, config.vocab_size).argmax(axis=-1, out=state.drafts)
 
 
 def speculative_step(config: ModelConfig, weights: dict[str, Any], state: DecodeState, window: int) -> None:
@@ -43,16 +43,6 @@ def speculative_step(config: ModelConfig, weights: dict[str, Any], state: Decode
     h = decode_hidden(config, weights, state, window, tokens)  # (B T, C)
     z = ek.decode_linear_forward(h, weights["heads.0"])  # (B T, V)
     g = z.argmax(axis=-1).reshape(b, m + 1)  # head 0's token after each fed one
-    # accepted drafts: the first disagreement's index (a column of False ends every row)
-    agree = xp.concatenate([g[:, :m] == state.drafts, xp.zeros((b, 1), dtype=bool)], axis=1)
-    accepted = xp.argmin(agree, axis=1)  # (B,)
-    going, before = ~state.done, state.count.copy()
-    for i in range(m + 1):  # emit g[:, i] where i <= accepted, each with its stop and limit checks
-        held = (accepted < i) & ~state.done  # rows with nothing more to emit: done for this record
-        state.done |= held
-        state.record(g[:, i])
-        state.done &= ~held
-    state.drafted += going * m
-    state.accepted += xp.maximum(state.count - before - 1, 0)
-    # the hidden state whose head 0 gave the new last token: row b's position `accepted[b]`
-    draft(config, weights, state, h.reshape(b, m + 1, -1)[state.rows, accepted])
+    chosen = state.accept(g)  # (B,) the drafts accepted, from the first on; their tokens recorded
+    # the hidden state whose head 0 gave the new last token: row b's fed position chosen[b]
+    draft(config, weights, state, h.reshape(b, m + 1, -1)[state.rows, chosen])

@@ -102,6 +102,13 @@ class DecodeState:
         buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
         ek.decode_record(token, *buffers, self.stop, self.limit)
 
+    def accept(self, g: Any) -> Any:
+        """Take a speculative step's head-0 tokens g (B, M + 1): each row's drafts accepted up to the first
+        that g disagrees with, the tokens recorded in order (ek.decode_accept); returns the accepted count
+        (B,), the fed position whose hidden state drafts next. Device work only."""
+        buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
+        return ek.decode_accept(g, self.drafts, buffers, self.stop, self.limit, self.drafted, self.accepted)
+
     def results(self) -> list[tuple[list[int], int | None]]:
         """(tokens, the stop token that ended the row or None) of every row, read back to the host."""
         count, out, stopped = (ek.to_numpy(a) for a in (self.count, self.out, self.stopped_by))

@@ -7,7 +7,8 @@
 // With bf16 weights (W_BF16) h is rounded to bf16 before the product, and the gate and up sums are rounded
 // to bf16 before SwiGLU, as the unfused bf16 path rounds them (products accumulate in float32 either way).
 // Defines: ROWS (R), VEC_ITERS (16-byte pieces of a W row per lane), W_BF16, X_BF16 (x's storage),
-// NORM, SWIGLU, RESIDUAL. x's rows, W's rows and g are read in aligned 16-byte (or 8-byte) pieces.
+// NORM, SWIGLU, RESIDUAL, STAGED (several rows: the block norms and rounds h once into shared memory,
+// R K floats, or bf16 with bf16 weights; one row: each warp norms it itself, with no block barrier). x's rows, W's rows and g are read in aligned 16-byte (or 8-byte) pieces.
 // Launch: blockDim 256 (8 warps, 8 columns), grid ceil(columns / 8).
 #include "common.cuh"
 
@@ -111,6 +112,110 @@ __device__ __forceinline__ void dot_rows(const uint4* w, const x_t* x, const flo
     for (int r = 0; r < ROWS; r++) acc[r] = warp_sum(acc[r]);
 }
 
+#if STAGED
+#if W_BF16
+typedef unsigned short h_t;  // the operand rounded to bf16 is exact in bf16 storage
+#else
+typedef float h_t;
+#endif
+
+// Four activations of x at `at` (a multiple of 4) as floats.
+__device__ __forceinline__ void load_x4(const x_t* x, size_t at, float* f) {
+#if X_BF16
+    const uint2 v = *reinterpret_cast<const uint2*>(x + at);
+    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+#else
+    const float4 v = *reinterpret_cast<const float4*>(x + at);
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+#endif
+}
+
+__device__ __forceinline__ void store_h4(h_t* hs, int at, const float* f) {
+#if W_BF16
+    const unsigned lo = float_to_bf16(f[0]) | ((unsigned)float_to_bf16(f[1]) << 16);
+    const unsigned hi = float_to_bf16(f[2]) | ((unsigned)float_to_bf16(f[3]) << 16);
+    *reinterpret_cast<uint2*>(hs + at) = make_uint2(lo, hi);
+#else
+    *reinterpret_cast<float4*>(hs + at) = make_float4(f[0], f[1], f[2], f[3]);
+#endif
+}
+
+// The block's operand rows h (R, K) into shared memory, normed (NORM) and rounded as the product takes
+// them, so each warp's dot products only read them (more rows: the per-warp norm would repeat R times).
+__device__ __forceinline__ void stage_rows(h_t* hs, const x_t* x, const float* g, int K, float eps) {
+    float rstd[ROWS];
+#if NORM
+    __shared__ float partial[ROWS][8];  // per-warp sums of squares
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float ss = 0.0f;
+        for (int k = threadIdx.x * 4; k < K; k += 1024) {
+            float f[4];
+            load_x4(x, (size_t)r * K + k, f);
+            ss += f[0] * f[0] + f[1] * f[1] + f[2] * f[2] + f[3] * f[3];
+        }
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) partial[r][threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) ss += partial[r][w];
+        rstd[r] = rsqrtf(ss / K + eps);
+    }
+#endif
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        for (int k = threadIdx.x * 4; k < K; k += 1024) {
+            float f[4];
+            load_x4(x, (size_t)r * K + k, f);
+#if NORM
+            const float4 gv = *reinterpret_cast<const float4*>(g + k);
+            const float gf[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) f[j] = f[j] * rstd[r] * gf[j];  // (x rstd) g, as the one-row path
+#endif
+            store_h4(hs, r * K + k, f);
+        }
+    }
+    __syncthreads();
+}
+
+// dot_rows with h staged in shared memory (already normed and rounded).
+__device__ __forceinline__ void dot_rows_staged(const uint4* w, const h_t* hs, int K, int lane, float* acc) {
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+#pragma unroll
+    for (int it = 0; it < VEC_ITERS; it++) {
+        const int k0 = (it * 32 + lane) * W_PER_VEC;
+        if (k0 < K) {
+            float wf[W_PER_VEC];
+            unpack(w[it], wf);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float hf[W_PER_VEC];
+                const uint4 v = *reinterpret_cast<const uint4*>(hs + r * K + k0);  // 16 bytes either way
+#if W_BF16
+                unpack_bf16x8(v, hf);
+#else
+                hf[0] = __uint_as_float(v.x), hf[1] = __uint_as_float(v.y);
+                hf[2] = __uint_as_float(v.z), hf[3] = __uint_as_float(v.w);
+#endif
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < W_PER_VEC; j++) s = fmaf(hf[j], wf[j], s);
+                acc[r] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = warp_sum(acc[r]);
+}
+#endif
+
 // Row n of W (K weights) into this lane's pieces: all loads issued before any is used.
 __device__ __forceinline__ void load_row(const w_t* W, size_t n, int K, int lane, uint4* w) {
     const uint4* row = reinterpret_cast<const uint4*>(W + n * K);
@@ -127,13 +232,28 @@ extern "C" __global__ void __launch_bounds__(256) decode_linear(float* out, cons
                                                                 int columns, float eps) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + (threadIdx.x >> 5);  // this warp's output column
-    if (n >= columns) return;
+    const bool active = n < columns;
+#if !STAGED
+    if (!active) return;
+#endif
     uint4 w[VEC_ITERS];
-    load_row(W, n, K, lane, w);
+    if (active) load_row(W, n, K, lane, w);
 #if SWIGLU
     uint4 wu[VEC_ITERS];
-    load_row(W, (size_t)columns + n, K, lane, wu);  // the up row, F rows below the gate row
+    if (active) load_row(W, (size_t)columns + n, K, lane, wu);  // the up row, F rows below the gate row
 #endif
+    float acc[ROWS];
+#if STAGED
+    extern __shared__ __align__(16) unsigned char staged_bytes[];
+    h_t* hs = reinterpret_cast<h_t*>(staged_bytes);  // (R, K)
+    stage_rows(hs, x, g, K, eps);                    // every thread of the block takes part
+    if (!active) return;
+    dot_rows_staged(w, hs, K, lane, acc);
+#if SWIGLU
+    float up[ROWS];
+    dot_rows_staged(wu, hs, K, lane, up);
+#endif
+#else
     float rstd[ROWS];
 #if NORM
 #pragma unroll
@@ -152,11 +272,11 @@ extern "C" __global__ void __launch_bounds__(256) decode_linear(float* out, cons
         rstd[r] = rsqrtf(warp_sum(ss) / K + eps);
     }
 #endif
-    float acc[ROWS];
     dot_rows(w, x, g, rstd, K, lane, acc);
 #if SWIGLU
     float up[ROWS];
     dot_rows(wu, x, g, rstd, K, lane, up);
+#endif
 #endif
     if (lane >= ROWS) return;
     // lane r writes row r (every lane holds every row's sum); a constant index keeps acc in registers

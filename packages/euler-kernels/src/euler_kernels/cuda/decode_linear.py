@@ -12,6 +12,13 @@ from euler_kernels.cuda._module import blocks, get_kernel
 MAX_ROWS = 8  # rows of h per launch: each lane keeps one sum per row
 MAX_VEC_ITERS = 16  # 16-byte pieces of a weight row per lane (registers): K <= 4096 bf16, 2048 float32
 _THREADS = 256  # 8 warps, one output column each
+_SMEM_LIMIT = 48 * 1024  # bytes of shared memory a block gets without opting in
+
+
+def _staged_bytes(rows: int, weight: Any) -> int:
+    """Shared memory of a launch for several rows: h (R, K), bf16 with bf16 weights, else float32; one row
+    is normed by each warp itself (no staging)."""
+    return 0 if rows == 1 else rows * weight.shape[1] * (2 if weight.dtype == np.uint16 else 4)
 
 
 def _pieces(k: int, itemsize: int) -> int:
@@ -20,14 +27,16 @@ def _pieces(k: int, itemsize: int) -> int:
 
 
 def decode_linear_fits(x: Any, weight: Any, norm: Any = None) -> bool:
-    """Whether the kernel takes x (R, K) against this (N, K) weight: at most MAX_ROWS rows, rows of the
-    weight a whole number of 16-byte pieces, at most MAX_VEC_ITERS of them per lane, and x, the weight and
-    the norm's weight C-contiguous from 16-byte aligned addresses (the kernel reads them in pieces)."""
+    """Whether the kernel takes x (R, K) against this (N, K) weight: at most MAX_ROWS rows (whose staged h
+    fits a block's 48 KB), rows of the weight a whole number of 16-byte pieces, at most MAX_VEC_ITERS of
+    them per lane, and x, the weight and the norm's weight C-contiguous from 16-byte aligned addresses (the
+    kernel reads them in pieces)."""
     k, itemsize = weight.shape[1], weight.dtype.itemsize
     arrays = [a for a in (x, weight, norm) if a is not None]
     aligned = all(a.data.ptr % 16 == 0 and a.flags.c_contiguous for a in arrays)
     whole = (k * itemsize) % 16 == 0 and _pieces(k, itemsize) <= MAX_VEC_ITERS
-    return 1 <= x.shape[0] <= MAX_ROWS and aligned and whole
+    rows_ok = 1 <= x.shape[0] <= MAX_ROWS and _staged_bytes(x.shape[0], weight) <= _SMEM_LIMIT
+    return rows_ok and aligned and whole
 
 
 def decode_linear(
@@ -51,9 +60,10 @@ def decode_linear(
         NORM=int(norm is not None),
         SWIGLU=int(swiglu),
         RESIDUAL=int(residual is not None),
+        STAGED=int(r > 1),
     )
     g = x if norm is None else norm  # an unused pointer when the switch is off
     res = x if residual is None else residual
     args = (out, x, weight, g, res, np.int32(k), np.int32(columns), np.float32(eps))
-    kernel((blocks(columns, 8),), (_THREADS,), args)
+    kernel((blocks(columns, 8),), (_THREADS,), args, shared_mem=_staged_bytes(r, weight))
     return out
