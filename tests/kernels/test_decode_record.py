@@ -109,7 +109,7 @@ def accepted_looped(g, drafts, state, stop, limit) -> tuple[dict, np.ndarray]:
 
 def random_speculative_rows(seed: int, b: int = 64, m: int = 3):
     """random_rows with each row's g (B, M + 1) and drafts (B, M) agreeing on a random prefix."""
-    token, state, stop, limit = random_rows(seed, b)
+    _, state, stop, limit = random_rows(seed, b)
     rng = np.random.default_rng(seed + 100)
     v = stop.shape[1]
     g = rng.integers(0, v, (b, m + 1))

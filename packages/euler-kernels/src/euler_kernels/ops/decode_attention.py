@@ -12,13 +12,16 @@ flash-decoding split over the keys, then the merge of the splits), reading each 
 Elsewhere (NumPy, float64 on the GPU) the reference below runs:
 rope_rows, an indexed write, and a masked softmax over the first `window` slots, written as CuPy
 element-wise products and reductions on the GPU (CuPy's matmul refuses to run while a stream is captured
-into a CUDA graph).
+into a CUDA graph). On NumPy the positions are read on the host: the write is a slice per row, and only
+the slots up to the newest are read (a single new token then needs no mask).
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
@@ -95,27 +98,41 @@ def _reference(
     qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, hq: int, window: int
 ) -> Any:
     """decode_attention_forward in array operations, qkv (B, T, (Hq + 2 Hkv) D) -> (B, T, Hq D), reading
-    slots 0..window-1."""
+    slots 0..window-1; on NumPy only up to the newest slot (reading positions costs no device sync there)."""
     xp = get_array_module(qkv)
     b, t = qkv.shape[:2]
     hkv, d = k_cache.shape[1], k_cache.shape[3]
-    at = pos[:, None] + xp.arange(t)  # (B, T) the new tokens' positions, their cache slots
-    angles = xp.take(cos, at.ravel(), axis=0), xp.take(sin, at.ravel(), axis=0)  # (B T, D/2) each
+    g = hq // hkv  # query heads per key/value head
+    at = pos[:, None] if t == 1 else pos[:, None] + xp.arange(t)  # (B, T) the new tokens' slots
+    flat = at.reshape(-1)  # (B T,)
+    angles = xp.take(cos, flat, axis=0), xp.take(sin, flat, axis=0)  # (B T, D/2) each
     qk = rope_rows(qkv[..., : (hq + hkv) * d].reshape(b * t, hq + hkv, d), *angles).reshape(b, t, -1, d)
-    rows = xp.arange(b)[:, None]
-    k_cache[rows, :, at] = qk[:, :, hq:]  # slots at[b] of row b: (B, T, Hkv, D)
-    v_cache[rows, :, at] = qkv[..., (hq + hkv) * d :].reshape(b, t, hkv, d)
-    k, v = k_cache[:, :, None, :window], v_cache[:, :, None, :window]  # (B, Hkv, 1, W, D) views
+    _write_slots(xp, k_cache, pos, at, qk[:, :, hq:])
+    _write_slots(xp, v_cache, pos, at, qkv[..., (hq + hkv) * d :].reshape(b, t, hkv, d))
+    if xp is np:  # reading the positions costs no device sync here: attend up to the newest slot only
+        window = min(window, max(pos.tolist()) + t)
+    k, v = k_cache[:, :, :window], v_cache[:, :, :window]  # (B, Hkv, W, D) views
     q = qk[:, :, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, T, Hq, D), pre-scaled
-    q = q.reshape(b, t, hkv, hq // hkv, d).transpose(0, 2, 3, 1, 4)  # (B, Hkv, G, T, D)
-    scores = _products(xp, q, k.swapaxes(-1, -2))  # (B, Hkv, G, T, W)
-    hidden = xp.arange(window) > at[:, :, None]  # (B, T, W): the new token at pos[b] + i sees 0..pos[b] + i
-    scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
+    q = q.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)  # (B, Hkv, G T, D)
+    scores = _products(xp, q, k.swapaxes(-1, -2)).reshape(b, hkv, g, t, window)  # (B, Hkv, G, T, W)
+    if not (xp is np and b == t == 1):  # else the one new token is the newest slot: it sees them all
+        hidden = xp.arange(window) > at[:, :, None]  # (B, T, W): the token at pos[b] + i sees 0..pos[b] + i
+        scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
     scores -= scores.max(axis=-1, keepdims=True)
-    p = xp.exp(scores, out=scores)  # slot 0 is always seen: every row has a finite maximum
-    out = _products(xp, p, v)  # (B, Hkv, G, T, D)
+    p = xp.exp(scores, out=scores).reshape(b, hkv, g * t, window)  # slot 0 is always seen: a finite maximum
+    out = _products(xp, p, v)  # (B, Hkv, G T, D)
     out /= p.sum(axis=-1, keepdims=True)
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
+    return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
+
+
+def _write_slots(xp: Any, cache: Any, pos: Any, at: Any, new: Any) -> None:
+    """cache (B, Hkv, S, D) gets new (B, T, Hkv, D) at slots at[b] = pos[b]..pos[b] + T - 1 of row b. On
+    NumPy a slice per row (the positions are on the host; far cheaper than an indexed write)."""
+    if xp is np:
+        for row, p in enumerate(pos.tolist()):
+            cache[row, :, p : p + new.shape[1]] = new[row].swapaxes(0, 1)
+        return
+    cache[xp.arange(new.shape[0])[:, None], :, at] = new
 
 
 def _products(xp: Any, a: Any, b: Any) -> Any:

@@ -13,7 +13,8 @@ Numerics follow the unfused ops: with bf16 weights the product's operand is roun
 rmsnorm_forward(bf16_out=True) writes) and so are the gate and up sums before SwiGLU; sums are float32.
 The kernel multiplies float32 weights exactly (no TF32), so it serves float32 weights unless the matmul
 precision is bf16 (then the unfused bf16 products do). Elsewhere, and for more rows, the unfused ops run:
-rmsnorm_forward, linear_forward, swiglu_forward and an addition.
+rmsnorm_forward, linear_forward, swiglu_forward and an addition; on NumPy their arithmetic is called
+directly (rmsnorm_parts, the product, swiglu_parts), without each op's dispatch and checks.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import is_bf16, shape_error
+from euler_kernels.backend import FLOAT_DTYPES, is_bf16, shape_error
 from euler_kernels.cuda import decode_linear as decode_linear_cuda
 from euler_kernels.cuda import gemm
 from euler_kernels.ops.linear import linear_forward
-from euler_kernels.ops.rmsnorm import rmsnorm_forward
-from euler_kernels.ops.swiglu import swiglu_forward
+from euler_kernels.ops.rmsnorm import rmsnorm_forward, rmsnorm_parts
+from euler_kernels.ops.swiglu import swiglu_forward, swiglu_parts
 
 
 def decode_linear_forward(
@@ -54,6 +55,8 @@ def decode_linear_forward(
     _check(x, weight, norm, residual, swiglu)
     if _kernel_takes(x, weight, norm, residual):
         return decode_linear_cuda.decode_linear(x, weight, norm, eps, residual, swiglu)
+    if _lean_takes(x, weight, norm):
+        return _lean_forward(x, weight, norm, eps, residual, swiglu)
     bf16 = is_bf16(weight)
     h = x if norm is None else rmsnorm_forward(x, norm, eps, bf16_out=bf16)[0]  # (R, K)
     y, _ = linear_forward(h, weight, bf16_out=bf16 and swiglu)  # (R, N)
@@ -61,6 +64,26 @@ def decode_linear_forward(
         f = weight.shape[0] // 2
         y, _ = swiglu_forward(y[:, :f], y[:, f:])  # (R, F)
         y = y if not is_bf16(y) else cuda.cast.from_bf16(y)
+    return y if residual is None else residual + y
+
+
+def _lean_takes(x: Any, weight: Any, norm: Any) -> bool:
+    """Whether the lean NumPy path runs: x, weight and norm NumPy arrays of one float dtype (anything else
+    takes the unfused ops, whose checks say what is wrong)."""
+    dtype = x.dtype
+    arrays_ok = type(x) is np.ndarray and type(weight) is np.ndarray
+    dtypes_ok = (dtype is FLOAT_DTYPES[0] or dtype is FLOAT_DTYPES[1]) and weight.dtype is dtype
+    return arrays_ok and dtypes_ok and (norm is None or (type(norm) is np.ndarray and norm.dtype is dtype))
+
+
+def _lean_forward(x: Any, weight: Any, norm: Any, eps: float, residual: Any, swiglu: bool) -> Any:
+    """The unfused ops' arithmetic on checked NumPy arrays, without their per-call dispatch and checks (a
+    decode step makes five of these calls a layer, each a few microseconds of work)."""
+    h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (R, K)
+    y = h @ weight.T  # (R, N), as linear_forward
+    if swiglu:
+        f = weight.shape[0] // 2
+        y = swiglu_parts(np, y[:, :f], y[:, f:])[0]  # (R, F)
     return y if residual is None else residual + y
 
 

@@ -5,7 +5,8 @@ tokens (stop[b, token]) ends there, with the token in stopped_by[b] and nothing 
 token is emitted: written at out[b, count[b]], marked in seen[b], made the row's last token (fed to the
 next step at position pos[b] + 1), and the row ends when count[b] reaches limit[b]. A row that is done
 changes nothing, so a fixed-shape step (a CUDA graph) can keep computing it. On CuPy one kernel does it
-(cuda/decode_record.cu, one thread per row); elsewhere the array operations below.
+(cuda/decode_record.cu, one thread per row); on NumPy a loop over the rows in Python scalars (a row's
+record is a few scalar reads and writes, each far cheaper than a NumPy call on a (B,) array).
 """
 
 from __future__ import annotations
@@ -48,14 +49,20 @@ def decode_record(
     if xp is not np:
         record_cuda.decode_record(token, out, last, pos, count, stopped_by, done, seen, stop, limit)
         return
-    rows = np.arange(token.shape[0])
-    going = ~done
-    stop_hit = stop[rows, token]  # (B,)
-    emit = going & ~stop_hit
-    out[rows[emit], count[emit]] = token[emit]
-    stopped_by[going & stop_hit] = token[going & stop_hit]
-    seen[rows[emit], token[emit]] = True
-    last[emit] = token[emit]
-    count += emit
-    pos += emit
-    done |= stop_hit | (count >= limit)
+    buffers = (out, last, pos, count, stopped_by, done, seen)
+    for row, (t, ended) in enumerate(zip(token.tolist(), done.tolist())):
+        if not ended:
+            _record_row(row, t, buffers, stop, limit)
+
+
+def _record_row(row: int, t: int, buffers: tuple, stop: Any, limit: Any) -> None:
+    """decode_record for one going row of the NumPy buffers (out, last, pos, count, stopped_by, done, seen)
+    and its token t."""
+    out, last, pos, count, stopped_by, done, seen = buffers
+    if stop[row, t]:
+        stopped_by[row], done[row] = t, True
+        return
+    n = int(count[row])  # tokens emitted before this one: its slot in out
+    out[row, n], seen[row, t], last[row] = t, True, t
+    count[row], pos[row] = n + 1, pos[row] + 1
+    done[row] = n + 1 >= limit[row]

@@ -29,11 +29,17 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = Fal
         return out, ("cuda", x, weight, rstd)
     if bf16_out:
         raise ValueError("rmsnorm_forward: bf16_out needs float32 CuPy arrays (the GPU path)")
+    out, xhat, rstd = rmsnorm_parts(xp, x, weight, eps)
+    return out, (xhat, rstd, weight)
+
+
+def rmsnorm_parts(xp: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any, Any]:
+    """(out, xhat, rstd) of the array-operation RMSNorm, x (..., C) and weight (C,) already checked: the
+    one formula of the NumPy-style path, shared by rmsnorm_forward and the decode step's lean products."""
     ms = xp.einsum("...c,...c->...", x, x) / x.shape[-1]  # (...,) mean of squares
     rstd = 1.0 / xp.sqrt(ms + eps)  # (...,)
     xhat = x * rstd[..., None]  # (..., C)
-    out = xhat * weight
-    return out, (xhat, rstd, weight)
+    return xhat * weight, xhat, rstd
 
 
 def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple[Any, Any]:

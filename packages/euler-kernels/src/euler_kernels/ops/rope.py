@@ -100,11 +100,14 @@ def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
     >>> rope_rows(np.ones((2, 1, 2)), cos[[0, 2]], sin[[0, 2]]).round(4).tolist()
     [[[1.0, 1.0]], [[-1.3254, 0.4932]]]
     """
-    xp = get_array_module(x)
-    half = x.shape[-1] // 2
-    c, s = cos_rows[:, None], sin_rows[:, None]  # (B, 1, D/2)
-    x1, x2 = x[..., :half], x[..., half:]
-    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    b, h, d = x.shape
+    pairs = x.reshape(b, h, 2, d // 2)  # (B, H, 2, D/2): the halves (x1, x2)
+    c, s = cos_rows[:, None, None], sin_rows[:, None, None]  # (B, 1, 1, D/2)
+    out = pairs * c  # (x1 cos, x2 cos)
+    crossed = pairs[:, :, ::-1] * s  # (x2 sin, x1 sin)
+    out[:, :, 0] -= crossed[:, :, 0]
+    out[:, :, 1] += crossed[:, :, 1]
+    return out.reshape(b, h, d)
 
 
 def rope_backward(dout: Any, cache: tuple) -> Any:

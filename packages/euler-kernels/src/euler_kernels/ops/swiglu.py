@@ -37,9 +37,16 @@ def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
     if kind == "bf16" or cuda.fused(gate, up):
         return swiglu_cuda.swiglu_forward(gate, up), ("cuda", gate, up)
+    out, sig, silu = swiglu_parts(xp, gate, up)
+    return out, (up, sig, silu)
+
+
+def swiglu_parts(xp: Any, gate: Any, up: Any) -> tuple[Any, Any, Any]:
+    """(out, sig, silu) of the array-operation SwiGLU, gate and up already checked: the one formula of the
+    NumPy-style path, shared by swiglu_forward and the decode step's lean products."""
     sig = _sigmoid(xp, gate)
     silu = gate * sig
-    return silu * up, (up, sig, silu)
+    return silu * up, sig, silu
 
 
 def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
