@@ -23,6 +23,20 @@
 constexpr int D = HEAD_DIM;
 constexpr int HALF = D / 2;
 constexpr int KPAD = D + 1;  // key rows padded: the threads of a warp read 32 keys' same element
+constexpr int SPLIT_THREADS = 128;  // a split block's threads (the launcher's _THREADS)
+constexpr int VEC = D % 4 == 0 ? 4 : 2;  // floats per cache load (D is even)
+constexpr int PER_THREAD = (SLOTS * D / VEC + SPLIT_THREADS - 1) / SPLIT_THREADS;  // cache loads a thread
+
+// VEC consecutive floats from a 4 VEC-byte aligned address.
+__device__ __forceinline__ void load_vec(const float* p, float* f) {
+    if constexpr (VEC == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    } else {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        f[0] = v.x, f[1] = v.y;
+    }
+}
 
 // Element d of head vector x rotated by the angles whose cos and sin rows are c and s (rotate-half).
 __device__ __forceinline__ float rotated(const float* x, int d, const float* c, const float* s) {
@@ -57,24 +71,40 @@ extern "C" __global__ void decode_attention_split(float* part_acc, float* part_m
         qs[i] = rotated(rows + (size_t)t * width + (size_t)(kvh * G + g) * D, i % D, c, s) * scale;
     }
     const size_t base = ((size_t)(b * hkv + kvh) * S + start) * D;  // slot `start` of this head's cache
-    for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
-        const int j = i / D, d = i % D;
-        const long long t = start + j - p;  // >= 0: the slot of new token t
-        float kv, vv;
-        if (t >= 0) {  // a new token: rotate its key, and write both into its slot
-            const float* x = rows + (size_t)t * width;
-            const float* c = cos_table + (size_t)(p + t) * HALF;
-            const float* s = sin_table + (size_t)(p + t) * HALF;
-            kv = rotated(x + (size_t)(hq + kvh) * D, d, c, s);
-            vv = x[(size_t)(hq + hkv + kvh) * D + d];
-            k_cache[base + i] = kv;
-            v_cache[base + i] = vv;
-        } else {
-            kv = k_cache[base + i];
-            vv = v_cache[base + i];
+    // the n cached slots, VEC floats a piece, every load of a thread issued before any is stored
+    float kr[PER_THREAD][VEC], vr[PER_THREAD][VEC];
+#pragma unroll
+    for (int u = 0; u < PER_THREAD; u++) {
+        const int e = (threadIdx.x + u * SPLIT_THREADS) * VEC;  // element e of the (n, D) slots
+        if (e < n * D) {
+            load_vec(k_cache + base + e, kr[u]);
+            load_vec(v_cache + base + e, vr[u]);
         }
+    }
+#pragma unroll
+    for (int u = 0; u < PER_THREAD; u++) {
+        const int e = (threadIdx.x + u * SPLIT_THREADS) * VEC, j = e / D, d = e % D;
+        if (e < n * D) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) ks[j * KPAD + d + i] = kr[u][i], vs[e + i] = vr[u][i];
+        }
+    }
+    __syncthreads();
+    // the new tokens' slots in this block (slot p + t holds new token t): the rotated key and the value
+    // replace what the cache held there, in shared memory and in the cache
+    const int first = (int)max(0LL, p - start), count = max(0, n - first);  // slots first .. n - 1 are new
+    for (int i = threadIdx.x; i < count * D; i += blockDim.x) {
+        const int j = first + i / D, d = i % D;
+        const long long t = start + j - p;
+        const float* x = rows + (size_t)t * width;
+        const float* c = cos_table + (size_t)(p + t) * HALF;
+        const float* s = sin_table + (size_t)(p + t) * HALF;
+        const float kv = rotated(x + (size_t)(hq + kvh) * D, d, c, s);
+        const float vv = x[(size_t)(hq + hkv + kvh) * D + d];
+        k_cache[base + (size_t)j * D + d] = kv;
+        v_cache[base + (size_t)j * D + d] = vv;
         ks[j * KPAD + d] = kv;
-        vs[i] = vv;
+        vs[j * D + d] = vv;
     }
     __syncthreads();
 
@@ -125,8 +155,10 @@ __device__ __forceinline__ void reduce_body(Out* out, const float* part_acc, con
     const int used = (int)((pos[bht / (hq * T)] + bht % T) / SLOTS) + 1;
     const float* ml = part_ml + (size_t)bht * splits * 2;
     float m = -INFINITY;
+#pragma unroll 4
     for (int i = 0; i < used; i++) m = fmaxf(m, ml[2 * i]);
     float num = 0.0f, den = 0.0f;
+#pragma unroll 4
     for (int i = 0; i < used; i++) {
         const float w = expf(ml[2 * i] - m);
         num += w * part_acc[((size_t)bht * splits + i) * D + d];
