@@ -44,11 +44,26 @@ def cpu_workers(batch: int) -> int:
     return max(1, min(batch, _controller()[1]))
 
 
+class _OneBlasThread:
+    """Each BLAS library set to one thread on entry, and back to its count on exit: the libraries' own
+    calls only (threadpoolctl's limit() inspects every library each time, about 20 us, once per token)."""
+
+    def __enter__(self) -> None:
+        libs = _controller()[0].lib_controllers
+        self.before = [(lib, n) for lib in libs if (n := lib.num_threads) != 1]
+        for lib, _ in self.before:
+            lib.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        for lib, n in self.before:
+            lib.set_num_threads(n)
+
+
 def one_blas_thread() -> Any:
     """A context in which every BLAS call runs on one thread: what the worker threads run under, and what
     the small products of a decode step want (two BLAS threads made batch-32 generation of the `small`
     preset 2.5x slower on the loaded 2-core machine)."""
-    return _controller()[0].limit(limits=1)
+    return _OneBlasThread()
 
 
 def one_blas_thread_for(like: Any) -> AbstractContextManager:

@@ -73,10 +73,11 @@ def _streamed(
     seed: int | None,
     picker: Picker,
     stats: GenerationStats,
+    hold: Callable[[], Any],
 ) -> Iterator[int]:
     """A batch of one decoded by decode_batch (on the GPU, its step a CUDA graph), each new token yielded
-    as its step is done; the steps run with BLAS at one thread, not the caller's work between tokens."""
-    hold = partial(one_blas_thread_for, params["embed"])  # NumPy: small products, one BLAS thread each
+    as its step is done; the steps run inside `hold()` (BLAS at one thread), not the caller's work between
+    tokens."""
     with hold():
         run = start(config, params, [prompt], [limit], [stop], [seed], picker, False, cuda_graph=True)
     stats.forwards += 1
@@ -192,10 +193,11 @@ def generate(
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     stats = GenerationStats() if stats is None else stats
     stop = {int(t) for t in stop_tokens}
+    hold = partial(one_blas_thread_for, params["embed"])  # NumPy: small products, one BLAS thread each
     if not (speculative and config.n_mtp_heads > 1):
         limit = max(0, min(int(max_new_tokens), config.context - len(prompt)))  # the context's room
         picker = Picker(temperature, top_k, top_p, repetition_penalty)
-        return _streamed(config, params, prompt, limit, stop, seed, picker, stats)
+        return _streamed(config, params, prompt, limit, stop, seed, picker, stats, hold)
     pick = partial(
         choose_token,
         rng=np.random.default_rng(seed),
@@ -207,7 +209,6 @@ def generate(
     xp = ek.get_array_module(params["embed"])
     cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
     steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
-    hold = partial(one_blas_thread_for, params["embed"])  # NumPy: small products, one BLAS thread each
     return _until_stop(steps, max_new_tokens, stop, stats, hold)
 
 
