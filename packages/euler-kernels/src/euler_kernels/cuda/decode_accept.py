@@ -1,4 +1,4 @@
-"""Launcher of decode_record.cu's decode_accept: a speculative step's accepted tokens recorded, one launch."""
+"""Launcher of decode_accept.cu: a speculative step's accepted tokens recorded, one launch."""
 
 from __future__ import annotations
 
@@ -24,5 +24,5 @@ def decode_accept(
     chosen = cupy.empty((b,), dtype=cupy.int64)
     args = (chosen, drafted, accepted, out, last, pos, count, stopped_by, done, seen, g, drafts, stop, limit)
     sizes = (np.int32(b), np.int32(drafts.shape[1]), np.int32(v), np.int32(out.shape[1]))
-    get_kernel("decode_record.cu", "decode_accept")((blocks(b, THREADS),), (THREADS,), (*args, *sizes))
+    get_kernel("decode_accept.cu", "decode_accept")((blocks(b, THREADS),), (THREADS,), (*args, *sizes))
     return chosen

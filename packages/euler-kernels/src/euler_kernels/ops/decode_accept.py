@@ -6,8 +6,8 @@ g[b, 0..a] are head 0's greedy tokens given every token before each; they are re
 decode_record's rule (a stop token or the row's limit ends the row, and nothing after it is emitted).
 The row's M drafts count in `drafted` and the accepted ones it emitted in `accepted` (a row that was done
 before the step counts nothing). Returns a (B,): the fed position whose hidden state drafts the next
-step. On CuPy one kernel does it (cuda/decode_record.cu: decode_accept, one thread per row); elsewhere
-decode_record runs once per column.
+step. On CuPy one kernel does it (cuda/decode_accept.cu, one thread per row, with decode_record's rule
+from decode_record.cuh); elsewhere decode_record runs once per column.
 """
 
 from __future__ import annotations
