@@ -55,8 +55,8 @@ class Picker:
 
 
 def _bf16(w: dict) -> bool:
-    """Whether the products take bf16 weight copies (inference_weights): then the norms and SwiGLU write
-    bf16 activations, the products' operands as they are (no cast per product)."""
+    """Whether the products take bf16 weight copies (inference_weights): then each product rounds its
+    operand to bf16 (decode_linear_forward) and attention and the final norm write bf16 activations."""
     return ek.is_bf16(w["heads.0"])
 
 
@@ -133,7 +133,8 @@ def inference_weights(config: ModelConfig, params: dict[str, Any], drafters: boo
     matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two);
     with `drafters`, heads 1..K-1 stacked as `drafters` ((K-1) V, C), the speculative step's one product.
     In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and heads are bf16 copies,
-    so the products run on the bf16 tensor cores with no cast per token; activations and cache stay float32.
+    half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16 tensor
+    cores), with no cast per token; the residual stream and the cache stay float32.
     """
     xp = ek.get_array_module(params["embed"])
     weights = dict(params)

@@ -25,8 +25,8 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import FLOAT_DTYPES, is_bf16, shape_error
+from euler_kernels.cuda import cast, gemm
 from euler_kernels.cuda import decode_linear as decode_linear_cuda
-from euler_kernels.cuda import gemm
 from euler_kernels.ops.linear import linear_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_forward, rmsnorm_parts
 from euler_kernels.ops.swiglu import swiglu_forward, swiglu_parts
@@ -63,7 +63,7 @@ def decode_linear_forward(
     if swiglu:
         f = weight.shape[0] // 2
         y, _ = swiglu_forward(y[:, :f], y[:, f:])  # (R, F)
-        y = y if not is_bf16(y) else cuda.cast.from_bf16(y)
+        y = cast.from_bf16(y) if is_bf16(y) else y  # bf16 gate/up sums gave a bf16 out: the op's is float32
     return y if residual is None else residual + y
 
 
