@@ -76,6 +76,24 @@ def test_t_new_tokens_a_row_equal_t_steps_of_one() -> None:
     np.testing.assert_array_equal(v, v_seq)
 
 
+@pytest.mark.parametrize(("t", "p"), [(1, 0), (1, 9), (3, 5)])
+def test_one_sequence_equals_float64_attention_over_its_prefix(t, p) -> None:
+    """B = 1 (generate's case) takes the NumPy path of slices: the same numbers as the reference, T new
+    tokens at p..p + T - 1 each seeing the slots up to its own."""
+    rng = np.random.default_rng(3 + t + p)
+    hq, hkv, s, d = 6, 2, 16, 8
+    _, k, v, pos, cos, sin = inputs(rng, 1, hq, hkv, s, d, [p])
+    qkv = rng.standard_normal((1, t, (hq + 2 * hkv) * d))
+    k_seq, v_seq, want = k.copy(), v.copy(), []
+    for i in range(t):
+        out, k_seq, v_seq = expected(qkv[:, i], k_seq, v_seq, pos + i, hq)
+        want.append(out)
+    got = ek.decode_attention_forward(qkv if t > 1 else qkv[:, 0], k, v, pos, cos, sin, hq, window=s)
+    np.testing.assert_allclose(got.reshape(1, t, -1), np.stack(want, axis=1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(k, k_seq, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(v, v_seq)
+
+
 def test_bad_shapes_are_named() -> None:
     rng = np.random.default_rng(1)
     qkv, k, v, pos, cos, sin = inputs(rng, 2, 4, 2, 8, 4, [1, 2])

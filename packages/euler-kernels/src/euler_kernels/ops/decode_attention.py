@@ -101,6 +101,8 @@ def _reference(
     slots 0..window-1; on NumPy only up to the newest slot (reading positions costs no device sync there)."""
     xp = get_array_module(qkv)
     b, t = qkv.shape[:2]
+    if xp is np and b == 1:  # one sequence (generate): slices, no row indexing
+        return _one_sequence(qkv, k_cache, v_cache, int(pos[0]), cos, sin, hq)
     hkv, d = k_cache.shape[1], k_cache.shape[3]
     g = hq // hkv  # query heads per key/value head
     at = pos[:, None] if t == 1 else pos[:, None] + xp.arange(t)  # (B, T) the new tokens' slots
@@ -115,14 +117,39 @@ def _reference(
     q = qk[:, :, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, T, Hq, D), pre-scaled
     q = q.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)  # (B, Hkv, G T, D)
     scores = _products(xp, q, k.swapaxes(-1, -2)).reshape(b, hkv, g, t, window)  # (B, Hkv, G, T, W)
-    if not (xp is np and b == t == 1):  # else the one new token is the newest slot: it sees them all
-        hidden = xp.arange(window) > at[:, :, None]  # (B, T, W): the token at pos[b] + i sees 0..pos[b] + i
-        scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = xp.exp(scores, out=scores).reshape(b, hkv, g * t, window)  # slot 0 is always seen: a finite maximum
-    out = _products(xp, p, v)  # (B, Hkv, G T, D)
-    out /= p.sum(axis=-1, keepdims=True)
+    hidden = xp.arange(window) > at[:, :, None]  # (B, T, W): the token at pos[b] + i sees 0..pos[b] + i
+    scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
+    out = _weighted_values(xp, scores.reshape(b, hkv, g * t, window), v)  # (B, Hkv, G T, D)
     return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
+
+
+def _one_sequence(qkv: Any, k_cache: Any, v_cache: Any, p: int, cos: Any, sin: Any, hq: int) -> Any:
+    """_reference for one sequence on NumPy (a third of its time there): qkv (1, T, width), the new tokens
+    at slots p..p + T - 1, which see the slots up to their own; the tables and the cache read as slices."""
+    t = qkv.shape[1]
+    hkv, d = k_cache.shape[1], k_cache.shape[3]
+    g, n = hq // hkv, p + t  # n: the slots the newest token sees
+    qk = rope_rows(qkv[0, :, : (hq + hkv) * d].reshape(t, hq + hkv, d), cos[p:n], sin[p:n])  # (T, H, D)
+    k_cache[0, :, p:n] = qk[:, hq:].swapaxes(0, 1)
+    v_cache[0, :, p:n] = qkv[0, :, (hq + hkv) * d :].reshape(t, hkv, d).swapaxes(0, 1)
+    q = qk[:, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (T, Hq, D), pre-scaled
+    q = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G T, D)
+    scores = q @ k_cache[0, :, :n].swapaxes(-1, -2)  # (Hkv, G T, n)
+    if t > 1:  # token i sees slots 0..p + i
+        hidden = np.arange(n) > (p + np.arange(t))[:, None]  # (T, n)
+        scores = np.where(hidden, -np.inf, scores.reshape(hkv, g, t, n)).reshape(hkv, g * t, n)
+    out = _weighted_values(np, scores, v_cache[0, :, :n])  # (Hkv, G T, D)
+    return out.reshape(hkv, g, t, d).transpose(2, 0, 1, 3).reshape(1, t, hq * d)
+
+
+def _weighted_values(xp: Any, scores: Any, v: Any) -> Any:
+    """softmax over the last axis of scores (..., M, W), hidden slots -inf (slot 0 is always seen, so every
+    row has a finite maximum), times v (..., W, D): (..., M, D); scores is overwritten."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = xp.exp(scores, out=scores)
+    out = _products(xp, p, v)
+    out /= p.sum(axis=-1, keepdims=True)
+    return out
 
 
 def _write_slots(xp: Any, cache: Any, pos: Any, at: Any, new: Any) -> None:
