@@ -1,15 +1,17 @@
 // A few rows through one linear layer, the way a decode step needs it: out (R, N) = h (R, K) @ W.T with
 // W (N, K) read once from memory, one warp per output column n (a row of W), R <= 8 rows of h at once.
 // Fused around the product (compile-time switches):
-//   NORM      h = rmsnorm(x) * g (each warp computes the R rows' rstd itself: x is small and in L1/L2)
+//   NORM      h = rmsnorm(x) * g (one row: each warp computes its rstd itself, x is small and in L1/L2;
+//             several rows: the block does, while staging h)
 //   SWIGLU    W is (2F, K), gate rows then up rows; out (R, F) = silu(gate) * up
 //   RESIDUAL  out = res + product (the residual stream after a block)
 // With bf16 weights (W_BF16) h is rounded to bf16 before the product, and the gate and up sums are rounded
 // to bf16 before SwiGLU, as the unfused bf16 path rounds them (products accumulate in float32 either way).
 // Defines: ROWS (R), VEC_ITERS (16-byte pieces of a W row per lane), W_BF16, X_BF16 (x's storage),
-// NORM, SWIGLU, RESIDUAL, STAGED (several rows: the block norms and rounds h once into shared memory,
-// R K floats, or bf16 with bf16 weights; one row: each warp norms it itself, with no block barrier). x's rows, W's rows and g are read in aligned 16-byte (or 8-byte) pieces.
-// Launch: blockDim 256 (8 warps, 8 columns), grid ceil(columns / 8).
+// NORM, SWIGLU, RESIDUAL, STAGED (several rows: the block norms and rounds h once into shared memory, R K
+// floats, or bf16 with bf16 weights; one row: no staging and no block barrier). x's rows, W's rows and g
+// are read in aligned 16-byte (or 8-byte) pieces. Launch: blockDim 256 (8 warps, 8 columns), grid
+// ceil(columns / 8).
 #include "common.cuh"
 
 #if W_BF16

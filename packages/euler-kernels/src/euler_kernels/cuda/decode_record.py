@@ -13,9 +13,8 @@ def decode_record(*arrays: Any) -> None:
     """ops.decode_record's arrays (token, out, last, pos, count, stopped_by, done, seen, stop, limit), all
     contiguous CuPy arrays, updated in place by one thread per row."""
     token, out, last, pos, count, stopped_by, done, seen, stop, limit = arrays
-    token, stop, limit = contiguous(
-        token, stop, limit
-    )  # read with C strides (a token column of (B, T) is not)
+    # read with C strides (a token column of (B, T) is not contiguous)
+    token, stop, limit = contiguous(token, stop, limit)
     if not all(a.flags.c_contiguous for a in (out, last, pos, count, stopped_by, done, seen)):
         raise ValueError("decode_record: the buffers it updates in place must be C-contiguous")
     b, v = stop.shape

@@ -13,7 +13,8 @@ Elsewhere (NumPy, float64 on the GPU) the reference below runs:
 rope_rows, an indexed write, and a masked softmax over the first `window` slots, written as CuPy
 element-wise products and reductions on the GPU (CuPy's matmul refuses to run while a stream is captured
 into a CUDA graph). On NumPy the positions are read on the host: the write is a slice per row, and only
-the slots up to the newest are read (a single new token then needs no mask).
+the slots up to the newest are read; one sequence (generate's case) reads the tables and the cache as
+slices, and a single new token there needs no mask.
 """
 
 from __future__ import annotations
