@@ -94,6 +94,63 @@ def test_one_sequence_equals_float64_attention_over_its_prefix(t, p) -> None:
     np.testing.assert_array_equal(v, v_seq)
 
 
+def expected_tree(qkv, k_cache, v_cache, pos, hq, parents):
+    """(out (B, T, Hq D), the caches after the write) of a draft tree's T new tokens, float64: token i at
+    position pos + depth(i), its key and value at slot pos + i, seeing the old slots and its ancestors'."""
+    b, hkv, _, d = k_cache.shape
+    t = qkv.shape[1]
+    depth, ancestors = [0], [[0]]
+    for i, parent in enumerate(parents, start=1):
+        depth.append(depth[parent] + 1)
+        ancestors.append([*ancestors[parent], i])
+    k_after, v_after = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    out = np.zeros((b, t, hq, d))
+    for row, p in enumerate(pos):
+        for i in range(t):
+            k_after[row, :, p + i] = rotate(
+                qkv[row, i, hq * d : (hq + hkv) * d].reshape(hkv, d), p + depth[i]
+            )
+            v_after[row, :, p + i] = qkv[row, i, (hq + hkv) * d :].reshape(hkv, d)
+        for i in range(t):
+            q = rotate(qkv[row, i, : hq * d].reshape(hq, d), p + depth[i])
+            slots = [*range(p), *(p + u for u in ancestors[i])]
+            for h in range(hq):
+                keys, values = k_after[row, h // (hq // hkv), slots], v_after[row, h // (hq // hkv), slots]
+                scores = keys @ q[h] / np.sqrt(d)
+                w = np.exp(scores - scores.max())
+                out[row, i, h] = w @ values / w.sum()
+    return out.reshape(b, t, hq * d), k_after, v_after
+
+
+TREES = [(0, 1, 0), (0, 1, 0, 3), (0, 0, 1, 2), (0, 1, 2)]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("parents", TREES)
+def test_a_draft_tree_equals_float64_attention_over_each_tokens_path(parents, rows) -> None:
+    """Each fed token of a draft tree sees the old slots and its ancestors' (one sequence: the NumPy path
+    of slices; three: the batched reference); a chain given as a tree is the chain."""
+    rng = np.random.default_rng(len(parents) + rows)
+    hq, hkv, s, d, t = 6, 2, 24, 8, len(parents) + 1
+    _, k, v, pos, cos, sin = inputs(rng, rows, hq, hkv, s, d, [9, 0, 17][:rows])
+    qkv = rng.standard_normal((rows, t, (hq + 2 * hkv) * d))
+    want, k_want, v_want = expected_tree(qkv, k, v, pos, hq, parents)
+    got = ek.decode_attention_forward(qkv, k, v, pos, cos, sin, hq, window=s, tree=parents)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(k, k_want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(v, v_want)
+
+
+def test_bad_trees_are_named() -> None:
+    rng = np.random.default_rng(4)
+    _, k, v, pos, cos, sin = inputs(rng, 1, 4, 2, 16, 4, [3])
+    qkv = rng.standard_normal((1, 3, 32))
+    with pytest.raises(ValueError, match="a tree of 4 tokens for 3 new tokens"):
+        ek.decode_attention_forward(qkv, k, v, pos, cos, sin, 4, tree=(0, 1, 0))
+    with pytest.raises(ValueError, match=r"parents\[i - 1\] in 0..i - 1"):
+        ek.decode_attention_forward(qkv, k, v, pos, cos, sin, 4, tree=(0, 2))
+
+
 def test_bad_shapes_are_named() -> None:
     rng = np.random.default_rng(1)
     qkv, k, v, pos, cos, sin = inputs(rng, 2, 4, 2, 8, 4, [1, 2])
@@ -161,6 +218,44 @@ def test_the_kernel_with_t_new_tokens_a_row_equals_t_steps_of_one(hq, hkv, d, s,
     np.testing.assert_allclose(cp.asnumpy(got), np.stack(want, axis=1), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(cp.asnumpy(gk), k_seq, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(cp.asnumpy(gv), v_seq.astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("parents", TREES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "s", "pos"), [(12, 4, 64, 512, [0, 29, 500]), (16, 4, 128, 300, [14])]
+)
+def test_the_kernel_with_a_draft_tree_equals_float64_attention(parents, hq, hkv, d, s, pos) -> None:
+    """A tree's tokens across the blocks' slot boundaries (32 or 16 slots)."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(13)
+    t = len(parents) + 1
+    _, k, v, pos, cos, sin = inputs(rng, len(pos), hq, hkv, s + t, d, pos, np.float32)
+    qkv = rng.standard_normal((len(pos), t, (hq + 2 * hkv) * d)).astype(np.float32)
+    want, k_want, v_want = expected_tree(qkv, k, v, pos, hq, parents)
+    gk, gv = cp.asarray(k), cp.asarray(v)
+    assert ek.decode_attention_kernel(gk, hq, t)
+    tables = cp.asarray(cos), cp.asarray(sin)
+    got = ek.decode_attention_forward(cp.asarray(qkv), gk, gv, cp.asarray(pos), *tables, hq, tree=parents)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(cp.asnumpy(gk), k_want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cp.asnumpy(gv), v_want.astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_t_new_tokens_are_t_one_token_steps_bit_for_bit() -> None:
+    """A speculative step's chain and the plain steps that would feed the same tokens give the same bits
+    (so speculation emits plain greedy's tokens), across a block's slot boundary."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(17)
+    hq, hkv, d, s, t = 12, 4, 64, 300, 4
+    _, k, v, pos, cos, sin = (cp.asarray(a) for a in inputs(rng, 2, hq, hkv, s, d, [29, 200], np.float32))
+    qkv = cp.asarray(rng.standard_normal((2, t, (hq + 2 * hkv) * d)).astype(np.float32))
+    together = ek.decode_attention_forward(qkv, k.copy(), v.copy(), pos, cos, sin, hq, bf16_out=True)
+    k1, v1 = k.copy(), v.copy()
+    for i in range(t):
+        alone = ek.decode_attention_forward(qkv[:, i], k1, v1, pos + i, cos, sin, hq, bf16_out=True)
+        cp.testing.assert_array_equal(together[:, i], alone)
 
 
 @pytest.mark.gpu

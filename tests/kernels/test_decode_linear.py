@@ -129,6 +129,25 @@ def test_the_kernel_with_bf16_weights_equals_float64(rows, k, n, use_norm, use_r
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [2, 4, 8])
+@pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
+@pytest.mark.parametrize("bf16", [False, True])
+def test_each_of_several_rows_is_the_one_row_result_bit_for_bit(rows, use_norm, use_residual, swiglu, bf16):
+    """A speculative step's rows (staged) and a plain step's row (each warp on its own) give the same bits,
+    so speculative decoding emits plain greedy's tokens: the norm and the products sum in the same order."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(rows + 31)
+    x, w, norm, residual = _gpu(cp, *inputs(rng, rows, 768, 1280, swiglu, np.float32))
+    w = cast.to_bf16(w) if bf16 else w
+    norm, residual = (norm if use_norm else None), (residual if use_residual else None)
+    together = ek.decode_linear_forward(x, w, norm=norm, eps=EPS, residual=residual, swiglu=swiglu)
+    for r in range(rows):
+        res = None if residual is None else residual[r : r + 1]
+        alone = ek.decode_linear_forward(x[r : r + 1], w, norm=norm, eps=EPS, residual=res, swiglu=swiglu)
+        cp.testing.assert_array_equal(together[r : r + 1], alone)
+
+
+@pytest.mark.gpu
 def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
     """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), a misaligned x, or
     rows whose staged h would not fit 48 KB (8 x 2048 float32) go to the unfused ops, which give the same

@@ -154,3 +154,119 @@ def test_the_accept_kernel_equals_a_loop_over_the_rows(seed) -> None:
     np.testing.assert_array_equal(chosen, want_chosen)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+TREES = [(0, 1, 0), (0, 1, 0, 3), (0, 0, 1, 2), (0, 1, 2, 0, 4, 5)]
+
+
+def random_tree_rows(seed: int, parents: tuple, b: int = 64):
+    """random_rows with g (B, T) and drafts (B, T - 1) of a draft tree, each row accepting along a random
+    path (siblings' drafts distinct), and random caches (L, B, Hkv, S, D) whose slots the accept moves."""
+    _, state, stop, limit = random_rows(seed, b)
+    rng = np.random.default_rng(seed + 200)
+    v, t = stop.shape[1], len(parents) + 1
+    g = rng.integers(0, v, (b, t))
+    drafts = np.zeros((b, t - 1), dtype=np.int64)
+    for row in range(b):
+        node = 0
+        for c, parent in enumerate(parents, start=1):
+            siblings = [s for s, p in enumerate(parents[: c - 1], start=1) if p == parent]
+            taken = {int(drafts[row, s - 1]) for s in siblings}
+            on_path = parent == node and g[row, parent] not in taken and rng.random() < 0.7
+            draft = (
+                g[row, parent]
+                if on_path
+                else rng.choice([x for x in range(v) if x not in taken | {g[row, parent]}])
+            )
+            drafts[row, c - 1] = draft
+            node = c if on_path else node
+    state = {**state, "drafted": rng.integers(0, 9, b), "accepted": rng.integers(0, 9, b)}
+    caches = [rng.standard_normal((2, b, 2, int(state["pos"].max()) + t + 1, 3)) for _ in range(2)]
+    return g, drafts, state, stop, limit, caches
+
+
+def tree_accepted_looped(g, drafts, state, stop, limit, caches, parents):
+    """The tree rule one row at a time: follow the child whose draft is head 0's token, record g along the
+    path, move the path's i-th token's slots from pos + c to pos + i."""
+    s = {k: a.copy() for k, a in state.items()}
+    k, v = (c.copy() for c in caches)
+    chosen = np.zeros(len(g), dtype=np.int64)
+    for row in range(len(g)):
+        path = [0]
+        while True:
+            children = [c for c, p in enumerate(parents, start=1) if p == path[-1]]
+            match = [c for c in children if drafts[row, c - 1] == g[row, path[-1]]]
+            if not match:
+                break
+            path.append(match[0])
+        chosen[row] = path[-1]
+        if s["done"][row]:
+            continue
+        p, before = s["pos"][row], s["count"][row]
+        for c in path:
+            one = {key: a[row : row + 1] for key, a in s.items()}
+            after = looped(g[row, c : c + 1], one, stop[row : row + 1], limit[row : row + 1])
+            for key in s:
+                s[key][row] = after[key][0]
+        s["drafted"][row] += len(parents)
+        s["accepted"][row] += max(s["count"][row] - before - 1, 0)
+        for i, c in enumerate(path):
+            k[:, row, :, p + i], v[:, row, :, p + i] = k[:, row, :, p + c], v[:, row, :, p + c]
+    return s, chosen, (k, v)
+
+
+def tree_accept(g, drafts, state, stop, limit, caches, parents, xp=np):
+    s = {k: xp.asarray(a).copy() for k, a in state.items()}
+    kv = tuple(xp.asarray(c).copy() for c in caches)
+    order = ("out", "last", "pos", "count", "stopped_by", "done", "seen")
+    chosen = ek.decode_accept(
+        xp.asarray(g), xp.asarray(drafts), tuple(s[k] for k in order), xp.asarray(stop), xp.asarray(limit),
+        s["drafted"], s["accepted"], tree=parents, caches=kv,
+    )  # fmt: skip
+    return {k: ek.to_numpy(a) for k, a in s.items()}, ek.to_numpy(chosen), tuple(ek.to_numpy(c) for c in kv)
+
+
+def check_tree_accept(parents, seed, xp, b) -> None:
+    args = random_tree_rows(seed, parents, b)
+    want, want_chosen, want_kv = tree_accepted_looped(*args, parents)
+    got, chosen, kv = tree_accept(*args, parents, xp=xp)
+    np.testing.assert_array_equal(chosen, want_chosen)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    for c, w in zip(kv, want_kv):
+        np.testing.assert_array_equal(c, w)
+    assert (want_chosen > 1).any()  # some rows went past the first draft
+    assert any(not np.array_equal(w, c) for w, c in zip(want_kv, args[5]))  # some slots moved
+
+
+@pytest.mark.parametrize("parents", TREES)
+def test_a_draft_tree_is_accepted_along_the_agreeing_path(parents) -> None:
+    check_tree_accept(parents, len(parents), np, 64)
+
+
+def test_a_second_branch_is_accepted_and_its_slots_moved() -> None:
+    """Tree (0, 1, 0, 3): tokens 1 and 3 are two guesses after the root, 2 and 4 their children. Head 0
+    picks 7 after the root (token 3's draft) and 8 after token 3 (token 4's): emitted 7, 8 and head 0's
+    token after token 4; tokens 3 and 4 move from slots p + 3, p + 4 to p + 1, p + 2."""
+    out, last, pos = np.zeros((1, 5), np.int64), np.zeros(1, np.int64), np.array([10])
+    count, stopped, done = np.zeros(1, np.int64), np.full(1, -1), np.zeros(1, bool)
+    seen, stop, limit = np.zeros((1, 20), bool), np.zeros((1, 20), bool), np.array([4])
+    drafted, accepted = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    k = np.arange(16.0)[None, None, None, :, None].repeat(2, axis=0)  # (L 2, B 1, Hkv 1, S 16, D 1): slot ids
+    v = -k
+    g = np.array([[7, 1, 2, 8, 9]])  # head 0 after fed tokens 0..4
+    drafts = np.array([[5, 1, 7, 8]])  # fed tokens 1..4
+    buffers = (out, last, pos, count, stopped, done, seen)
+    chosen = ek.decode_accept(
+        g, drafts, buffers, stop, limit, drafted, accepted, tree=(0, 1, 0, 3), caches=(k, v)
+    )
+    assert chosen.tolist() == [4] and out[0, :3].tolist() == [7, 8, 9] and pos.tolist() == [13]
+    assert k[:, 0, 0, 10:15, 0].tolist() == [[10, 13, 14, 13, 14]] * 2 and (v == -k).all()
+    assert drafted.tolist() == [4] and accepted.tolist() == [2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("parents", TREES)
+def test_the_accept_kernel_follows_a_draft_tree(parents) -> None:
+    cp = pytest.importorskip("cupy")
+    check_tree_accept(parents, len(parents) + 9, cp, 300)

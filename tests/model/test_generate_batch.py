@@ -183,14 +183,53 @@ def test_speculative_steps_accept_a_trained_models_drafts_and_stop_where_plain_s
     prompts = [[4, 5, 6], [0], [8, 9, 10, 0, 1]]
     plain, fast = GenerationStats(), GenerationStats()
     want = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, stats=plain)
-    got = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, speculative=True, stats=fast)
+    chain = {"speculative": True, "draft_tree": (0, 1)}  # both drafting heads, each its best guess
+    got = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, stats=fast, **chain)
     assert got == want
     assert fast.accepted > 0.8 * fast.drafted  # the cycle is easy to guess: nearly every draft is kept
     assert fast.forwards - 3 < 0.5 * (plain.forwards - 3)  # decode steps (after 3 prefills): ~3 tokens each
     stops = [[9], [3], [5]]
-    kept = generate_batch(cfg, params, prompts, 12, temperature=0.0, stop_tokens=stops, speculative=True)
+    kept = generate_batch(cfg, params, prompts, 12, temperature=0.0, stop_tokens=stops, **chain)
     assert kept == generate_batch(cfg, params, prompts, 12, temperature=0.0, stop_tokens=stops)
     assert [c.stop for c in kept] == [9, 3, 5]
+
+
+@pytest.mark.parametrize("tree", [(0, 1, 0), (0, 0, 1), (0, 1, 0, 3)])
+def test_speculative_rows_with_a_draft_tree_equal_plain_greedy(tree) -> None:
+    """Random weights, a tree of drafts (head 1's best and second best): the same tokens as plain greedy."""
+    cfg = preset("tiny")
+    params = scaled_params(cfg, 3)
+    prompts = random_prompts(cfg, [5, 1, 12, 15, 3, 2], 3)
+    limits = [9, 20, 20, 4, 1, 11]
+    stats = GenerationStats()
+    out = generate_batch(cfg, params, prompts, limits, 0.0, speculative=True, draft_tree=tree, stats=stats)
+    assert [c.tokens for c in out] == reference(cfg, params, prompts, limits, temperature=0.0)
+    assert stats.drafted > 0
+
+
+def test_a_trained_models_tree_drafts_are_moved_into_place_when_accepted() -> None:
+    """Tree (0, 0, 1): fed tokens 1 and 2 are head 1's two best guesses, 3 head 2's after token 1, so an
+    accepted path 0 -> 1 -> 3 has its second draft's keys moved from slot p + 3 to p + 2: the tokens stay
+    plain greedy's, with most drafts of the easy cycle accepted."""
+    cfg = preset("tiny")
+    params, _ = train_on_cycle(cfg)
+    prompts = [[4, 5, 6], [0], [8, 9, 10, 0, 1]]
+    plain, fast = GenerationStats(), GenerationStats()
+    want = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, stats=plain)
+    tree = {"speculative": True, "draft_tree": (0, 0, 1)}
+    got = generate_batch(cfg, params, prompts, [12, 14, 10], temperature=0.0, stats=fast, **tree)
+    assert got == want
+    assert fast.accepted > 0.5 * fast.drafted  # two of the three drafts of a step are on the cycle's path
+    assert fast.forwards - 3 < 0.5 * (plain.forwards - 3)
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"), [((0, 1, 2), "1 to 2 levels"), ((0, 2), "parents"), ((0, 0, 0, 0, 0), "at most 4")]
+)
+def test_bad_draft_trees_are_named(tree, message) -> None:
+    cfg = preset("tiny")
+    with pytest.raises(ValueError, match=message):
+        generate_batch(cfg, scaled_params(cfg, 0), [[1, 2]], 4, 0.0, speculative=True, draft_tree=tree)
 
 
 def test_speculative_sampling_is_refused_and_one_head_decodes_plainly() -> None:

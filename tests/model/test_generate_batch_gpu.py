@@ -104,3 +104,19 @@ def test_captured_speculative_equals_plain_greedy(cp, monkeypatch, lengths, limi
     fast = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, speculative=True, stats=stats)
     assert stats.decode == "cuda graph" and stats.drafted > 0
     assert fast == generate_batch(cfg, gpu, prompts, limits, temperature=0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [(0, 1, 0), (0, 0, 1, 2), (0, 1, 0, 3, 0)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_captured_speculative_with_a_draft_tree_equals_plain_greedy(cp, monkeypatch, tree, precision) -> None:
+    """A draft tree in the captured step (masks in the attention kernel, accepted keys moved): the plain
+    captured step's tokens."""
+    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
+    prompts = prompts_for(cfg, [1, 30], seed=7)
+    stats = GenerationStats()
+    fast = generate_batch(cfg, gpu, prompts, [120, 90], 0.0, speculative=True, draft_tree=tree, stats=stats)
+    assert stats.decode == "cuda graph" and stats.drafted > 0
+    assert fast == generate_batch(cfg, gpu, prompts, [120, 90], temperature=0.0)

@@ -30,6 +30,7 @@ from euler_kernels.ops.cross_entropy import (
 )
 from euler_kernels.ops.decode_accept import decode_accept
 from euler_kernels.ops.decode_attention import decode_attention_forward, decode_attention_kernel
+from euler_kernels.ops.decode_draft import decode_draft
 from euler_kernels.ops.decode_linear import decode_linear_forward
 from euler_kernels.ops.decode_record import decode_record
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
@@ -63,6 +64,7 @@ __all__ = [
     "decode_accept",
     "decode_attention_forward",
     "decode_attention_kernel",
+    "decode_draft",
     "decode_linear_forward",
     "decode_record",
     "embedding_backward",

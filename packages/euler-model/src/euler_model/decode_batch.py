@@ -3,8 +3,8 @@ by generate_batch (every row to its end) and generate (one row, its tokens strea
 
 The prompts are prefilled by the training kernels (trunk_forward into a KVCache, the prompts of one
 length together), their keys/values copied into their rows of the static cache; the rows then advance
-together, one step (decode_step, or speculative_step) for the whole batch at a time, captured as a CUDA
-graph on the GPU.
+together, one step (decode_step, or speculative_step with its draft tree) for the whole batch at a time,
+captured as a CUDA graph on the GPU.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_kernels import draft_tree
 from euler_model.config import ModelConfig
 from euler_model.decode_graph import DecodeGraph, EagerDecode, decode_runner
-from euler_model.decode_speculative import draft, speculative_step
+from euler_model.decode_speculative import draft, drafting_heads, speculative_step
 from euler_model.decode_state import DecodeState
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
 from euler_model.kv_cache import KVCache
@@ -59,7 +60,7 @@ class Decoding:
     config: ModelConfig
     state: DecodeState
     runner: EagerDecode | DecodeGraph
-    fed: int  # tokens a step feeds a row (K when speculative, else 1)
+    fed: int  # tokens a step feeds a row (T when speculative, else 1)
     longest: int  # the longest prompt
     kernel: bool  # the decode attention kernel serves (it reads each row's own slots)
     steps: int = 0
@@ -79,22 +80,24 @@ def start(
     stops: list[set[int]],
     seeds: list[int | None],
     picker: Picker,
-    speculative: bool,
+    tree: tuple[int, ...] | None,
     cuda_graph: bool,
 ) -> Decoding:
-    """The state allocated, the prompts prefilled and their first tokens recorded, the step ready to run
-    (speculative: greedy, K >= 2, drafts from the prefill's last hidden states)."""
+    """The state allocated, the prompts prefilled and their first tokens recorded, the step ready to run;
+    tree: a speculative step's draft tree (greedy, its depth <= K - 1, drafts from the prefill's last
+    hidden states), None for plain steps."""
     xp = ek.get_array_module(params["embed"])
-    fed = config.n_mtp_heads if speculative else 1
+    fed = 1 if tree is None else len(tree) + 1
     state = DecodeState.allocate(
         config, xp, params["embed"].dtype, rows, limits, stops, uniforms(seeds, max(limits)), fed - 1
     )
     logits, hidden = prefill(config, params, state, rows)
     state.record(picker.pick(logits, state))
-    weights = inference_weights(config, params, drafters=speculative)
-    if speculative:
-        draft(config, weights, state, hidden)
-        step = partial(speculative_step, config, weights, state)
+    weights = inference_weights(config, params, drafters=0 if tree is None else drafting_heads(tree))
+    if tree is not None:
+        as_given = None if tree == draft_tree.chain(len(tree)) else tree  # a chain needs no masks or moves
+        draft(config, weights, state, hidden, as_given)
+        step = partial(speculative_step, config, weights, state, as_given)
     else:
         step = partial(decode_step, config, weights, state, picker)
     runner = decode_runner(step, state.done, cuda_graph)

@@ -13,6 +13,12 @@ them hold the rejected drafts' keys until the next step overwrites them (a token
 its own position, so they are never read). The next drafts come from heads 1..M at the hidden state of
 the position whose head 0 gave the new `last`.
 
+The drafts may also form a draft tree (euler_kernels.draft_tree: each fed draft names its parent), so that
+a head's second-best guess is tried beside its best: the step then accepts along the path whose drafts head
+0 agrees with, and the keys of that path's drafts are moved to their positions' slots (ek.decode_accept).
+Head 1's best two guesses cover more of head 0's choices than its best alone, so a tree of the same T
+tokens accepts more drafts than a chain.
+
 The shapes are the same at every step (T tokens for every row, done or not), and nothing is read back to
 the host, so the step is captured as CUDA graphs like decode_step (decode_graph.py). Greedy only: a
 sampled token would need its draw chosen per accepted position (generate's one-prompt path does that).
@@ -23,26 +29,63 @@ from __future__ import annotations
 from typing import Any
 
 import euler_kernels as ek
+from euler_kernels import draft_tree
 from euler_model.config import ModelConfig
 from euler_model.decode_state import DecodeState
 from euler_model.decode_step import decode_hidden
 
 
-def draft(config: ModelConfig, weights: dict[str, Any], state: DecodeState, h: Any) -> None:
-    """Set state.drafts (B, M) to heads 1..M's greedy guesses at the hidden rows h (B, C)."""
+def default_draft_tree(config: ModelConfig) -> tuple[int, ...]:
+    """The draft tree generate_batch uses unless told: head 1's best guess alone (T = 2). On the H200 a
+    second fed token costs least for the drafts it brings (docs/benchmarks/generate.md measures each tree)."""
+    return draft_tree.chain(1)
+
+
+def checked_tree(config: ModelConfig, tree: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The draft tree to use (None: the default), checked against the model's heads; ValueError if bad."""
+    tree = default_draft_tree(config) if tree is None else tuple(int(p) for p in tree)
+    try:
+        draft_tree.check_parents(tree)
+    except ValueError as err:
+        raise ValueError(f"generate_batch: {err}") from None
+    if not tree or drafting_heads(tree) > config.n_mtp_heads - 1:
+        raise ValueError(
+            f"generate_batch: a draft tree needs 1 to {config.n_mtp_heads - 1} levels (the model's drafting "
+            f"heads), got {tree}"
+        )
+    return tree
+
+
+def drafting_heads(tree: tuple[int, ...]) -> int:
+    """How many heads (1..M) a draft tree's drafts come from: its depth."""
+    return max(draft_tree.depths(tree))
+
+
+def draft(
+    config: ModelConfig, weights: dict[str, Any], state: DecodeState, h: Any, tree: tuple[int, ...] | None
+) -> None:
+    """Set state.drafts (B, T - 1) to the drafting heads' guesses at the hidden rows h (B, C), placed in the
+    draft tree (None: a chain, each head's best)."""
     z = ek.decode_linear_forward(h, weights["drafters"])  # (B, M V)
-    z.reshape(h.shape[0], -1, config.vocab_size).argmax(axis=-1, out=state.drafts)
+    ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), state.drafts, tree)
 
 
-def speculative_step(config: ModelConfig, weights: dict[str, Any], state: DecodeState, window: int) -> None:
-    """Feed every row its last token and drafts, emit head 0's tokens up to the first rejected draft, and
-    draft again (device work only, in place); `window` as for decode_step (above every fed position)."""
+def speculative_step(
+    config: ModelConfig,
+    weights: dict[str, Any],
+    state: DecodeState,
+    tree: tuple[int, ...] | None,
+    window: int,
+) -> None:
+    """Feed every row its last token and drafts, emit head 0's tokens along the accepted drafts, and draft
+    again (device work only, in place); tree: the drafts' parents (None: a chain); `window` as for
+    decode_step (above every fed position)."""
     xp = ek.get_array_module(state.pos)
-    b, m = state.drafts.shape
+    b, t = state.drafts.shape[0], state.drafts.shape[1] + 1
     tokens = xp.concatenate([state.last[:, None], state.drafts], axis=1)  # (B, T)
-    h = decode_hidden(config, weights, state, window, tokens)  # (B T, C)
+    h = decode_hidden(config, weights, state, window, tokens, tree)  # (B T, C)
     z = ek.decode_linear_forward(h, weights["heads.0"])  # (B T, V)
-    g = z.argmax(axis=-1).reshape(b, m + 1)  # head 0's token after each fed one
-    chosen = state.accept(g)  # (B,) the drafts accepted, from the first on; their tokens recorded
-    # the hidden state whose head 0 gave the new last token: row b's fed position chosen[b]
-    draft(config, weights, state, h.reshape(b, m + 1, -1)[state.rows, chosen])
+    g = z.argmax(axis=-1).reshape(b, t)  # head 0's token after each fed one
+    chosen = state.accept(g, tree)  # (B,) the accepted path's last fed token; the path's tokens recorded
+    # the hidden state whose head 0 gave the new last token: row b's fed token chosen[b], row b T + chosen[b]
+    draft(config, weights, state, xp.take(h, state.first_fed + chosen, axis=0), tree)

@@ -38,9 +38,10 @@ class DecodeState:
     out: Any  # (B, N + 1) int64 emitted tokens
     bad: Any  # (B,) bool a row sampled from probabilities that were not finite
     rows: Any  # (B,) int64 arange(B)
-    drafts: Any  # (B, M) int64 the tokens heads 1..M guess after `last`, fed after it by a speculative step
+    drafts: Any  # (B, M) int64 the drafts of heads 1.. after `last`, fed after it by a speculative step
     drafted: Any  # (B,) int64 drafts a row has had verified
     accepted: Any  # (B,) int64 of which head 0 agreed with (each an emitted token with no forward of its own)
+    first_fed: Any  # (B,) int64 b (M + 1): row b's first fed token among a speculative step's B (M + 1)
 
     @classmethod
     def allocate(
@@ -86,6 +87,7 @@ class DecodeState:
             drafts=ids(np.zeros((b, drafts))),
             drafted=ids(np.zeros(b)),
             accepted=ids(np.zeros(b)),
+            first_fed=ids(np.arange(b) * (drafts + 1)),
         )
 
     def copy_prefill(self, row: int, cache: KVCache, index: int = 0) -> None:
@@ -102,12 +104,16 @@ class DecodeState:
         buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
         ek.decode_record(token, *buffers, self.stop, self.limit)
 
-    def accept(self, g: Any) -> Any:
-        """Take a speculative step's head-0 tokens g (B, M + 1): each row's drafts accepted up to the first
-        that g disagrees with, the tokens recorded in order (ek.decode_accept); returns the accepted count
-        (B,), the fed position whose hidden state drafts next. Device work only."""
+    def accept(self, g: Any, tree: tuple[int, ...] | None = None) -> Any:
+        """Take a speculative step's head-0 tokens g (B, T): each row's drafts accepted along the path
+        that g agrees with (a chain: up to the first draft it disagrees with; tree: the drafts' parents),
+        the tokens recorded in order, a tree's accepted keys moved into place (ek.decode_accept); returns
+        the path's last fed token (B,), whose hidden state drafts next. Device work only."""
         buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
-        return ek.decode_accept(g, self.drafts, buffers, self.stop, self.limit, self.drafted, self.accepted)
+        caches = None if tree is None else (self.k, self.v)
+        return ek.decode_accept(
+            g, self.drafts, buffers, self.stop, self.limit, self.drafted, self.accepted, tree, caches
+        )
 
     def results(self) -> list[tuple[list[int], int | None]]:
         """(tokens, the stop token that ended the row or None) of every row, read back to the host."""

@@ -61,7 +61,7 @@ def _bf16(w: dict) -> bool:
 
 
 def _attention_block(
-    config: ModelConfig, w: dict, prefix: str, x: Any, state: DecodeState, layer: int, rope: tuple
+    config: ModelConfig, w: dict, prefix: str, x: Any, state: DecodeState, layer: int, rope: tuple, tree: Any
 ) -> Any:
     """blocks.attention_block_forward for T new tokens per row: the stream x (B T, C) -> x + the block's
     output; the norm rides in the q/k/v product and the addition in the output product."""
@@ -71,7 +71,7 @@ def _attention_block(
     qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
     k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
     cos, sin, window = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
-    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w))
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w), tree)
     return ek.decode_linear_forward(a.reshape(x.shape[0], -1), w[prefix + "wo"], residual=x)  # (B T, C)
 
 
@@ -84,18 +84,24 @@ def _ffn_block(config: ModelConfig, w: dict, prefix: str, x: Any) -> Any:
 
 
 def decode_hidden(
-    config: ModelConfig, weights: dict[str, Any], state: DecodeState, window: int, tokens: Any = None
+    config: ModelConfig,
+    weights: dict[str, Any],
+    state: DecodeState,
+    window: int,
+    tokens: Any = None,
+    tree: tuple[int, ...] | None = None,
 ) -> Any:
-    """The final-normed hidden states (B T, C) after feeding each row T new tokens at positions pos[b]..
-    pos[b] + T - 1: tokens (B, T), or by default its last token (T = 1); attention reads the first
-    `window` slots of the cache, which must exceed every new token's position."""
+    """The final-normed hidden states (B T, C) after feeding each row T new tokens at slots pos[b]..
+    pos[b] + T - 1: tokens (B, T), or by default its last token (T = 1); a chain, or a draft tree
+    (tree: the fed tokens' parents); attention reads the first `window` slots of the cache, which must
+    exceed every new slot."""
     xp = ek.get_array_module(state.pos)
     rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window)  # (S, D/2) tables, the window
     ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,); ids are the model's own
     x = xp.take(weights["embed"], ids, axis=0)  # (B T, C): the residual stream
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
-        x = _attention_block(config, weights, prefix, x, state, i, rope)
+        x = _attention_block(config, weights, prefix, x, state, i, rope, tree)
         x = _ffn_block(config, weights, prefix, x)
     return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=_bf16(weights))[0]
 
@@ -128,10 +134,10 @@ def attention_window(config: ModelConfig, last_position: int, kernel: bool = Fal
     return min(slots, (last_position // WINDOW + 1) * WINDOW)
 
 
-def inference_weights(config: ModelConfig, params: dict[str, Any], drafters: bool = False) -> dict[str, Any]:
+def inference_weights(config: ModelConfig, params: dict[str, Any], drafters: int = 0) -> dict[str, Any]:
     """The decode step's weights, made once per batch: params plus each layer's q/k/v projections as one
     matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two);
-    with `drafters`, heads 1..K-1 stacked as `drafters` ((K-1) V, C), the speculative step's one product.
+    with drafters = M > 0, heads 1..M stacked as `drafters` (M V, C), the speculative step's one product.
     In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and heads are bf16 copies,
     half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16 tensor
     cores), with no cast per token; the residual stream and the cache stay float32.
@@ -144,7 +150,7 @@ def inference_weights(config: ModelConfig, params: dict[str, Any], drafters: boo
         weights[p + "w_gate_up"] = xp.concatenate([params[p + "w_gate"], params[p + "w_up"]])
     heads = ["heads.0"]
     if drafters:
-        weights["drafters"] = xp.concatenate([params[f"heads.{k}"] for k in range(1, config.n_mtp_heads)])
+        weights["drafters"] = xp.concatenate([params[f"heads.{k}"] for k in range(1, drafters + 1)])
         heads.append("drafters")
     if xp is np or not ek.bf16_activations(params["embed"]):
         return weights

@@ -79,7 +79,7 @@ def _streamed(
     as its step is done; the steps run inside `hold()` (BLAS at one thread), not the caller's work between
     tokens."""
     with hold():
-        run = start(config, params, [prompt], [limit], [stop], [seed], picker, False, cuda_graph=True)
+        run = start(config, params, [prompt], [limit], [stop], [seed], picker, None, cuda_graph=True)
     stats.forwards += 1
     shown = 0
     while True:

@@ -20,6 +20,7 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_batch import start
+from euler_model.decode_speculative import checked_tree
 from euler_model.decode_step import Picker
 from euler_model.generate import GenerationStats, checked_prompt
 from euler_model.sampling import check_sampling_args
@@ -68,6 +69,7 @@ def generate_batch(
     cuda_graph: bool = True,
     stats: GenerationStats | None = None,
     speculative: bool = False,
+    draft_tree: tuple[int, ...] | None = None,
 ) -> list[Completion]:
     """One Completion per prompt, in order: up to max_new_tokens new ids each (one limit, or one per
     prompt), ending early at a stop token (not included) or where prompt + output fill the context.
@@ -77,6 +79,8 @@ def generate_batch(
     cuda_graph: on the GPU, capture the decode step as a CUDA graph (stats.decode says how it ran).
     speculative: heads 1..K-1 draft and each step verifies them (decode_speculative.py; needs K >= 2, else
     plain steps): the same greedy tokens in fewer steps (stats.drafted / accepted). Greedy only.
+    draft_tree: the drafts' parents (euler_kernels.draft_tree; at most K - 1 deep), by default
+    default_draft_tree(config).
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -94,6 +98,7 @@ def generate_batch(
             "generate_batch: speculative decoding is greedy only (temperature 0, repetition_penalty 1); "
             "generate() samples speculatively for one prompt"
         )
+    tree = checked_tree(config, draft_tree) if speculative else None
     wanted = _per_row(max_new_tokens, b, "max_new_tokens")
     if not all(isinstance(n, int | np.integer) and n >= 0 for n in wanted):
         raise ValueError(f"generate_batch: max_new_tokens must be ints >= 0, got {wanted}")
@@ -103,7 +108,7 @@ def generate_batch(
     xp = ek.get_array_module(params["embed"])
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
     with one_blas_thread_for(params["embed"]):  # NumPy: small products, one BLAS thread each
-        run = start(config, params, rows, limits, stops, row_seeds, picker, speculative, cuda_graph)
+        run = start(config, params, rows, limits, stops, row_seeds, picker, tree, cuda_graph)
         every = 1 if xp is np else SYNC_EVERY
         while run.steps < max(limits) - 1 and not (run.steps % every == 0 and run.runner.finished()):
             run.step()

@@ -6,23 +6,43 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import THREADS, blocks, contiguous, get_kernel
+from euler_kernels.cuda._module import contiguous, get_kernel
+
+_THREADS = 128  # a block per row: thread 0 records, the block moves the accepted drafts' slots
 
 
 def decode_accept(
-    g: Any, drafts: Any, buffers: tuple, stop: Any, limit: Any, drafted: Any, accepted: Any
+    g: Any,
+    drafts: Any,
+    buffers: tuple,
+    stop: Any,
+    limit: Any,
+    drafted: Any,
+    accepted: Any,
+    parents: tuple[int, ...] | None,
+    caches: tuple[Any, Any] | None,
 ) -> Any:
-    """ops.decode_accept on CuPy arrays: buffers (out, last, pos, count, stopped_by, done, seen), drafted
-    and accepted updated in place (C-contiguous); returns chosen (B,) int64."""
+    """ops.decode_accept on CuPy arrays: buffers (out, last, pos, count, stopped_by, done, seen), drafted,
+    accepted and the caches (L, B, Hkv, S, D) updated in place (C-contiguous); parents None for a chain;
+    returns chosen (B,) int64."""
     import cupy
 
     g, drafts, stop, limit = contiguous(g, drafts, stop, limit)
-    if not all(a.flags.c_contiguous for a in (*buffers, drafted, accepted)):
+    if not all(a.flags.c_contiguous for a in (*buffers, drafted, accepted, *(caches or ()))):
         raise ValueError("decode_accept: the buffers it updates in place must be C-contiguous")
     out, last, pos, count, stopped_by, done, seen = buffers
     b, v = stop.shape
+    tree = 0 if parents is None else sum(p << (4 * c) for c, p in enumerate(parents, start=1))  # 4 bits each
+    if caches is None:  # a chain moves nothing: any pointer will do
+        k, vv, layers, hkv, s, words = g, g, 0, 0, 0, 0
+    else:
+        k, vv = caches
+        layers, _, hkv, s, d = k.shape
+        words = d * k.dtype.itemsize // 4
     chosen = cupy.empty((b,), dtype=cupy.int64)
-    args = (chosen, drafted, accepted, out, last, pos, count, stopped_by, done, seen, g, drafts, stop, limit)
-    sizes = (np.int32(b), np.int32(drafts.shape[1]), np.int32(v), np.int32(out.shape[1]))
-    get_kernel("decode_accept.cu", "decode_accept")((blocks(b, THREADS),), (THREADS,), (*args, *sizes))
+    rows = (chosen, drafted, accepted, out, last, pos, count, stopped_by, done, seen, g, drafts, stop, limit)
+    args = (*rows, k, vv)
+    sizes = (np.int32(g.shape[1]), np.int32(v), np.int32(out.shape[1]), np.uint64(tree))
+    shape = (np.int32(layers), np.int32(b), np.int32(hkv), np.int32(s), np.int32(words))
+    get_kernel("decode_accept.cu", "decode_accept")((b,), (_THREADS,), (*args, *sizes, *shape))
     return chosen

@@ -2,7 +2,7 @@
 // W (N, K) read once from memory, one warp per output column n (a row of W), R <= 8 rows of h at once.
 // Fused around the product (compile-time switches):
 //   NORM      h = rmsnorm(x) * g (one row: each warp computes its rstd itself, x is small and in L1/L2;
-//             several rows: the block does, while staging h)
+//             several rows: warp r computes row r's the same way, and the block stages h)
 //   SWIGLU    W is (2F, K), gate rows then up rows; out (R, F) = silu(gate) * up
 //   RESIDUAL  out = res + product (the residual stream after a block)
 // With bf16 weights (W_BF16) h is rounded to bf16 before the product, and the gate and up sums are rounded
@@ -73,6 +73,24 @@ __device__ __forceinline__ void load_x(const x_t* x, size_t at, float* f) {
         f[4 * i] = v.x, f[4 * i + 1] = v.y, f[4 * i + 2] = v.z, f[4 * i + 3] = v.w;
     }
 #endif
+}
+
+// rstd of row r of x (K values), the same in every lane: each lane sums the squares of the pieces the
+// product reads, in order, then the warp adds them. One rule for both paths, so one row and several give
+// the same bits (a speculative step's rows then decode as a plain step's row does).
+__device__ __forceinline__ float row_rstd(const x_t* x, int r, int K, int lane, float eps) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int it = 0; it < VEC_ITERS; it++) {  // every load in flight at once
+        const int k0 = (it * 32 + lane) * W_PER_VEC;
+        if (k0 < K) {
+            float xf[W_PER_VEC];
+            load_x(x, (size_t)r * K + k0, xf);
+#pragma unroll
+            for (int j = 0; j < W_PER_VEC; j++) ss = fmaf(xf[j], xf[j], ss);
+        }
+    }
+    return rsqrtf(warp_sum(ss) / K + eps);
 }
 
 // The dot products of W row `n` (pieces held in `w`) with the R rows of h, summed over the warp; every
@@ -146,28 +164,13 @@ __device__ __forceinline__ void store_h4(h_t* hs, int at, const float* f) {
 // The block's operand rows h (R, K) into shared memory, normed (NORM) and rounded as the product takes
 // them, so each warp's dot products only read them (more rows: the per-warp norm would repeat R times).
 __device__ __forceinline__ void stage_rows(h_t* hs, const x_t* x, const float* g, int K, float eps) {
-    float rstd[ROWS];
 #if NORM
-    __shared__ float partial[ROWS][8];  // per-warp sums of squares
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        float ss = 0.0f;
-        for (int k = threadIdx.x * 4; k < K; k += 1024) {
-            float f[4];
-            load_x4(x, (size_t)r * K + k, f);
-            ss += f[0] * f[0] + f[1] * f[1] + f[2] * f[2] + f[3] * f[3];
-        }
-        ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) partial[r][threadIdx.x >> 5] = ss;
+    __shared__ float rstd[ROWS];  // warp r norms row r (ROWS <= 8 warps), as the one-row path does
+    if ((threadIdx.x >> 5) < ROWS) {
+        const float v = row_rstd(x, threadIdx.x >> 5, K, threadIdx.x & 31, eps);
+        if ((threadIdx.x & 31) == 0) rstd[threadIdx.x >> 5] = v;
     }
     __syncthreads();
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 8; w++) ss += partial[r][w];
-        rstd[r] = rsqrtf(ss / K + eps);
-    }
 #endif
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
@@ -259,20 +262,7 @@ extern "C" __global__ void __launch_bounds__(256) decode_linear(float* out, cons
     float rstd[ROWS];
 #if NORM
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {  // the same pieces the product reads, all loads in flight at once
-        float ss = 0.0f;
-#pragma unroll
-        for (int it = 0; it < VEC_ITERS; it++) {
-            const int k0 = (it * 32 + lane) * W_PER_VEC;
-            if (k0 < K) {
-                float xf[W_PER_VEC];
-                load_x(x, (size_t)r * K + k0, xf);
-#pragma unroll
-                for (int j = 0; j < W_PER_VEC; j++) ss = fmaf(xf[j], xf[j], ss);
-            }
-        }
-        rstd[r] = rsqrtf(warp_sum(ss) / K + eps);
-    }
+    for (int r = 0; r < ROWS; r++) rstd[r] = row_rstd(x, r, K, lane, eps);
 #endif
     dot_rows(w, x, g, rstd, K, lane, acc);
 #if SWIGLU

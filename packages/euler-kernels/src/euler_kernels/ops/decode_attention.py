@@ -4,8 +4,10 @@ The cache holds S key slots per sequence; sequence b's new token is at position 
 and sees its keys 0..pos[b], so a batch of sequences of different lengths is one fixed-shape
 computation, the same at every step (what a CUDA graph needs). Query heads are grouped under their
 key/value head (GQA) as in `attention_forward`, so K and V are never repeated. Inference only: there is
-no backward. A row may also bring T > 1 new tokens at positions pos[b]..pos[b] + T - 1 (a speculative
-step verifying drafts), each seeing the slots up to its own position.
+no backward. A row may also bring T > 1 new tokens (a speculative step verifying drafts): a chain at
+positions pos[b]..pos[b] + T - 1, each seeing the slots up to its own position, or a draft tree
+(draft_tree.py: token t at position pos[b] + depth(t), seeing the slots before pos[b] and its ancestors'
+slots); new token t's key and value go to slot pos[b] + t either way.
 
 On float32 CuPy arrays one kernel pair runs it (cuda/decode_attention.cu: RoPE, the cache write and a
 flash-decoding split over the keys, then the merge of the splits), reading each row's own slots only.
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels import cuda
+from euler_kernels import cuda, draft_tree
 from euler_kernels.backend import check_float, get_array_module, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.cuda import decode_attention as decode_cuda
@@ -48,6 +50,7 @@ def decode_attention_forward(
     n_heads: int,
     window: int | None = None,
     bf16_out: bool = False,
+    tree: tuple[int, ...] | None = None,
 ) -> Any:
     """softmax(q k^T / sqrt(D) + mask) v for each sequence's newest token, after writing its key and value.
 
@@ -56,6 +59,7 @@ def decode_attention_forward(
     place); pos (B,) int64 with every pos[b] < S; cos, sin the rope_tables (P, D/2), P > every pos[b].
     qkv may be (B, T, (Hq + 2 Hkv) D): T new tokens per row, at slots pos[b]..pos[b] + T - 1 (< S).
     window: the reference reads only slots 0..window-1 (every new slot must be below it; None: all S).
+    tree: the T new tokens' parents (draft_tree.py: T - 1 values), None a chain.
     Returns (B, Hq * D), or (B, T, Hq * D), in qkv's dtype or, with bf16_out, as a bf16 activation (the
     GPU's bf16 products take it as it is); query head h reads key/value head h // (Hq // Hkv).
 
@@ -83,31 +87,46 @@ def decode_attention_forward(
     if pos.shape != (b,) or n_heads % hkv:
         raise shape_error("decode_attention_forward", f"pos must be (B,) and Hkv divide {n_heads}", pos=pos)
     check_float("decode_attention_forward", qkv=qkv, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
-    in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
     rows = qkv.reshape(b, -1, width)  # (B, T, width)
-    if in_place and decode_attention_kernel(k_cache, n_heads, rows.shape[1]):
-        out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out)
+    t = rows.shape[1]
+    if tree is not None:
+        draft_tree.check_parents(tree)
+        if len(tree) != t - 1:
+            raise ValueError(f"decode_attention_forward: a tree of {len(tree) + 1} tokens for {t} new tokens")
+    in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
+    masks = None if tree is None else draft_tree.ancestors(tree)
+    if in_place and decode_attention_kernel(k_cache, n_heads, t):
+        out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out, masks)
     else:
         if bf16_out and not cuda.fused(qkv):
             raise ValueError("decode_attention_forward: bf16_out needs float32 CuPy arrays")
-        out = _reference(rows, k_cache, v_cache, pos, cos, sin, n_heads, window or s)
+        out = _reference(rows, k_cache, v_cache, pos, cos, sin, n_heads, window or s, tree)
         out = cast.as_bf16(out) if bf16_out else out
     return out.reshape(b, -1) if qkv.ndim == 2 else out.reshape(b, rows.shape[1], -1)
 
 
+def _new_slots_seen(t: int, tree: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(T, T) bool: new token i sees new slot pos + u; and each new token's depth (T,) int64."""
+    if tree is None:
+        return np.tri(t, dtype=bool), np.arange(t)
+    masks = draft_tree.ancestors(tree)
+    return (np.asarray(masks)[:, None] >> np.arange(t)) & 1 == 1, np.asarray(draft_tree.depths(tree))
+
+
 def _reference(
-    qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, hq: int, window: int
+    qkv: Any, k_cache: Any, v_cache: Any, pos: Any, cos: Any, sin: Any, hq: int, window: int, tree: Any = None
 ) -> Any:
     """decode_attention_forward in array operations, qkv (B, T, (Hq + 2 Hkv) D) -> (B, T, Hq D), reading
     slots 0..window-1; on NumPy only up to the newest slot (reading positions costs no device sync there)."""
     xp = get_array_module(qkv)
     b, t = qkv.shape[:2]
     if xp is np and b == 1:  # one sequence (generate): slices, no row indexing
-        return _one_sequence(qkv, k_cache, v_cache, int(pos[0]), cos, sin, hq)
+        return _one_sequence(qkv, k_cache, v_cache, int(pos[0]), cos, sin, hq, tree)
     hkv, d = k_cache.shape[1], k_cache.shape[3]
     g = hq // hkv  # query heads per key/value head
     at = pos[:, None] if t == 1 else pos[:, None] + xp.arange(t)  # (B, T) the new tokens' slots
-    flat = at.reshape(-1)  # (B T,)
+    seen_new, depth = (None, None) if tree is None else _new_slots_seen(t, tree)  # a tree's are host arrays
+    flat = (at if tree is None else pos[:, None] + xp.asarray(depth)).reshape(-1)  # (B T,) their positions
     angles = xp.take(cos, flat, axis=0), xp.take(sin, flat, axis=0)  # (B T, D/2) each
     qk = rope_rows(qkv[..., : (hq + hkv) * d].reshape(b * t, hq + hkv, d), *angles).reshape(b, t, -1, d)
     _write_slots(xp, k_cache, pos, at, qk[:, :, hq:])
@@ -118,26 +137,36 @@ def _reference(
     q = qk[:, :, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (B, T, Hq, D), pre-scaled
     q = q.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)  # (B, Hkv, G T, D)
     scores = _products(xp, q, k.swapaxes(-1, -2)).reshape(b, hkv, g, t, window)  # (B, Hkv, G, T, W)
-    hidden = xp.arange(window) > at[:, :, None]  # (B, T, W): the token at pos[b] + i sees 0..pos[b] + i
+    if tree is None:  # the token at pos[b] + i sees 0..pos[b] + i
+        hidden = xp.arange(window) > at[:, :, None]  # (B, T, W)
+    else:  # new token i sees the old slots and its ancestors'
+        new = xp.arange(window) - pos[:, None, None]  # (B, 1, W): a slot's place among the new ones
+        seen = xp.asarray(seen_new)[xp.arange(t)[:, None], xp.clip(new, 0, t - 1)]  # (B, T, W)
+        hidden = (new >= t) | ((new >= 0) & ~seen)
     scores = xp.where(hidden[:, None, None], -xp.inf, scores)  # where, not a masked write: capturable
     out = _weighted_values(xp, scores.reshape(b, hkv, g * t, window), v)  # (B, Hkv, G T, D)
     return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d)
 
 
-def _one_sequence(qkv: Any, k_cache: Any, v_cache: Any, p: int, cos: Any, sin: Any, hq: int) -> Any:
+def _one_sequence(
+    qkv: Any, k_cache: Any, v_cache: Any, p: int, cos: Any, sin: Any, hq: int, tree: Any = None
+) -> Any:
     """_reference for one sequence on NumPy (a third of its time there): qkv (1, T, width), the new tokens
-    at slots p..p + T - 1, which see the slots up to their own; the tables and the cache read as slices."""
+    at slots p..p + T - 1; the tables (of a chain) and the cache read as slices."""
     t = qkv.shape[1]
     hkv, d = k_cache.shape[1], k_cache.shape[3]
-    g, n = hq // hkv, p + t  # n: the slots the newest token sees
-    qk = rope_rows(qkv[0, :, : (hq + hkv) * d].reshape(t, hq + hkv, d), cos[p:n], sin[p:n])  # (T, H, D)
+    g, n = hq // hkv, p + t  # n: the slots up to the newest
+    seen_new, depth = _new_slots_seen(t, tree) if t > 1 else (None, None)
+    angles = (cos[p:n], sin[p:n]) if tree is None else (cos[p + depth], sin[p + depth])
+    qk = rope_rows(qkv[0, :, : (hq + hkv) * d].reshape(t, hq + hkv, d), *angles)  # (T, H, D)
     k_cache[0, :, p:n] = qk[:, hq:].swapaxes(0, 1)
     v_cache[0, :, p:n] = qkv[0, :, (hq + hkv) * d :].reshape(t, hkv, d).swapaxes(0, 1)
     q = qk[:, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (T, Hq, D), pre-scaled
     q = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G T, D)
     scores = q @ k_cache[0, :, :n].swapaxes(-1, -2)  # (Hkv, G T, n)
-    if t > 1:  # token i sees slots 0..p + i
-        hidden = np.arange(n) > (p + np.arange(t))[:, None]  # (T, n)
+    if t > 1:  # token i sees slots 0..p - 1 and its ancestors' (a chain: 0..p + i)
+        hidden = np.zeros((t, n), dtype=bool)
+        hidden[:, p:] = ~seen_new  # (T, n)
         scores = np.where(hidden, -np.inf, scores.reshape(hkv, g, t, n)).reshape(hkv, g * t, n)
     out = _weighted_values(np, scores, v_cache[0, :, :n])  # (Hkv, G T, D)
     return out.reshape(hkv, g, t, d).transpose(2, 0, 1, 3).reshape(1, t, hq * d)

@@ -52,10 +52,10 @@ def decode_record(
     buffers = (out, last, pos, count, stopped_by, done, seen)
     for row, (t, ended) in enumerate(zip(token.tolist(), done.tolist())):
         if not ended:
-            _record_row(row, t, buffers, stop, limit)
+            record_row(row, t, buffers, stop, limit)
 
 
-def _record_row(row: int, t: int, buffers: tuple, stop: Any, limit: Any) -> None:
+def record_row(row: int, t: int, buffers: tuple, stop: Any, limit: Any) -> None:
     """decode_record for one going row of the NumPy buffers (out, last, pos, count, stopped_by, done, seen)
     and its token t."""
     out, last, pos, count, stopped_by, done, seen = buffers
