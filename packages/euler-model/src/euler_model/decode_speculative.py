@@ -17,7 +17,10 @@ The drafts may also form a draft tree (euler_kernels.draft_tree: each fed draft 
 a head's second-best guess is tried beside its best: the step then accepts along the path whose drafts head
 0 agrees with, and the keys of that path's drafts are moved to their positions' slots (ek.decode_accept).
 Head 1's best two guesses cover more of head 0's choices than its best alone, so a tree of the same T
-tokens accepts more drafts than a chain.
+tokens accepts more drafts than a chain. A chain's rows compute bit for bit what plain steps would (the
+same slots, the same sums), so its tokens are plain greedy's exactly; a tree's later branches sit at other
+slots than their positions while they are verified, so their sums are grouped differently and a near-tie
+that float rounding decides may go the other way (exact in float64; the H200 showed one such flip in bf16).
 
 The shapes are the same at every step (T tokens for every row, done or not), and nothing is read back to
 the host, so the step is captured as CUDA graphs like decode_step (decode_graph.py). Greedy only: a

@@ -80,7 +80,8 @@ def generate_batch(
     speculative: heads 1..K-1 draft and each step verifies them (decode_speculative.py; needs K >= 2, else
     plain steps): the same greedy tokens in fewer steps (stats.drafted / accepted). Greedy only.
     draft_tree: the drafts' parents (euler_kernels.draft_tree; at most K - 1 deep), by default
-    default_draft_tree(config).
+    default_draft_tree(config), a chain (bit-equal to plain greedy; a tree's branches may flip a near-tie
+    that float rounding decides, see decode_speculative.py).
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
