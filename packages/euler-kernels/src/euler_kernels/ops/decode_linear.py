@@ -80,7 +80,8 @@ def _lean_forward(x: Any, weight: Any, norm: Any, eps: float, residual: Any, swi
     """The unfused ops' arithmetic on checked NumPy arrays, without their per-call dispatch and checks (a
     decode step makes five of these calls a layer, each a few microseconds of work)."""
     h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (R, K)
-    y = h @ weight.T  # (R, N), as linear_forward
+    # (R, N), as linear_forward; one row as a matrix-vector product (BLAS gemv: half a 1-row matmul's time)
+    y = np.dot(weight, h[0])[None] if h.shape[0] == 1 else h @ weight.T
     if swiglu:
         f = weight.shape[0] // 2
         y = swiglu_parts(np, y[:, :f], y[:, f:])[0]  # (R, F)
