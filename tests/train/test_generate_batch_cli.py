@@ -47,6 +47,17 @@ def test_speculative_greedy_batch_file_equals_the_plain_one(tiny_run, cli, tmp_p
     assert batch(cli, tiny_run, path, *flags, "--speculative") == batch(cli, tiny_run, path, *flags)
 
 
+def test_a_draft_tree_from_the_cli_gives_the_plain_greedy_rows(tiny_run, cli, tmp_path) -> None:
+    """--draft-tree 0,1 (both drafting heads of the tiny model in a chain) and 0,0,1 (head 1's two best
+    guesses, head 2's after the first): the rows of plain greedy decoding."""
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    flags = ("--temperature", "0", "--max-new-tokens", "20", "--batch-size", "3")
+    plain = batch(cli, tiny_run, path, *flags)
+    for tree in ("0,1", "0,0,1"):
+        assert batch(cli, tiny_run, path, *flags, "--speculative", "--draft-tree", tree) == plain
+
+
 def test_seeded_jsonl_batch_equals_generate_with_seed_plus_index(tiny_run, cli, capsys, tmp_path) -> None:
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\r\n" for i, p in enumerate(PROMPTS[:4])))
@@ -92,6 +103,20 @@ def test_a_bad_batch_file_is_one_line_and_exit_2(tiny_run, cli, tmp_path, name, 
         (["--batch-file", "{file}", "--prompt", "x"], "not allowed with argument"),
         ([], "one of the arguments --prompt --batch-file is required"),
         (["--batch-file", "{file}", "--batch-size", "0"], "--batch-size"),
+        (
+            ["--batch-file", "{file}", "--draft-tree", "0,1"],
+            "--draft-tree shapes the drafts of --speculative",
+        ),
+        (
+            ["--batch-file", "{file}", "--temperature", "0", "--speculative", "--draft-tree", "0,x"],
+            "comma-separated",
+        ),
+        (["--prompt", "a", "--draft-tree", "0"], "--draft-tree applies to --batch-file"),
+        (
+            ["--batch-file", "{file}", "--temperature", "0", "--speculative", "--draft-tree", "0,1,2"],
+            "1 to 2 levels",
+        ),
+        (["--batch-file", "{file}", "--temperature", "0", "--speculative", "--draft-tree", "0,2"], "parents"),
     ],
 )
 def test_bad_batch_flags_are_one_line_and_exit_2(tiny_run, cli, tmp_path, flags, message) -> None:

@@ -11,6 +11,7 @@
 from euler_model.__about__ import __version__
 from euler_model.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from euler_model.config import PRESETS, ModelConfig, preset
+from euler_model.decode_speculative import checked_draft_tree, default_draft_tree
 from euler_model.generate import GenerationStats, generate
 from euler_model.generate_batch import Completion, generate_batch
 from euler_model.hf import load_hf, save_hf
@@ -27,7 +28,9 @@ __all__ = [
     "KVCache",
     "ModelConfig",
     "__version__",
+    "checked_draft_tree",
     "count_params",
+    "default_draft_tree",
     "describe_params",
     "forward_loss",
     "generate",

@@ -44,17 +44,14 @@ def default_draft_tree(config: ModelConfig) -> tuple[int, ...]:
     return draft_tree.chain(1)
 
 
-def checked_tree(config: ModelConfig, tree: tuple[int, ...] | None) -> tuple[int, ...]:
+def checked_draft_tree(config: ModelConfig, tree: tuple[int, ...] | None) -> tuple[int, ...]:
     """The draft tree to use (None: the default), checked against the model's heads; ValueError if bad."""
     tree = default_draft_tree(config) if tree is None else tuple(int(p) for p in tree)
-    try:
-        draft_tree.check_parents(tree)
-    except ValueError as err:
-        raise ValueError(f"generate_batch: {err}") from None
+    draft_tree.check_parents(tree)
     if not tree or drafting_heads(tree) > config.n_mtp_heads - 1:
         raise ValueError(
-            f"generate_batch: a draft tree needs 1 to {config.n_mtp_heads - 1} levels (the model's drafting "
-            f"heads), got {tree}"
+            f"a draft tree needs 1 to {config.n_mtp_heads - 1} levels (the model's drafting heads), "
+            f"got {tree}"
         )
     return tree
 

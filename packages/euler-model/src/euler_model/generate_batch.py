@@ -20,7 +20,7 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_batch import start
-from euler_model.decode_speculative import checked_tree
+from euler_model.decode_speculative import checked_draft_tree
 from euler_model.decode_step import Picker
 from euler_model.generate import GenerationStats, checked_prompt
 from euler_model.sampling import check_sampling_args
@@ -99,7 +99,10 @@ def generate_batch(
             "generate_batch: speculative decoding is greedy only (temperature 0, repetition_penalty 1); "
             "generate() samples speculatively for one prompt"
         )
-    tree = checked_tree(config, draft_tree) if speculative else None
+    try:
+        tree = checked_draft_tree(config, draft_tree) if speculative else None
+    except ValueError as err:
+        raise ValueError(f"generate_batch: {err}") from None
     wanted = _per_row(max_new_tokens, b, "max_new_tokens")
     if not all(isinstance(n, int | np.integer) and n >= 0 for n in wanted):
         raise ValueError(f"generate_batch: max_new_tokens must be ints >= 0, got {wanted}")

@@ -87,6 +87,14 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def parents(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated ints (a draft tree's parents), else a one-line error."""
+    try:
+        return tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+
+
 def number(kind: type, low: float, high: float = math.inf, low_open: bool = False) -> Any:
     """An argparse type: `kind` in [low, high] ((low, high] when low_open), else a one-line error."""
 
@@ -140,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--speculative", action="store_true", help="draft with the MTP heads, verify with head 0"
+    )
+    gen.add_argument(
+        "--draft-tree",
+        type=parents,
+        metavar="P,P,..",
+        help="--speculative --batch-file: each draft's parent (0 the last token, i draft i): 0,1 a chain of "
+        "two drafts; 0,1,0 head 1's two best guesses, head 2's after the first (default 0: one draft)",
     )
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     check = add("check", "gradient check of every op and of the whole model (float64)")

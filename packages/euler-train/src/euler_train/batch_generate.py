@@ -73,7 +73,18 @@ def check_batch_args(args: argparse.Namespace) -> list[str]:
         raise ConfigError(
             "--speculative with --batch-file is greedy only: add --temperature 0 (no --repetition-penalty)"
         )
+    if args.draft_tree is not None and not args.speculative:
+        raise ConfigError("--draft-tree shapes the drafts of --speculative: add --speculative")
     return read_batch_file(args.batch_file)
+
+
+def check_draft_tree(model: SamplingModel, args: argparse.Namespace) -> None:
+    """ConfigError unless --draft-tree (if given) suits the model's drafting heads; before any decoding."""
+    if args.speculative and args.draft_tree is not None:
+        try:
+            euler_model.checked_draft_tree(model.mcfg, args.draft_tree)
+        except ValueError as err:
+            raise ConfigError(f"--draft-tree {','.join(map(str, args.draft_tree))}: {err}") from None
 
 
 def _completions(model: SamplingModel, args: argparse.Namespace, prompts: list[str], first: int) -> list:
@@ -89,6 +100,7 @@ def _completions(model: SamplingModel, args: argparse.Namespace, prompts: list[s
         stop_tokens=stops,
         seeds=seeds,
         speculative=args.speculative,
+        draft_tree=args.draft_tree,
         **sampling_kwargs(args),
     )
 
@@ -97,6 +109,7 @@ def write_batch_generation(
     model: SamplingModel, args: argparse.Namespace, prompts: list[str], stdout: TextIO
 ) -> None:
     """One JSON line per prompt on stdout, args.batch_size prompts decoded together."""
+    check_draft_tree(model, args)
     tok = model.tokenizer
     for start in range(0, len(prompts), args.batch_size):
         chunk = prompts[start : start + args.batch_size]

@@ -110,6 +110,8 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    if args.batch_file is None and args.draft_tree is not None:
+        raise ConfigError("--draft-tree applies to --batch-file (one --prompt drafts a chain, on the host)")
     if args.batch_file is None:
         model = load_for_sampling(args.checkpoint, args.device)
         write_generation(model, args, sys.stdout)
