@@ -65,6 +65,22 @@ def test_the_unfused_path_equals_float64(use_norm, use_residual, swiglu) -> None
     np.testing.assert_allclose(got, expected(x, w, swiglu=swiglu, **kw), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [2, 5, 8])
+@pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_rows_are_the_one_row_results_bit_for_bit(rows, use_norm, use_residual, swiglu, dtype) -> None:
+    """Up to 8 rows on NumPy are products of one row each, so a speculative step's rows decode exactly as
+    a plain step's row does."""
+    rng = np.random.default_rng(rows + 5)
+    x, w, norm, residual = inputs(rng, rows, 96, 160, swiglu, dtype)
+    norm, residual = (norm if use_norm else None), (residual if use_residual else None)
+    together = ek.decode_linear_forward(x, w, norm=norm, eps=EPS, residual=residual, swiglu=swiglu)
+    for r in range(rows):
+        res = None if residual is None else residual[r : r + 1]
+        alone = ek.decode_linear_forward(x[r : r + 1], w, norm=norm, eps=EPS, residual=res, swiglu=swiglu)
+        np.testing.assert_array_equal(together[r : r + 1], alone)
+
+
 def test_bad_shapes_are_named() -> None:
     x, w, norm, residual = inputs(np.random.default_rng(1), 2, 8, 6, False)
     with pytest.raises(ValueError, match=r"decode_linear_forward: needs x \(R, K\).*x\(2, 7\)"):

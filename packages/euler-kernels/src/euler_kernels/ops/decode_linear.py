@@ -80,12 +80,22 @@ def _lean_forward(x: Any, weight: Any, norm: Any, eps: float, residual: Any, swi
     """The unfused ops' arithmetic on checked NumPy arrays, without their per-call dispatch and checks (a
     decode step makes five of these calls a layer, each a few microseconds of work)."""
     h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (R, K)
-    # (R, N), as linear_forward; one row as a matrix-vector product (BLAS gemv: half a 1-row matmul's time)
-    y = np.dot(weight, h[0])[None] if h.shape[0] == 1 else h @ weight.T
+    y = _products(h, weight)  # (R, N), as linear_forward
     if swiglu:
         f = weight.shape[0] // 2
         y = swiglu_parts(np, y[:, :f], y[:, f:])[0]  # (R, F)
     return y if residual is None else residual + y
+
+
+def _products(h: Any, weight: Any) -> Any:
+    """h (R, K) @ weight.T on NumPy: up to MAX_ROWS rows one matrix-vector product each (BLAS gemv, half a
+    1-row matmul's time here), so a row's bits do not depend on the rows beside it (as on the GPU, whose
+    kernel takes up to MAX_ROWS rows); more rows one matmul."""
+    if h.shape[0] == 1:
+        return np.dot(weight, h[0])[None]
+    if h.shape[0] <= decode_linear_cuda.MAX_ROWS:
+        return np.stack([np.dot(weight, row) for row in h])
+    return h @ weight.T
 
 
 def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any) -> bool:
