@@ -94,6 +94,21 @@ def test_one_sequence_equals_float64_attention_over_its_prefix(t, p) -> None:
     np.testing.assert_array_equal(v, v_seq)
 
 
+@pytest.mark.parametrize("p", [0, 7, 40])
+def test_one_sequences_chain_is_t_one_token_steps_bit_for_bit(p) -> None:
+    """NumPy, one sequence, float32: a speculative step's chain of T tokens gives the bits of the T one-token
+    steps that would feed the same tokens (each token attends over exactly its own slots)."""
+    rng = np.random.default_rng(p + 21)
+    hq, hkv, s, d, t = 4, 2, 64, 32, 4
+    _, k, v, pos, cos, sin = inputs(rng, 1, hq, hkv, s, d, [p], np.float32)
+    qkv = rng.standard_normal((1, t, (hq + 2 * hkv) * d)).astype(np.float32)
+    together = ek.decode_attention_forward(qkv, k.copy(), v.copy(), pos, cos, sin, hq, window=s)
+    k1, v1 = k.copy(), v.copy()
+    for i in range(t):
+        alone = ek.decode_attention_forward(qkv[:, i], k1, v1, pos + i, cos, sin, hq, window=s)
+        np.testing.assert_array_equal(together[:, i], alone)
+
+
 def expected_tree(qkv, k_cache, v_cache, pos, hq, parents):
     """(out (B, T, Hq D), the caches after the write) of a draft tree's T new tokens, float64: token i at
     position pos + depth(i), its key and value at slot pos + i, seeing the old slots and its ancestors'."""

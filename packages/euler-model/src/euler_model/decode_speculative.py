@@ -18,7 +18,8 @@ a head's second-best guess is tried beside its best: the step then accepts along
 0 agrees with, and the keys of that path's drafts are moved to their positions' slots (ek.decode_accept).
 Head 1's best two guesses cover more of head 0's choices than its best alone, so a tree of the same T
 tokens accepts more drafts than a chain. A chain's rows compute bit for bit what plain steps would (the
-same slots, the same sums), so its tokens are plain greedy's exactly; a tree's later branches sit at other
+same slots, the same sums: the GPU's kernels, and NumPy for up to 8 product rows and one sequence's
+attention), so its tokens are plain greedy's exactly; a tree's later branches sit at other
 slots than their positions while they are verified, so their sums are grouped differently and a near-tie
 that float rounding decides may go the other way (exact in float64; the H200 showed one such flip in bf16).
 

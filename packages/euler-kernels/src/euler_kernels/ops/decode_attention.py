@@ -152,7 +152,9 @@ def _one_sequence(
     qkv: Any, k_cache: Any, v_cache: Any, p: int, cos: Any, sin: Any, hq: int, tree: Any = None
 ) -> Any:
     """_reference for one sequence on NumPy (a third of its time there): qkv (1, T, width), the new tokens
-    at slots p..p + T - 1; the tables (of a chain) and the cache read as slices."""
+    at slots p..p + T - 1; the tables (of a chain) and the cache read as slices. A chain's token i attends
+    over exactly its p + i + 1 slots, as a one-token step at its position does, so its bits are that step's
+    (a speculative step emits plain greedy's tokens)."""
     t = qkv.shape[1]
     hkv, d = k_cache.shape[1], k_cache.shape[3]
     g, n = hq // hkv, p + t  # n: the slots up to the newest
@@ -162,9 +164,17 @@ def _one_sequence(
     k_cache[0, :, p:n] = qk[:, hq:].swapaxes(0, 1)
     v_cache[0, :, p:n] = qkv[0, :, (hq + hkv) * d :].reshape(t, hkv, d).swapaxes(0, 1)
     q = qk[:, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (T, Hq, D), pre-scaled
+    if t > 1 and tree is None:  # a chain: token i over its own p + i + 1 slots, a one-token step's sums
+        q = q.transpose(1, 0, 2).reshape(hkv, g, t, d)  # (Hkv, G, T, D)
+        out = np.empty((hkv, g, t, d), dtype=q.dtype)
+        for i in range(t):
+            keys, values = k_cache[0, :, : p + i + 1], v_cache[0, :, : p + i + 1]  # (Hkv, p + i + 1, D)
+            qi = np.ascontiguousarray(q[:, :, i])  # (Hkv, G, D), laid out as a one-token step's
+            out[:, :, i] = _weighted_values(np, qi @ keys.swapaxes(-1, -2), values)
+        return out.transpose(2, 0, 1, 3).reshape(1, t, hq * d)
     q = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G T, D)
     scores = q @ k_cache[0, :, :n].swapaxes(-1, -2)  # (Hkv, G T, n)
-    if t > 1:  # token i sees slots 0..p - 1 and its ancestors' (a chain: 0..p + i)
+    if t > 1:  # a tree's token i sees slots 0..p - 1 and its ancestors'
         hidden = np.zeros((t, n), dtype=bool)
         hidden[:, p:] = ~seen_new  # (T, n)
         scores = np.where(hidden, -np.inf, scores.reshape(hkv, g, t, n)).reshape(hkv, g * t, n)
