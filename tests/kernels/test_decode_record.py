@@ -270,3 +270,15 @@ def test_a_second_branch_is_accepted_and_its_slots_moved() -> None:
 def test_the_accept_kernel_follows_a_draft_tree(parents) -> None:
     cp = pytest.importorskip("cupy")
     check_tree_accept(parents, len(parents) + 9, cp, 300)
+
+
+def test_buffers_written_in_place_must_be_c_contiguous() -> None:
+    """The launchers' one check (cuda/_module.check_in_place): a strided view is refused by name, since
+    a contiguous copy would not be the caller's buffer."""
+    from euler_kernels.cuda._module import check_in_place
+
+    a = np.zeros((3, 4), dtype=np.int64)
+    check_in_place("decode_record: the buffers it updates in place", a, a[1])
+    refused = r"^decode_draft: the drafts it writes in place must be C-contiguous$"
+    with pytest.raises(ValueError, match=refused):
+        check_in_place("decode_draft: the drafts it writes in place", a, a[:, 1:])

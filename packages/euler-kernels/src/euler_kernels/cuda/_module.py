@@ -91,6 +91,13 @@ def grid(n: int) -> tuple[int]:
     return (min(blocks(n, THREADS), GRID_CAP),)
 
 
+def check_in_place(what: str, *arrays: Any) -> None:
+    """ValueError "`what` must be C-contiguous" unless every one of the arrays a kernel writes in place is
+    (it indexes them with C strides, and a copy would not be the caller's array)."""
+    if not all(a.flags.c_contiguous for a in arrays):
+        raise ValueError(f"{what} must be C-contiguous")
+
+
 def contiguous(*arrays: Any) -> list[Any]:
     """The arrays in C order (themselves when they already are), as the kernels index them."""
     import cupy

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import contiguous, get_kernel
+from euler_kernels.cuda._module import check_in_place, contiguous, get_kernel
 
 _THREADS = 128  # a block per row: thread 0 records, the block moves the accepted drafts' slots
 
@@ -28,8 +28,9 @@ def decode_accept(
     import cupy
 
     g, drafts, stop, limit = contiguous(g, drafts, stop, limit)
-    if not all(a.flags.c_contiguous for a in (*buffers, drafted, accepted, *(caches or ()))):
-        raise ValueError("decode_accept: the buffers it updates in place must be C-contiguous")
+    check_in_place(
+        "decode_accept: the buffers it updates in place", *buffers, drafted, accepted, *(caches or ())
+    )
     out, last, pos, count, stopped_by, done, seen = buffers
     b, v = stop.shape
     tree = 0 if parents is None else sum(p << (4 * c) for c, p in enumerate(parents, start=1))  # 4 bits each

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import contiguous, get_kernel
+from euler_kernels.cuda._module import check_in_place, contiguous, get_kernel
 
 _THREADS = 256
 
@@ -15,8 +15,7 @@ def decode_draft(z: Any, drafts: Any, heads: list[int], ranks: list[int]) -> Non
     """ops.decode_draft on CuPy arrays: z (B, M, V) float32, drafts (B, n) int64 C-contiguous, written in
     place; draft i is head heads[i]'s (1..M) guess of rank ranks[i]."""
     (z,) = contiguous(z)
-    if not drafts.flags.c_contiguous:
-        raise ValueError("decode_draft: the drafts it writes in place must be C-contiguous")
+    check_in_place("decode_draft: the drafts it writes in place", drafts)
     b, m, v = z.shape
     packed = [sum(x << (4 * i) for i, x in enumerate(values)) for values in (heads, ranks)]  # 4 bits each
     args = (drafts, z, np.int32(m), np.int32(v), np.int32(len(heads)), *(np.uint64(p) for p in packed))

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import THREADS, blocks, contiguous, get_kernel
+from euler_kernels.cuda._module import THREADS, blocks, check_in_place, contiguous, get_kernel
 
 
 def decode_record(*arrays: Any) -> None:
@@ -15,8 +15,9 @@ def decode_record(*arrays: Any) -> None:
     token, out, last, pos, count, stopped_by, done, seen, stop, limit = arrays
     # read with C strides (a token column of (B, T) is not contiguous)
     token, stop, limit = contiguous(token, stop, limit)
-    if not all(a.flags.c_contiguous for a in (out, last, pos, count, stopped_by, done, seen)):
-        raise ValueError("decode_record: the buffers it updates in place must be C-contiguous")
+    check_in_place(
+        "decode_record: the buffers it updates in place", out, last, pos, count, stopped_by, done, seen
+    )
     b, v = stop.shape
     args = (out, last, pos, count, stopped_by, done, seen, token, stop, limit)  # the kernel's order
     get_kernel("decode_record.cu", "decode_record")(
