@@ -105,10 +105,8 @@ def decode_attention_forward(
     return out.reshape(b, -1) if qkv.ndim == 2 else out.reshape(b, rows.shape[1], -1)
 
 
-def _new_slots_seen(t: int, tree: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
-    """(T, T) bool: new token i sees new slot pos + u; and each new token's depth (T,) int64."""
-    if tree is None:
-        return np.tri(t, dtype=bool), np.arange(t)
+def _new_slots_seen(t: int, tree: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A draft tree's (T, T) bool: new token i sees new slot pos + u; and each new token's depth (T,)."""
     masks = draft_tree.ancestors(tree)
     return (np.asarray(masks)[:, None] >> np.arange(t)) & 1 == 1, np.asarray(draft_tree.depths(tree))
 
@@ -158,7 +156,7 @@ def _one_sequence(
     t = qkv.shape[1]
     hkv, d = k_cache.shape[1], k_cache.shape[3]
     g, n = hq // hkv, p + t  # n: the slots up to the newest
-    seen_new, depth = _new_slots_seen(t, tree) if t > 1 else (None, None)
+    seen_new, depth = (None, None) if tree is None else _new_slots_seen(t, tree)
     angles = (cos[p:n], sin[p:n]) if tree is None else (cos[p + depth], sin[p + depth])
     qk = rope_rows(qkv[0, :, : (hq + hkv) * d].reshape(t, hq + hkv, d), *angles)  # (T, H, D)
     k_cache[0, :, p:n] = qk[:, hq:].swapaxes(0, 1)
@@ -174,7 +172,7 @@ def _one_sequence(
         return out.transpose(2, 0, 1, 3).reshape(1, t, hq * d)
     q = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G T, D)
     scores = q @ k_cache[0, :, :n].swapaxes(-1, -2)  # (Hkv, G T, n)
-    if t > 1:  # a tree's token i sees slots 0..p - 1 and its ancestors'
+    if tree is not None:  # a tree's token i sees slots 0..p - 1 and its ancestors'
         hidden = np.zeros((t, n), dtype=bool)
         hidden[:, p:] = ~seen_new  # (T, n)
         scores = np.where(hidden, -np.inf, scores.reshape(hkv, g, t, n)).reshape(hkv, g * t, n)
