@@ -37,6 +37,25 @@ def time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
+def queued_ms(fn, reps: int = 20, calls: int = 10, warmup: int = 3) -> float:
+    """Median milliseconds of device time per call of fn(): `calls` calls queued back to back between two
+    CUDA events, so that the host's launch latency (Python, argument checks) overlaps the device's work
+    instead of being counted, as it is in a training step replayed from a CUDA graph."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / calls)
+    return float(np.median(times))
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy GB/s counting bytes read plus written."""
     a = cp.random.standard_normal(256 * 2**20, dtype=cp.float32)  # 1 GiB

@@ -1,41 +1,36 @@
-// FlashAttention forward on Hopper (sm_90a): the products on wgmma (warpgroup MMA), fp32 accumulation.
+// FlashAttention on Hopper (sm_90a): the products on wgmma (warpgroup MMA), fp32 accumulation.
 //
-// Same contract as flash_attention_bf16.cu's forward: q (B, T, Hq, D), k, v (B, S, Hkv, D) bf16 bit patterns,
+// Same contract as flash_attention_bf16.cu: q (B, T, Hq, D), k, v (B, S, Hkv, D) bf16 bit patterns,
 // out (B, T, Hq, D) bf16 and lse (B, Hq, T) float32 (natural log of the scaled scores' sum of exponentials);
 // query t sits at key position S - T + t; query head h reads kv head h / (Hq / Hkv) (no K/V copies).
 //
-// One block per (BM-query tile, query head, batch) with CONSUMERS warpgroups of 64 query rows each. The
-// block stages Q once and K, V tiles of BN keys through STAGES shared-memory buffers (16-byte cp.async,
-// the next tile copied while this one is multiplied), all in the 128-byte swizzled layout of wgmma.cuh.
-// Per tile, each warpgroup computes S = Q K^T (64 x BN, A and B from shared memory), runs the online softmax
-// on its registers, and adds P V (P from registers, bf16, V from shared memory read MN-major) into O.
+// Forward: persistent and warp-specialised. One block per SM walks the (BM-query tile, query head, batch)
+// work items blockIdx.x, + gridDim.x, ..., the tiles that see the most keys first. Warpgroup 0 is the
+// producer: one thread copies Q and the K, V tiles (BN keys) with TMA into the 128-byte swizzled layout of
+// wgmma.cuh, KV_STAGES buffers each, running ahead into the next work item while the consumers finish this
+// one. Warpgroups 1 and 2 consume, 64 query rows each: per tile S = Q K^T (64 x BN, operands from shared
+// memory) is issued with P V of the tile before (P from registers), the online softmax of S runs while
+// P V is on the tensor cores, and each buffer is handed back on its "empty" barrier as soon as its last
+// product has finished. No block-wide barrier after the start: K, V and Q each have their own full/empty
+// barriers (tma.cuh), so the two consumers drift apart freely.
 #include "common.cuh"
 #include "flash_common.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
-#ifndef CONSUMERS
-#define CONSUMERS 2                // warpgroups per block, 64 query rows each
-#endif
-#define NT (128 * CONSUMERS)
-#define BM (64 * CONSUMERS)        // query rows per block
-#ifndef BN
-#define BN 128                     // keys per tile (128 or 192)
-#endif
-#ifndef FWD_ABLATE
-#define FWD_ABLATE 0               // timing only: 1 reuses tile 0 (no loads; STAGES 3), 2 no exponentials
-#endif
-#ifndef STAGES
-#define STAGES 2                   // K, V buffers (3: P V of a tile pipelined under the next softmax)
-#endif
 #define PANELS (HEAD_DIM / 64)     // 128-byte panels per row of D bf16
+#define BM 128                     // query rows per work item: 64 per consumer warpgroup
+#define BN 128                     // keys per tile
+#define KV_STAGES 2                // buffers of K and of V
+#define FWD_NT 384                 // producer warpgroup + 2 consumer warpgroups
 #define Q_BYTES (BM * HEAD_DIM * 2)
 #define KV_BYTES (BN * HEAD_DIM * 2)
 
 // Copy ROWS rows of D bf16 (global row stride `stride` elements, from row `row0`) into a swizzled tile at
-// shared address `tile`, THREADS threads taking part; rows at or past `limit` are zero-filled.
+// shared address `tile`, THREADS threads taking part; rows at or past `limit` are zero-filled (backward).
 template <int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile_swizzled(unsigned tile, const bf16_t* src, int row0, int limit,
                                                    size_t stride) {
@@ -52,6 +47,13 @@ __device__ __forceinline__ void load_tile_swizzled(unsigned tile, const bf16_t* 
     }
 }
 
+// ROWS rows (one position each) of head `head`, batch `b` from row `row0`, all panels, into a swizzled tile
+__device__ __forceinline__ void tma_rows(unsigned tile, int rows, const TensorMap* map, int head, int row0,
+                                         int b, unsigned bar) {
+#pragma unroll
+    for (int p = 0; p < PANELS; p++) tma_load_4d(tile + p * rows * 128, map, p * 64, head, row0, b, bar);
+}
+
 // S (64 x BN) = Q (this warpgroup's 64 rows) K^T over the head dimension, in 16-wide k-steps
 __device__ __forceinline__ void scores(float* s, unsigned q_rows, unsigned k_tile) {
 #pragma unroll
@@ -59,11 +61,7 @@ __device__ __forceinline__ void scores(float* s, unsigned q_rows, unsigned k_til
         const unsigned step = (kk % 4) * 32;  // bytes along the row inside a panel
         const u64 a = smem_desc(q_rows + (kk / 4) * (BM * 128) + step, 16, 1024);
         const u64 b = smem_desc(k_tile + (kk / 4) * (BN * 128) + step, 16, 1024);
-#if BN == 192
-        wgmma_ss_n192(s, a, b, kk > 0);
-#else
         wgmma_ss_n128(s, a, b, kk > 0);
-#endif
     }
 }
 
@@ -80,19 +78,17 @@ __device__ __forceinline__ void add_pv(float* o, const unsigned (*p)[4], unsigne
     }
 }
 
-// Ping-pong between the block's warpgroups (PINGPONG): they take turns to issue their products, so the
-// tensor cores run one warpgroup's products while the other computes its softmax. Warpgroup w waits on
-// named barrier 1 + w (128 of its threads + 128 arrivals of the other) and passes the turn by arriving
-// on the other's. With CONSUMERS != 2 (or PINGPONG 0) the turns are no-ops.
+// Turns between the backward's two warpgroups (PINGPONG 1, measured as no gain): they take turns to issue
+// their products. Warpgroup w waits on named barrier 1 + w (128 of its threads + 128 arrivals of the
+// other) and passes the turn by arriving on the other's; with PINGPONG 0 the turns are no-ops.
 #ifndef PINGPONG
-#define PINGPONG 0                 // measured: no gain on the H200 (benchmarks/tune_attention_sm90.py)
+#define PINGPONG 0
 #endif
-#define TURNS (PINGPONG && CONSUMERS == 2)
 __device__ __forceinline__ void turn_wait(int wg) {
-    if (TURNS) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+    if (PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
 }
 __device__ __forceinline__ void turn_pass(int wg) {
-    if (TURNS) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+    if (PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
 }
 // warpgroup 1 starts by giving warpgroup 0 its first turn; warpgroup 0 takes the last pass back at the end
 __device__ __forceinline__ void turn_start(int wg) {
@@ -124,171 +120,211 @@ __device__ __forceinline__ void softmax_tile(float* s, unsigned (*p)[4], float* 
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) {
         const int r = (i >> 1) & 1;
-#if FWD_ABLATE == 2
-        const float p0 = fmaf(s[i], sl2, -m_new[r]), p1 = fmaf(s[i + 1], sl2, -m_new[r]);
-#else
         const float p0 = fast_exp2(fmaf(s[i], sl2, -m_new[r]));
         const float p1 = fast_exp2(fmaf(s[i + 1], sl2, -m_new[r]));
-#endif
         l[r] += p0 + p1;
         p[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
-flash_attention_forward_sm90(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, int T,
-                             int S, int Hq, int Hkv, float scale, int causal) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the swizzle repeats every 1024 bytes
-    const unsigned Qs = base, Ks = Qs + Q_BYTES, Vs = Ks + STAGES * KV_BYTES;
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
-    // the last query tiles see the most keys under a causal mask: start them first
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
-    const int offset = S - T, row0 = wg * 64 + warp * 16;  // this warp's first row in the block's tile
-    const size_t q_stride = (size_t)Hq * HEAD_DIM, kv_stride = (size_t)Hkv * HEAD_DIM;
-    const bf16_t* kb = k + (size_t)b * S * kv_stride + hk * HEAD_DIM;
-    const bf16_t* vb = v + (size_t)b * S * kv_stride + hk * HEAD_DIM;
+// A work item: BM query rows q0.. of head h, batch b, and the K/V tiles they see (causal: none past the item)
+struct WorkItem {
+    int q0, h, b, n_tiles;
+};
+__device__ __forceinline__ WorkItem work_item(int w, int T, int S, int Hq, int B, bool causal) {
+    const int per_tile = Hq * B, n_qt = (T + BM - 1) / BM;
+    WorkItem item;
+    item.q0 = (n_qt - 1 - w / per_tile) * BM;  // the last query tiles see the most keys under a causal mask
+    item.h = (w % per_tile) % Hq;              // neighbouring items: the heads that share a kv head
+    item.b = (w % per_tile) / Hq;
+    const int kv_end = causal ? min(S, S - T + min(item.q0 + BM, T)) : S;
+    item.n_tiles = (kv_end + BN - 1) / BN;
+    return item;
+}
+
+// The shared memory of the forward: Q, KV_STAGES K and V tiles (1024-aligned), then the barriers
+struct ForwardSmem {
+    unsigned q, k, v;                           // tiles
+    unsigned q_full, q_empty;                   // barriers (8 bytes each)
+    unsigned k_full, k_empty, v_full, v_empty;  // first of KV_STAGES barriers each
+};
+__device__ __forceinline__ ForwardSmem forward_smem(unsigned base) {
+    ForwardSmem m;
+    m.q = base;
+    m.k = m.q + Q_BYTES;
+    m.v = m.k + KV_STAGES * KV_BYTES;
+    m.q_full = m.v + KV_STAGES * KV_BYTES;
+    m.q_empty = m.q_full + 8;
+    m.k_full = m.q_empty + 8;
+    m.k_empty = m.k_full + 8 * KV_STAGES;
+    m.v_full = m.k_empty + 8 * KV_STAGES;
+    m.v_empty = m.v_full + 8 * KV_STAGES;
+    return m;
+}
+#define CONSUMER_WARPS 8  // arrivals that hand a buffer back: lane 0 of each consumer warp
+
+// The producer (one thread): Q of each work item, then its K and V tiles, each into the next buffer once
+// the consumers have handed it back. `n` counts K/V tiles over all items: buffer n % KV_STAGES, use n / KV_STAGES.
+__device__ void produce(const ForwardSmem& sm, const TensorMap* q_map, const TensorMap* k_map,
+                        const TensorMap* v_map, int T, int S, int Hq, int Hkv, int B, bool causal) {
+    const int n_work = (T + BM - 1) / BM * Hq * B;
+    int n = 0, items = 0;
+    for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
+        const WorkItem it = work_item(w, T, S, Hq, B, causal);
+        const int hk = it.h / (Hq / Hkv);
+        mbar_wait(sm.q_empty, (items & 1) ^ 1);
+        mbar_expect_tx(sm.q_full, Q_BYTES);
+        tma_rows(sm.q, BM, q_map, it.h, it.q0, it.b, sm.q_full);
+        for (int j = 0; j < it.n_tiles; j++, n++) {
+            const int stage = n % KV_STAGES;
+            const unsigned parity = ((n / KV_STAGES) & 1) ^ 1;
+            mbar_wait(sm.k_empty + 8 * stage, parity);
+            mbar_expect_tx(sm.k_full + 8 * stage, KV_BYTES);
+            tma_rows(sm.k + stage * KV_BYTES, BN, k_map, hk, j * BN, it.b, sm.k_full + 8 * stage);
+            mbar_wait(sm.v_empty + 8 * stage, parity);
+            mbar_expect_tx(sm.v_full + 8 * stage, KV_BYTES);
+            tma_rows(sm.v + stage * KV_BYTES, BN, v_map, hk, j * BN, it.b, sm.v_full + 8 * stage);
+        }
+    }
+}
+
+// lane 0 of each warp hands a buffer back once the warpgroup's products that read it have finished
+__device__ __forceinline__ void release(unsigned bar) {
+    if (threadIdx.x % 32 == 0) mbar_arrive(bar);
+}
+
+// A consumer warpgroup (cw = 0, 1: query rows 64 cw .. of each item)
+__device__ void consume(const ForwardSmem& sm, bf16_t* out, float* lse, int cw, int T, int S, int Hq, int B,
+                        float scale, bool causal) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int n_work = (T + BM - 1) / BM * Hq * B, offset = S - T, row0 = cw * 64 + warp * 16;
     const float sl2 = scale * LOG2E;  // scores -> log2 units
-    const int kv_end = causal ? min(S, offset + min(q0 + BM, T)) : S;  // causal: skip tiles past the block
-    const int n_tiles = (kv_end + BN - 1) / BN;
-    const unsigned q_rows = Qs + wg * 64 * 128;  // this warpgroup's 64 query rows
-
-    load_tile_swizzled<BM, NT>(Qs, q + (size_t)b * T * q_stride + h * HEAD_DIM, q0, T, q_stride);
-    load_tile_swizzled<BN, NT>(Ks, kb, 0, S, kv_stride);
-    load_tile_swizzled<BN, NT>(Vs, vb, 0, S, kv_stride);
-    cp_async_commit();
-
-    float o[HEAD_DIM / 2];                // O accumulator (accumulator layout of wgmma.cuh)
-    float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
-    float l[2] = {0.0f, 0.0f};            // this thread's share of the running sums (quad-summed at the end)
-    float alpha[2];
+    const unsigned q_rows = sm.q + cw * 64 * 128;  // this warpgroup's 64 query rows
+    int n = 0, items = 0;  // K/V tiles and items consumed so far (the producer's count)
+    for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
+        const WorkItem it = work_item(w, T, S, Hq, B, causal);
+        float o[HEAD_DIM / 2];                // O accumulator (accumulator layout of wgmma.cuh)
+        float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
+        float l[2] = {0.0f, 0.0f};            // this thread's share of the running sums (quad-summed at the end)
+        float alpha[2];
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; i++) o[i] = 0.0f;
-    // positions of rows g and g + 8; padding rows (t >= T) borrow the last real one
-    const int pos0 = offset + min(q0 + row0 + g, T - 1), pos1 = offset + min(q0 + row0 + g + 8, T - 1);
-    // mask only tiles that reach past S or past this warp's first position (warp-uniform)
-    auto needs_mask = [&](int k0) { return k0 + BN > S || (causal && k0 + BN - 1 > offset + q0 + row0); };
-    float s[BN / 2];         // raw scores: rows g, g + 8 of this warp; keys 8j + 2t, + 1
-    unsigned p[BN / 16][4];  // P of the tile whose P V is next, bf16 A operand
+        for (int i = 0; i < HEAD_DIM / 2; i++) o[i] = 0.0f;
+        // positions of rows g and g + 8; padding rows (t >= T) borrow the last real one
+        const int pos0 = offset + min(it.q0 + row0 + g, T - 1), pos1 = offset + min(it.q0 + row0 + g + 8, T - 1);
+        // mask only tiles that reach past S or past this warp's first position (warp-uniform)
+        auto needs_mask = [&](int k0) { return k0 + BN > S || (causal && k0 + BN - 1 > offset + it.q0 + row0); };
+        auto full = [&](unsigned bars, int j) { mbar_wait(bars + 8 * ((n + j) % KV_STAGES), ((n + j) / KV_STAGES) & 1); };
+        auto empty = [&](unsigned bars, int j) { return bars + 8 * ((n + j) % KV_STAGES); };
+        auto tile = [&](unsigned tiles, int j) { return tiles + ((n + j) % KV_STAGES) * KV_BYTES; };
+        float s[BN / 2];         // raw scores: rows g, g + 8 of this warp; keys 8j + 2t, + 1
+        unsigned p[BN / 16][4];  // P of the tile whose P V is next, bf16 A operand
+        unsigned p2[BN / 16][4];
 
-#if STAGES >= 3
-    // Pipelined: while the tensor cores add P V of tile it - 1, this warpgroup runs the softmax of tile it
-    // (S of tile it is issued first, so waiting for all but the newest group waits for S only).
-    // Tile it >= 1: P V of tile it - 1 (p_prev) is added while this tile's softmax fills p_next. The two
-    // P buffers alternate (a copy would let the compiler merge them and wait for P V before the softmax),
-    // and tile 0 runs before the loop, so that every step issues the same two groups.
-    auto load_next = [&](int it) {  // prefetch tile it + 1 into its buffer
-        if (it + 1 < n_tiles && FWD_ABLATE != 1) {
-            load_tile_swizzled<BN, NT>(Ks + ((it + 1) % STAGES) * KV_BYTES, kb, (it + 1) * BN, S, kv_stride);
-            load_tile_swizzled<BN, NT>(Vs + ((it + 1) % STAGES) * KV_BYTES, vb, (it + 1) * BN, S, kv_stride);
-        }
-        cp_async_commit();
-    };
-    auto step = [&](int it, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // tile it is in; tile it - 2's buffers are free (its P V finished last step)
-        load_next(it);
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs<BN / 16>(p_prev);
+        mbar_wait(sm.q_full, items & 1);
+        // Tile 0: S and its softmax into p. Then tile j >= 1: S of tile j is issued with P V of tile j - 1
+        // (p_prev); waiting for all but the newest group waits for S only, and tile j's softmax fills
+        // p_next while P V runs. The two P buffers alternate (a copy would let the compiler merge them
+        // and wait for P V before the softmax).
+        full(sm.k_full, 0);
         wgmma_fence();
-        scores(s, q_rows, Ks + (FWD_ABLATE == 1 ? 0 : it % STAGES) * KV_BYTES);
-        wgmma_commit();
-        add_pv(o, p_prev, Vs + (FWD_ABLATE == 1 ? 0 : (it - 1) % STAGES) * KV_BYTES);
-        wgmma_commit();
-        wgmma_wait<1>();  // S of tile it
-        fence_regs<BN / 2>(s);
-        softmax_tile(s, p_next, m, l, alpha, needs_mask(it * BN), it * BN, S, causal, pos0, pos1, sl2);
-        fence_regs<BN / 16>(p_next);  // the softmax is done before the wait below
-        fence_regs<2>(alpha);
-        wgmma_wait<0>();  // P V of tile it - 1
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs<BN / 16>(p_prev);
-#pragma unroll
-        for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
-    };
-    auto last_pv = [&](unsigned (&p_last)[BN / 16][4]) {  // P V of the last tile
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs<BN / 16>(p_last);
-        wgmma_fence();
-        add_pv(o, p_last, Vs + (FWD_ABLATE == 1 ? 0 : (n_tiles - 1) % STAGES) * KV_BYTES);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs<BN / 16>(p_last);
-    };
-    unsigned p2[BN / 16][4];
-    if (n_tiles > 0) {  // tile 0: S and its softmax into p
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        load_next(0);
-        wgmma_fence();
-        scores(s, q_rows, Ks);
+        scores(s, q_rows, tile(sm.k, 0));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs<BN / 2>(s);
+        release(empty(sm.k_empty, 0));
+        if (it.n_tiles == 1) release(sm.q_empty);
         softmax_tile(s, p, m, l, alpha, needs_mask(0), 0, S, causal, pos0, pos1, sl2);
-    }
-    int it = 1;
-    for (; it + 1 < n_tiles; it += 2) {
-        step(it, p, p2);
-        step(it + 1, p2, p);
-    }
-    if (it < n_tiles) {  // an even number of tiles: one step left, then the last P V from p2
-        step(it, p, p2);
-        last_pv(p2);
-    } else if (n_tiles > 0) {
-        last_pv(p);
-    }
-#else
-    turn_start(wg);
-    for (int it = 0; it < n_tiles; it++) {
-        const int k0 = it * BN, buf = it % STAGES;
-        cp_async_wait<0>();   // this thread's pieces of tile `it` (and Q) have landed
-        fence_proxy_async();  // ... where the tensor cores will read them
-        __syncthreads();      // every thread's pieces; and every warpgroup is done with tile it - 1
-        if (it + 1 < n_tiles) {  // prefetch the next K and V tiles into the other buffer
-            load_tile_swizzled<BN, NT>(Ks + ((it + 1) % STAGES) * KV_BYTES, kb, k0 + BN, S, kv_stride);
-            load_tile_swizzled<BN, NT>(Vs + ((it + 1) % STAGES) * KV_BYTES, vb, k0 + BN, S, kv_stride);
+        auto step = [&](int j, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
+            full(sm.k_full, j);
+            full(sm.v_full, j - 1);
+            fence_regs<HEAD_DIM / 2>(o);
+            fence_regs<BN / 16>(p_prev);
+            wgmma_fence();
+            scores(s, q_rows, tile(sm.k, j));
+            wgmma_commit();
+            add_pv(o, p_prev, tile(sm.v, j - 1));
+            wgmma_commit();
+            wgmma_wait<1>();  // S of tile j
+            fence_regs<BN / 2>(s);
+            release(empty(sm.k_empty, j));
+            if (j == it.n_tiles - 1) release(sm.q_empty);  // the item's last use of Q
+            softmax_tile(s, p_next, m, l, alpha, needs_mask(j * BN), j * BN, S, causal, pos0, pos1, sl2);
+            fence_regs<BN / 16>(p_next);  // the softmax is done before the wait below
+            fence_regs<2>(alpha);
+            wgmma_wait<0>();  // P V of tile j - 1
+            fence_regs<HEAD_DIM / 2>(o);
+            fence_regs<BN / 16>(p_prev);
+            release(empty(sm.v_empty, j - 1));
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+        };
+        auto last_pv = [&](unsigned (&p_last)[BN / 16][4]) {  // P V of the last tile
+            const int j = it.n_tiles - 1;
+            full(sm.v_full, j);
+            fence_regs<HEAD_DIM / 2>(o);
+            fence_regs<BN / 16>(p_last);
+            wgmma_fence();
+            add_pv(o, p_last, tile(sm.v, j));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs<HEAD_DIM / 2>(o);
+            fence_regs<BN / 16>(p_last);
+            release(empty(sm.v_empty, j));
+        };
+        int j = 1;
+        for (; j + 1 < it.n_tiles; j += 2) {
+            step(j, p, p2);
+            step(j + 1, p2, p);
         }
-        cp_async_commit();
-        turn_wait(wg);
-        wgmma_fence();
-        scores(s, q_rows, Ks + buf * KV_BYTES);
-        wgmma_commit();
-        turn_pass(wg);
-        wgmma_wait<0>();
-        fence_regs<BN / 2>(s);
-        softmax_tile(s, p, m, l, alpha, needs_mask(k0), k0, S, causal, pos0, pos1, sl2);
+        if (j < it.n_tiles) {  // an even number of tiles: one step left, then the last P V from p2
+            step(j, p, p2);
+            last_pv(p2);
+        } else {
+            last_pv(p);
+        }
+        n += it.n_tiles;
+
+        const size_t q_stride = (size_t)Hq * HEAD_DIM;
 #pragma unroll
-        for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs<BN / 16>(p);
-        turn_wait(wg);
-        wgmma_fence();
-        add_pv(o, p, Vs + buf * KV_BYTES);
-        wgmma_commit();
-        turn_pass(wg);
-        wgmma_wait<0>();
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs<BN / 16>(p);
+        for (int r = 0; r < 2; r++) {
+            const int tq = it.q0 + row0 + g + 8 * r;
+            const float sum = quad_sum(l[r]);  // all lanes take part in the shuffle
+            if (tq >= T) continue;
+            const float inv = 1.0f / sum;
+            bf16_t* orow = out + ((size_t)it.b * T + tq) * q_stride + it.h * HEAD_DIM;
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 8; i++)
+                *reinterpret_cast<unsigned*>(orow + i * 8 + 2 * t) =
+                    pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+            if (t == 0) lse[((size_t)it.b * Hq + it.h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+        }
     }
-    turn_end(wg);
-#endif
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int tq = q0 + row0 + g + 8 * r;
-        const float sum = quad_sum(l[r]);  // all lanes take part in the shuffle
-        if (tq >= T) continue;
-        const float inv = 1.0f / sum;
-        bf16_t* orow = out + ((size_t)b * T + tq) * q_stride + h * HEAD_DIM;
-#pragma unroll
-        for (int j = 0; j < HEAD_DIM / 8; j++)
-            *reinterpret_cast<unsigned*>(orow + j * 8 + 2 * t) =
-                pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-        if (t == 0) lse[((size_t)b * Hq + h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+}
+
+extern "C" __global__ void __launch_bounds__(FWD_NT, 1)
+flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ TensorMap q_map,
+                             const __grid_constant__ TensorMap k_map, const __grid_constant__ TensorMap v_map,
+                             int T, int S, int Hq, int Hkv, float scale, int causal, int B) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const ForwardSmem sm = forward_smem((smem_u32(smem_raw) + 1023u) & ~1023u);  // the swizzle repeats every 1024 bytes
+    if (threadIdx.x == 0) {
+        mbar_init(sm.q_full, 1);
+        mbar_init(sm.q_empty, CONSUMER_WARPS);
+        for (int i = 0; i < KV_STAGES; i++) {
+            mbar_init(sm.k_full + 8 * i, 1);
+            mbar_init(sm.k_empty + 8 * i, CONSUMER_WARPS);
+            mbar_init(sm.v_full + 8 * i, 1);
+            mbar_init(sm.v_empty + 8 * i, CONSUMER_WARPS);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {  // the producer warpgroup: 24 registers a thread are enough to issue copies
+        regs_release<24>();
+        if (threadIdx.x == 0) produce(sm, &q_map, &k_map, &v_map, T, S, Hq, Hkv, B, causal);
+    } else {
+        regs_claim<240>();
+        consume(sm, out, lse, threadIdx.x / 128 - 1, T, S, Hq, B, scale, causal);
     }
 }
 

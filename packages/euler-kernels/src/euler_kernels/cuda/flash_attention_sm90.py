@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import get_kernel_sm90a
+from euler_kernels.cuda.tensor_map import head_rows_map, launch
 
 _SOURCE = "flash_attention_sm90.cu"
 KERNEL_ENV = "EULER_FLASH_KERNEL"
 _CHOICES = ("auto", "sm90", "mma")
-_BN = 128  # keys per tile (BN in the .cu file)
-_CONSUMERS = 2  # forward warpgroups of 64 query rows per block (CONSUMERS in the .cu file)
+_BM, _BN, _KV_STAGES = 128, 128, 2  # forward: query rows per work item, keys per tile, K and V buffers
 
 
 def kernel_sizes(q: Any, k: Any, causal: bool) -> tuple:
@@ -64,32 +64,32 @@ def use_sm90() -> bool:
     return hopper and choice != "mma"
 
 
-def _stages(head_dim: int) -> int:
-    """K, V buffers of the forward (STAGES in the .cu file): 3 pipelines P V under the next tile's softmax,
-    which paid at head_dim 128 on the H200 (benchmarks/tune_attention_sm90.py), not at 64."""
-    return 3 if head_dim == 128 else 2
+@functools.cache
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def _forward_smem(head_dim: int, consumers: int, stages: int, bn: int) -> int:
-    """Q (BM, D) + STAGES x (K, V) (BN, D) bf16, + 1024 bytes to align the swizzled tiles."""
-    return 2 * head_dim * (64 * consumers + 2 * stages * bn) + 1024
+def _forward_smem(head_dim: int) -> int:
+    """Q (BM, D) + KV_STAGES x (K, V) (BN, D) bf16, the barriers (10 x 8 bytes), + 1024 to align."""
+    return 2 * head_dim * (_BM + 2 * _KV_STAGES * _BN) + 10 * 8 + 1024
 
 
-def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **tuning: int) -> None:
+def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any) -> None:
     """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
-    (B, S, Hkv, D) bf16, written in place. `tuning` overrides the .cu file's CONSUMERS and STAGES (for
-    benchmarks/tune_attention_sm90.py)."""
+    (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item)."""
+    import cupy
+
     B, T, Hq, D = q16.shape
-    consumers = tuning.get("CONSUMERS", _CONSUMERS)
-    stages = tuning.get("STAGES", _stages(D))
-    smem = _forward_smem(D, consumers, stages, tuning.get("BN", _BN))
-    defines = {"HEAD_DIM": D, "CONSUMERS": consumers, "STAGES": stages, **tuning}
-    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines)
+    smem = _forward_smem(D)
+    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", HEAD_DIM=D)
     kernel.max_dynamic_shared_size_bytes = smem
-    bm = 64 * consumers
-    grid = ((T + bm - 1) // bm, Hq, B)
-    args = (out16, lse, q16, k16, v16, *kernel_sizes(q16, k16, causal))
-    kernel(grid, (128 * consumers,), args, shared_mem=smem)
+    work = (T + _BM - 1) // _BM * Hq * B
+    grid = (min(work, _sm_count(cupy.cuda.runtime.getDevice())), 1, 1)
+    maps = (head_rows_map(q16, _BM), head_rows_map(k16, _BN), head_rows_map(v16, _BN))
+    args = (out16, lse, *maps, *kernel_sizes(q16, k16, causal), np.int32(B))
+    launch(kernel, grid, (384, 1, 1), args, smem)
 
 
 _BK, _BQ = 128, 64  # backward: keys per block, queries per tile (BK, BQ in the .cu file)
