@@ -2,10 +2,9 @@
 
     python benchmarks/tune_attention_sm90.py
 
-DQ_MODE 1 (dQ through shared memory and bulk reductions instead of float4 atomics), PINGPONG 1 (the two
-warpgroups take turns to issue their products), BWD_ABLATE 1 and 2 (leave out the dQ atomics / all of dQ:
-wrong results, timing only: what each costs). The forward has no variants left: the warp-specialised
-kernel replaced the knobs of the cp.async one (docs/benchmarks/attention_gpu.md has their measurements).
+BWD_ABLATE 1 leaves out the dQ reductions (wrong dq, timing only: what they cost). The forward has no
+variants left, and the backward's DQ_MODE and PINGPONG went with the cp.async kernels they tuned
+(docs/benchmarks/attention_gpu.md keeps their measurements).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from euler_kernels.cuda import cast, flash_attention_sm90
 from euler_kernels.cuda.flash_attention import flash_attention_forward_bf16
 
 ROWS = [(64, 12, 4, 2, 8192), (128, 16, 4, 2, 8192), (128, 16, 4, 8, 2048), (64, 12, 4, 32, 512)]
-BACKWARD = [{}, {"DQ_MODE": 1}, {"PINGPONG": 1}, {"BWD_ABLATE": 1}, {"BWD_ABLATE": 2}]
+BACKWARD = [{}, {"BWD_ABLATE": 1}]
 
 
 def backward_variant(g, q, k, v, lse, delta, flops: float, tuning: dict) -> str:

@@ -29,24 +29,6 @@
 #define Q_BYTES (BM * HEAD_DIM * 2)
 #define KV_BYTES (BN * HEAD_DIM * 2)
 
-// Copy ROWS rows of D bf16 (global row stride `stride` elements, from row `row0`) into a swizzled tile at
-// shared address `tile`, THREADS threads taking part; rows at or past `limit` are zero-filled (backward).
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile_swizzled(unsigned tile, const bf16_t* src, int row0, int limit,
-                                                   size_t stride) {
-    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte pieces per row
-    static_assert(ROWS * CHUNKS % THREADS == 0, "every thread copies the same number of pieces");
-#pragma unroll
-    for (int j = 0; j < ROWS * CHUNKS / THREADS; j++) {
-        const int i = threadIdx.x + j * THREADS, r = i / CHUNKS, c = i % CHUNKS;
-        const bool valid = row0 + r < limit;
-        const unsigned dst = tile + (c / 8) * (ROWS * 128) + r * 128 + (((c % 8) ^ (r & 7)) << 4);
-        const bf16_t* from = src + (size_t)(valid ? row0 + r : 0) * stride + c * 8;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from),
-                     "r"(valid ? 16 : 0));
-    }
-}
-
 // ROWS rows (one position each) of head `head`, batch `b` from row `row0`, all panels, into a swizzled tile
 __device__ __forceinline__ void tma_rows(unsigned tile, int rows, const TensorMap* map, int head, int row0,
                                          int b, unsigned bar) {
@@ -76,26 +58,6 @@ __device__ __forceinline__ void add_pv(float* o, const unsigned (*p)[4], unsigne
         wgmma_rs_n128(o, p[kk], b, 1);
 #endif
     }
-}
-
-// Turns between the backward's two warpgroups (PINGPONG 1, measured as no gain): they take turns to issue
-// their products. Warpgroup w waits on named barrier 1 + w (128 of its threads + 128 arrivals of the
-// other) and passes the turn by arriving on the other's; with PINGPONG 0 the turns are no-ops.
-#ifndef PINGPONG
-#define PINGPONG 0
-#endif
-__device__ __forceinline__ void turn_wait(int wg) {
-    if (PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
-}
-__device__ __forceinline__ void turn_pass(int wg) {
-    if (PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
-}
-// warpgroup 1 starts by giving warpgroup 0 its first turn; warpgroup 0 takes the last pass back at the end
-__device__ __forceinline__ void turn_start(int wg) {
-    if (wg == 1) turn_pass(wg);
-}
-__device__ __forceinline__ void turn_end(int wg) {
-    if (wg == 0) turn_wait(wg);
 }
 
 // Online softmax of one S tile (raw scores, rows g, g + 8 of this warp): masks keys past S or past each row's
@@ -331,111 +293,136 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 // --- backward -------------------------------------------------------------------------------------------
 // One block per (BK-key tile, kv head, batch), two warpgroups; warpgroup w owns keys 64w .. 64w + 63 of the
 // tile and keeps their dK, dV accumulators in registers over every (query head of the group, BQ-query tile)
-// that sees them (no atomics for dK, dV). Per query tile, with Q, dO, lse and delta double-buffered:
+// that sees them. Thread 128 copies K and V once and each query tile's Q and dO by TMA, and its warp each
+// tile's lse and delta by cp.async, into BWD_STAGES buffers counted by a "full" barrier; a tile's buffer is
+// refilled (tile it + BWD_STAGES) once both warpgroups are done with it. Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; A and B K-major from shared memory)
 //   P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)                   (registers, fp32, then bf16)
 //   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
-//   dQ += dS K                         (dS^T through shared memory, read M-major; warpgroup w computes
-//                                       head-dimension half w of dQ over all BK keys; atomics into dq)
+//   dQ = dS K                          (dS^T through shared memory, read M-major; warpgroup w computes
+//                                       head-dimension half w over all BK keys)
+// and dQ, scaled, goes through a 128-byte-swizzled float32 staging tile (two, alternating) that thread 128
+// adds into dq with TMA reductions, whole tiles in the L2, while the block goes on.
 // delta = rowsum(dout * out) comes from flash_attention_delta_bf16 (flash_attention_bf16.cu). The scores'
-// scale is applied once, to dK at the end and to dQ as it is added.
+// scale is applied once, to dK at the end and to dQ as it is staged.
 #define BK 128                       // keys per backward block
 #define BQ 64                        // queries per backward tile
 #define BWD_NT 256
+#define BWD_STAGES 2                 // Q, dO, lse, delta buffers
 #ifndef BWD_ABLATE
-#define BWD_ABLATE 0                 // timing experiments only: 1 leaves out the dQ atomics, 2 all of dQ
+#define BWD_ABLATE 0                 // timing only: 1 leaves out the dQ reductions (wrong dq)
 #endif
 #define K_BYTES (BK * HEAD_DIM * 2)
 #define QT_BYTES (BQ * HEAD_DIM * 2)
 #define DST_BYTES (BK * BQ * 2)
-#ifndef DQ_MODE
-#define DQ_MODE 0                    // dQ into dq: 0 float4 atomics from registers, 1 bulk reductions from smem
-#endif
-#define DQ_LD (HEAD_DIM + 4)         // row stride (floats) of the dQ staging tile: 16 bytes of padding
-#define DQ_BYTES (BQ * DQ_LD * 4)
+#define DQ_BYTES (BQ * HEAD_DIM * 4)  // a dQ staging tile: HEAD_DIM / 32 float32 panels of 32 columns
 
-// Stage query tile `it` of the block's loop: head h = first + it / n_q, rows i0 = q_first + (it % n_q) BQ
-__device__ __forceinline__ void load_query_tile(unsigned qs, unsigned dos, float* lse_s, float* delta_s,
-                                                const bf16_t* q, const bf16_t* dout, const float* lse,
-                                                const float* delta, int b, int h, int i0, int T, int Hq) {
-    const size_t stride = (size_t)Hq * HEAD_DIM, head = ((size_t)b * T * Hq + h) * HEAD_DIM;
-    load_tile_swizzled<BQ, BWD_NT>(qs, q + head, i0, T, stride);
-    load_tile_swizzled<BQ, BWD_NT>(dos, dout + head, i0, T, stride);
-    if (threadIdx.x < 2 * BQ) {  // one float each of lse (threads 0..63) and delta (64..127)
-        const int r = threadIdx.x % BQ;
-        const bool valid = i0 + r < T;
-        const float* src = (threadIdx.x < BQ ? lse : delta) + ((size_t)b * Hq + h) * T + (valid ? i0 + r : 0);
-        float* dst = (threadIdx.x < BQ ? lse_s : delta_s) + r;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                     "r"(valid ? 4 : 0));
+struct BackwardSmem {
+    unsigned k, v, q, dout, dst, dq;  // tiles (q, dout: BWD_STAGES each; dq: 2)
+    unsigned lse, delta;              // BWD_STAGES x BQ float32 each
+    unsigned kv_full, qdo_full;       // barriers (qdo_full: BWD_STAGES of them)
+};
+__device__ __forceinline__ BackwardSmem backward_smem(unsigned base) {
+    BackwardSmem m;
+    m.k = base;
+    m.v = m.k + K_BYTES;
+    m.q = m.v + K_BYTES;
+    m.dout = m.q + BWD_STAGES * QT_BYTES;
+    m.dst = m.dout + BWD_STAGES * QT_BYTES;
+    m.dq = m.dst + DST_BYTES;
+    m.lse = m.dq + 2 * DQ_BYTES;
+    m.delta = m.lse + BWD_STAGES * BQ * 4;
+    m.kv_full = m.delta + BWD_STAGES * BQ * 4;
+    m.qdo_full = m.kv_full + 8;
+    return m;
+}
+
+// The copies of query tile `it` into buffer it % BWD_STAGES (head h = first + it / n_q, rows
+// i0 = q_first + (it % n_q) BQ): Q and dO by TMA from thread 128, lse and delta by cp.async from its warp
+__device__ __forceinline__ void load_query_tile(const BackwardSmem& sm, int it, const TensorMap* q_map,
+                                                const TensorMap* do_map, const float* lse, const float* delta,
+                                                int b, int first, int n_q, int q_first, int T, int Hq) {
+    const int stage = it % BWD_STAGES, h = first + it / n_q, i0 = q_first + (it % n_q) * BQ;
+    const unsigned bar = sm.qdo_full + 8 * stage;
+    if (threadIdx.x == 128) {
+        mbar_expect_tx(bar, 2 * QT_BYTES);
+        tma_rows(sm.q + stage * QT_BYTES, BQ, q_map, h, i0, b, bar);
+        tma_rows(sm.dout + stage * QT_BYTES, BQ, do_map, h, i0, b, bar);
     }
+    const int lane = threadIdx.x % 32;
+    const size_t row = ((size_t)b * Hq + h) * T;
+#pragma unroll
+    for (int half = 0; half < BQ / 32; half++) {  // lane takes queries lane and lane + 32
+        const int r = lane + 32 * half;
+        const bool valid = i0 + r < T;
+        const size_t at = row + (valid ? i0 + r : 0);
+        cp_async4(sm.lse + (stage * BQ + r) * 4, lse + at, valid);
+        cp_async4(sm.delta + (stage * BQ + r) * 4, delta + at, valid);
+    }
+    cp_async_arrive(bar);
 }
 
 extern "C" __global__ void __launch_bounds__(BWD_NT, 1)
-flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                              const bf16_t* dout, const float* lse, const float* delta, int T, int S, int Hq,
-                              int Hkv, float scale, int causal) {
+flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ TensorMap dq_map,
+                              const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,
+                              const __grid_constant__ TensorMap v_map, const __grid_constant__ TensorMap do_map,
+                              const float* lse, const float* delta, int T, int S, int Hq, int Hkv, float scale,
+                              int causal) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const unsigned Ks = base, Vs = Ks + K_BYTES, Qs = Vs + K_BYTES, dOs = Qs + 2 * QT_BYTES;
-    const unsigned dSt = dOs + 2 * QT_BYTES;  // dS^T (BK keys, BQ queries) bf16, swizzled
-    const unsigned dQs = dSt + DST_BYTES;  // 2 x dQ (BQ, DQ_LD) float32, staged for the bulk reductions
-    float* lse_s = reinterpret_cast<float*>(smem_raw + (dQs + 2 * DQ_BYTES - smem_u32(smem_raw)));  // 2 x BQ
-    float* delta_s = lse_s + 2 * BQ;                                                               // 2 x BQ
+    const BackwardSmem sm = backward_smem((smem_u32(smem_raw) + 1023u) & ~1023u);
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int n0 = blockIdx.x * BK, hk = blockIdx.y, b = blockIdx.z, G = Hq / Hkv, offset = S - T;
-    const size_t kv_stride = (size_t)Hkv * HEAD_DIM;
     const float sl2 = scale * LOG2E;
     // causal: query tiles before the first one whose last query sees key n0 see none of this block
     const int q_first = causal ? max(0, n0 - offset) / BQ * BQ : 0;
     const int n_q = q_first < T ? (T - q_first + BQ - 1) / BQ : 0, total = G * n_q;
     const int kr0 = n0 + wg * 64 + warp * 16 + g;  // this thread's key rows kr0 and kr0 + 8
     const int lr0 = wg * 64 + warp * 16 + g;       // ... as rows of the block's tiles
+    const bool loader = threadIdx.x / 32 == 4;     // the warp of thread 128
 
-    load_tile_swizzled<BK, BWD_NT>(Ks, k + (size_t)b * S * kv_stride + hk * HEAD_DIM, n0, S, kv_stride);
-    load_tile_swizzled<BK, BWD_NT>(Vs, v + (size_t)b * S * kv_stride + hk * HEAD_DIM, n0, S, kv_stride);
-    if (total > 0) load_query_tile(Qs, dOs, lse_s, delta_s, q, dout, lse, delta, b, hk * G, q_first, T, Hq);
-    cp_async_commit();
+    if (threadIdx.x == 128) {
+        mbar_init(sm.kv_full, 1);
+        for (int i = 0; i < BWD_STAGES; i++) mbar_init(sm.qdo_full + 8 * i, 1 + 32);  // TMA + the warp's cp.async
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 128) {
+        mbar_expect_tx(sm.kv_full, 2 * K_BYTES);
+        tma_rows(sm.k, BK, &k_map, hk, n0, b, sm.kv_full);
+        tma_rows(sm.v, BK, &v_map, hk, n0, b, sm.kv_full);
+    }
+    if (loader)
+        for (int it = 0; it < min(total, BWD_STAGES); it++)
+            load_query_tile(sm, it, &q_map, &do_map, lse, delta, b, hk * G, n_q, q_first, T, Hq);
 
     float dk_acc[HEAD_DIM / 2], dv_acc[HEAD_DIM / 2];
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
+    mbar_wait(sm.kv_full, 0);
 
-    turn_start(wg);
     for (int it = 0; it < total; it++) {
-        const int st = it % 2, h = hk * G + it / n_q, i0 = q_first + (it % n_q) * BQ;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // tile `it` is in; every warpgroup is done with tile it - 1 and its dS^T
-        if (it + 1 < total) {
-            const int nt = it + 1;
-            load_query_tile(Qs + (st ^ 1) * QT_BYTES, dOs + (st ^ 1) * QT_BYTES, lse_s + (st ^ 1) * BQ,
-                            delta_s + (st ^ 1) * BQ, q, dout, lse, delta, b, hk * G + nt / n_q,
-                            q_first + (nt % n_q) * BQ, T, Hq);
-        }
-        cp_async_commit();
-        const unsigned qt = Qs + st * QT_BYTES, dot = dOs + st * QT_BYTES;
-        const float* lse_t = lse_s + st * BQ;
-        const float* delta_t = delta_s + st * BQ;
+        const int st = it % BWD_STAGES, h = hk * G + it / n_q, i0 = q_first + (it % n_q) * BQ;
+        mbar_wait(sm.qdo_full + 8 * st, (it / BWD_STAGES) & 1);
+        const unsigned qt = sm.q + st * QT_BYTES, dot = sm.dout + st * QT_BYTES;
+        const float* lse_t = reinterpret_cast<const float*>(smem_raw + (sm.lse - smem_u32(smem_raw))) + st * BQ;
+        const float* delta_t = reinterpret_cast<const float*>(smem_raw + (sm.delta - smem_u32(smem_raw))) + st * BQ;
 
         float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
-        turn_wait(wg);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
-            wgmma_ss_n64(s, smem_desc(Ks + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
+            wgmma_ss_n64(s, smem_desc(sm.k + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
         }
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
-            wgmma_ss_n64(dp, smem_desc(Vs + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
+            wgmma_ss_n64(dp, smem_desc(sm.v + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        turn_pass(wg);
         wgmma_wait<0>();
         fence_regs<BQ / 2>(s);
         fence_regs<BQ / 2>(dp);
@@ -456,7 +443,7 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
             pf[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
             df[i / 8][(i / 2) % 4] = ds;
             const int lr = lr0 + row;  // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
-            const unsigned at = dSt + lr * 128 + ((((c / 8) ^ (lr & 7))) << 4) + (c % 8) * 2;
+            const unsigned at = sm.dst + lr * 128 + ((((c / 8) ^ (lr & 7))) << 4) + (c % 8) * 2;
             asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(ds));
         }
 
@@ -464,7 +451,6 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
-        turn_wait(wg);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {  // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15
@@ -479,28 +465,19 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
 #endif
         }
         wgmma_commit();
-        turn_pass(wg);
 
-#if BWD_ABLATE == 2
-        wgmma_wait<0>();
-        fence_regs<HEAD_DIM / 2>(dv_acc);
-        fence_regs<HEAD_DIM / 2>(dk_acc);
-        fence_regs<BQ / 16>(pf);
-        fence_regs<BQ / 16>(df);
-        continue;
-#endif
         fence_proxy_async();  // this thread's dS^T stores, for the tensor cores
         __syncthreads();      // ... and every thread's
         float dq_acc[HEAD_DIM / 4];  // dQ (BQ queries, head-dimension half wg): rows g, g + 8 of this warp
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
-            const u64 a = smem_desc(dSt + kk * 16 * 128, BQ * 128, 1024);
+            const u64 a = smem_desc(sm.dst + kk * 16 * 128, BQ * 128, 1024);
 #if HEAD_DIM == 64
-            const u64 bk = smem_desc(Ks + kk * 16 * 128 + wg * 64, BK * 128, 1024);  // columns 32 wg ..
+            const u64 bk = smem_desc(sm.k + kk * 16 * 128 + wg * 64, BK * 128, 1024);  // columns 32 wg ..
             wgmma_ss_tt_n32(dq_acc, a, bk, kk > 0);
 #else
-            const u64 bk = smem_desc(Ks + wg * (BK * 128) + kk * 16 * 128, BK * 128, 1024);  // panel wg
+            const u64 bk = smem_desc(sm.k + wg * (BK * 128) + kk * 16 * 128, BK * 128, 1024);  // panel wg
             wgmma_ss_tt_n64(dq_acc, a, bk, kk > 0);
 #endif
         }
@@ -511,53 +488,36 @@ flash_attention_backward_sm90(float* dq, float* dk, float* dv, const bf16_t* q, 
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
-#if DQ_MODE == 0
-        // dQ: float4 atomics; lanes t and t ^ 1 swap halves so that each holds 4 adjacent columns of one row
-        const bool even = (t & 1) == 0;
-        const int tq = i0 + warp * 16 + g + (even ? 0 : 8);
-        float* row = dq + (((size_t)b * T + tq) * Hq + h) * HEAD_DIM + wg * (HEAD_DIM / 2) + 2 * (t & ~1);
+
+        // dQ (scaled) -> staging tile it % 2: this warpgroup's columns are panels wg * HEAD_DIM / 64 ..;
+        // 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the TMA map's swizzle)
+        const unsigned stage_dq = sm.dq + (it % 2) * DQ_BYTES;
 #pragma unroll
         for (int j = 0; j < HEAD_DIM / 16; j++) {
-            // even t keeps row g and gets the partner's row g columns; odd t keeps row g + 8
-            const float give0 = even ? dq_acc[4 * j + 2] : dq_acc[4 * j + 0];
-            const float give1 = even ? dq_acc[4 * j + 3] : dq_acc[4 * j + 1];
-            const float got0 = __shfl_xor_sync(FULL_MASK, give0, 1), got1 = __shfl_xor_sync(FULL_MASK, give1, 1);
-            const float4 add = even ? make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], got0, got1)
-                                    : make_float4(got0, got1, dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
-            if (tq < T && BWD_ABLATE == 0)
-                atomicAdd(reinterpret_cast<float4*>(row + 8 * j),
-                          make_float4(add.x * scale, add.y * scale, add.z * scale, add.w * scale));
-        }
-#else
-        // dQ tile -> shared memory (scaled) -> 64 threads add its rows to dq with bulk reductions, which run
-        // asynchronously while the block goes on (two staging buffers, alternating)
-        const unsigned dqt = dQs + st * DQ_BYTES;
+            const int col = wg * (HEAD_DIM / 2) + 8 * j + 2 * t, panel = col / 32, c = col % 32;
 #pragma unroll
-        for (int r = 0; r < 2 && BWD_ABLATE == 0; r++) {
-            const int col = wg * (HEAD_DIM / 2) + 2 * t;
-            const unsigned row = dqt + (warp * 16 + g + 8 * r) * (DQ_LD * 4) + col * 4;
+            for (int r = 0; r < 2; r++) {
+                const int row = warp * 16 + g + 8 * r;
+                const unsigned at = stage_dq + panel * (BQ * 128) + row * 128 + (((c / 4) ^ (row & 7)) << 4) + (c % 4) * 4;
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq_acc[4 * j + 2 * r] * scale),
+                             "f"(dq_acc[4 * j + 2 * r + 1] * scale));
+            }
+        }
+        fence_proxy_async();  // the staging stores, for the copy engine
+        __syncthreads();      // every thread's; both warpgroups are done with this tile's buffers and dS^T
+        if (loader) {
+            if (threadIdx.x == 128 && BWD_ABLATE == 0) {
 #pragma unroll
-            for (int j = 0; j < HEAD_DIM / 16; j++)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + 32 * j),
-                             "f"(dq_acc[4 * j + 2 * r] * scale), "f"(dq_acc[4 * j + 2 * r + 1] * scale));
+                for (int p = 0; p < HEAD_DIM / 32; p++)
+                    tma_reduce_add_4d(&dq_map, p * 32, h, i0, b, stage_dq + p * (BQ * 128));
+                bulk_commit();
+                bulk_wait_read<1>();  // the other staging tile is free again (tile it - 1's reductions read it)
+            }
+            if (it + BWD_STAGES < total)  // refill this tile's buffer
+                load_query_tile(sm, it + BWD_STAGES, &q_map, &do_map, lse, delta, b, hk * G, n_q, q_first, T, Hq);
         }
-        fence_proxy_async();
-        __syncthreads();
-        if (threadIdx.x < BQ && i0 + threadIdx.x < T && BWD_ABLATE == 0) {  // thread r: row r of the tile
-            const float* to = dq + (((size_t)b * T + i0 + threadIdx.x) * Hq + h) * HEAD_DIM;
-            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(to),
-                         "r"(dqt + threadIdx.x * (DQ_LD * 4)), "n"(HEAD_DIM * 4)
-                         : "memory");
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        }
-        // the previous tile's reductions must have read the other buffer before the next tile writes it
-        if (threadIdx.x < BQ) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-#endif
     }
-    turn_end(wg);
-#if DQ_MODE == 1
-    if (threadIdx.x < BQ) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // dq reductions done
-#endif
+    if (threadIdx.x == 128) bulk_wait_all();  // dq's reductions are done before the block's memory goes
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int kr = kr0 + 8 * r;

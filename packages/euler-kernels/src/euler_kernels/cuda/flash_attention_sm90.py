@@ -92,25 +92,26 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any) ->
     launch(kernel, grid, (384, 1, 1), args, smem)
 
 
-_BK, _BQ = 128, 64  # backward: keys per block, queries per tile (BK, BQ in the .cu file)
+_BK, _BQ, _BWD_STAGES = 128, 64, 2  # backward: keys per block, queries per tile, Q/dO buffers (as in the .cu)
 
 
 def _backward_smem(head_dim: int) -> int:
-    """K, V (BK, D) + 2 x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, dQ staging, 2 x lse and delta (BQ,) float32,
-    + 1024 to align."""
-    dq_staging = 2 * _BQ * (head_dim + 4) * 4  # 2 x dQ (BQ, D + 4) float32 for the bulk reductions
-    return 2 * (2 * _BK * head_dim + 4 * _BQ * head_dim + _BK * _BQ) + dq_staging + 4 * 4 * _BQ + 1024
+    """K, V (BK, D) + BWD_STAGES x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, 2 x dQ (BQ, D) float32 staging,
+    BWD_STAGES x (lse, delta) (BQ,) float32, 3 barriers, + 1024 to align."""
+    bf16_tiles = 2 * _BK * head_dim + 2 * _BWD_STAGES * _BQ * head_dim + _BK * _BQ
+    return 2 * bf16_tiles + 4 * 2 * _BQ * head_dim + 4 * 2 * _BWD_STAGES * _BQ + 3 * 8 + 1024
 
 
 def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuning: int) -> None:
     """float32 dq (zeroed: the kernel adds into it), dk, dv of contiguous, checked bf16 inputs, from the
     forward's lse and delta = rowsum(dout * out), written in place. `tuning`: extra -D defines (timing
-    experiments, e.g. BWD_ABLATE)."""
+    experiments: BWD_ABLATE)."""
     B, _, _, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     smem = _backward_smem(D)
     kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, **tuning)
     kernel.max_dynamic_shared_size_bytes = smem
     grid = ((S + _BK - 1) // _BK, Hkv, B)
-    args = (dq, dk, dv, q16, k16, v16, dout16, lse, delta, *kernel_sizes(q16, k16, causal))
-    kernel(grid, (256,), args, shared_mem=smem)
+    maps = (head_rows_map(dq, _BQ), head_rows_map(q16, _BQ), head_rows_map(k16, _BK), head_rows_map(v16, _BK))
+    args = (dk, dv, *maps, head_rows_map(dout16, _BQ), lse, delta, *kernel_sizes(q16, k16, causal))
+    launch(kernel, grid, (256, 1, 1), args, smem)

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-_UINT16, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_ZERO = 1, 0, 3, 2, 0  # cuda.h enums
+_TYPES = {"uint16": 1, "float32": 7}  # cuda.h CUtensorMapDataType of the arrays mapped here (bf16 as uint16)
+_INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_ZERO = 0, 3, 2, 0  # cuda.h enums
 
 
 @functools.cache
@@ -38,19 +39,21 @@ class TensorMap:
 
 
 def head_rows_map(array: Any, rows: int) -> TensorMap:
-    """A map of the contiguous (B, N, H, D) uint16 (bf16) CuPy array whose box is `rows` consecutive
-    positions n of one (b, h) by 64 columns of D: one 128-byte-swizzled panel of wgmma.cuh. Coordinates
-    are (column, h, n, b), innermost first; rows past N read as zeros."""
+    """A map of the contiguous (B, N, H, D) uint16 (bf16) or float32 CuPy array whose box is `rows`
+    consecutive positions n of one (b, h) by the 128 bytes of D that make one 128-byte-swizzled panel
+    (64 bf16 columns: wgmma.cuh's layout; 32 float32). Coordinates are (column, h, n, b), innermost first;
+    rows past N read as zeros, and reductions into them are dropped."""
     B, N, H, D = array.shape
+    size = array.dtype.itemsize
     if array.data.ptr % 16:
         raise ValueError(f"a tensor map needs a 16-byte aligned array, not one at {array.data.ptr:#x}")
     dims = (ctypes.c_uint64 * 4)(D, H, N, B)
-    strides = (ctypes.c_uint64 * 3)(2 * D, 2 * D * H, 2 * D * H * N)  # bytes, of dims 1..3
-    box = (ctypes.c_uint32 * 4)(64, 1, rows, 1)
+    strides = (ctypes.c_uint64 * 3)(size * D, size * D * H, size * D * H * N)  # bytes, of dims 1..3
+    box = (ctypes.c_uint32 * 4)(128 // size, 1, rows, 1)
     unit = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     tensor_map = TensorMap()
     error = _driver().cuTensorMapEncodeTiled(
-        tensor_map.address, _UINT16, 4, array.data.ptr, dims, strides, box, unit,
+        tensor_map.address, _TYPES[array.dtype.name], 4, array.data.ptr, dims, strides, box, unit,
         _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_ZERO,
     )  # fmt: skip
     if error:
