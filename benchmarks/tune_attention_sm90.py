@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import cupy as cp
 import numpy as np
-from bench_kernels_gpu import time_ms  # the same CUDA-event median as the other GPU benchmarks
+from bench_kernels_gpu import queued_ms  # the same CUDA-event median as the other GPU benchmarks
 
 from euler_kernels.cuda import cast, flash_attention_sm90
 from euler_kernels.cuda.flash_attention import flash_attention_forward_bf16
@@ -23,7 +23,7 @@ BACKWARD = [{}, {"BWD_ABLATE": 1}]
 def backward_variant(g, q, k, v, lse, delta, flops: float, tuning: dict) -> str:
     dq = cp.zeros(q.shape, cp.float32)
     dk, dv = cp.empty(k.shape, cp.float32), cp.empty(v.shape, cp.float32)
-    ms = time_ms(lambda: flash_attention_sm90.backward(g, q, k, v, lse, delta, True, dq, dk, dv, **tuning))
+    ms = queued_ms(lambda: flash_attention_sm90.backward(g, q, k, v, lse, delta, True, dq, dk, dv, **tuning))
     return f"  backward {tuning!s:33} {ms:7.3f} ms {2.5 * flops / ms / 1e9:5.0f} TF/s"
 
 

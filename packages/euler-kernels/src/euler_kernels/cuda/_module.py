@@ -76,8 +76,9 @@ def load_module_sm90a(filename: str, defines: tuple[tuple[str, int], ...] = ()):
     return cupy.RawModule(path=str(cached))
 
 
+@functools.cache
 def get_kernel_sm90a(filename: str, name: str, **defines: int):
-    """One kernel function of a `.cu` file compiled for sm_90a."""
+    """One kernel function of a `.cu` file compiled for sm_90a (the same object on every call)."""
     return load_module_sm90a(filename, tuple(sorted(defines.items()))).get_function(name)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import get_kernel_sm90a
-from euler_kernels.cuda.tensor_map import head_rows_map, launch
+from euler_kernels.cuda.tensor_map import head_rows_map, launch, loaded_function
 
 _SOURCE = "flash_attention_sm90.cu"
 KERNEL_ENV = "EULER_FLASH_KERNEL"
@@ -83,13 +83,12 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any) ->
 
     B, T, Hq, D = q16.shape
     smem = _forward_smem(D)
-    kernel = get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", HEAD_DIM=D)
-    kernel.max_dynamic_shared_size_bytes = smem
+    function = loaded_function(get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", HEAD_DIM=D), smem)
     work = (T + _BM - 1) // _BM * Hq * B
     grid = (min(work, _sm_count(cupy.cuda.runtime.getDevice())), 1, 1)
     maps = (head_rows_map(q16, _BM), head_rows_map(k16, _BN), head_rows_map(v16, _BN))
     args = (out16, lse, *maps, *kernel_sizes(q16, k16, causal), np.int32(B))
-    launch(kernel, grid, (384, 1, 1), args, smem)
+    launch(function, grid, (384, 1, 1), args, smem)
 
 
 _BK, _BQ, _BWD_STAGES = 128, 64, 2  # backward: keys per block, queries per tile, Q/dO buffers (as in the .cu)
@@ -97,9 +96,9 @@ _BK, _BQ, _BWD_STAGES = 128, 64, 2  # backward: keys per block, queries per tile
 
 def _backward_smem(head_dim: int) -> int:
     """K, V (BK, D) + BWD_STAGES x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, 2 x dQ (BQ, D) float32 staging,
-    BWD_STAGES x (lse, delta) (BQ,) float32, 3 barriers, + 1024 to align."""
+    BWD_STAGES x (lse, delta) (BQ,) float32, 1 + BWD_STAGES barriers, + 1024 to align."""
     bf16_tiles = 2 * _BK * head_dim + 2 * _BWD_STAGES * _BQ * head_dim + _BK * _BQ
-    return 2 * bf16_tiles + 4 * 2 * _BQ * head_dim + 4 * 2 * _BWD_STAGES * _BQ + 3 * 8 + 1024
+    return 2 * bf16_tiles + 4 * 2 * _BQ * head_dim + 4 * 2 * _BWD_STAGES * _BQ + 8 * (1 + _BWD_STAGES) + 1024
 
 
 def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuning: int) -> None:
@@ -110,8 +109,8 @@ def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuni
     S, Hkv = k16.shape[1], k16.shape[2]
     smem = _backward_smem(D)
     kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, **tuning)
-    kernel.max_dynamic_shared_size_bytes = smem
+    function = loaded_function(kernel, smem)
     grid = ((S + _BK - 1) // _BK, Hkv, B)
     maps = (head_rows_map(dq, _BQ), head_rows_map(q16, _BQ), head_rows_map(k16, _BK), head_rows_map(v16, _BK))
     args = (dk, dv, *maps, head_rows_map(dout16, _BQ), lse, delta, *kernel_sizes(q16, k16, causal))
-    launch(kernel, grid, (256, 1, 1), args, smem)
+    launch(function, grid, (256, 1, 1), args, smem)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-_TYPES = {"uint16": 1, "float32": 7}  # cuda.h CUtensorMapDataType of the arrays mapped here (bf16 as uint16)
+_TYPES = {2: 1, 4: 7}  # cuda.h CUtensorMapDataType by item size: uint16 (bf16 bit patterns), float32
 _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_ZERO = 0, 3, 2, 0  # cuda.h enums
 
 
@@ -42,45 +42,58 @@ def head_rows_map(array: Any, rows: int) -> TensorMap:
     """A map of the contiguous (B, N, H, D) uint16 (bf16) or float32 CuPy array whose box is `rows`
     consecutive positions n of one (b, h) by the 128 bytes of D that make one 128-byte-swizzled panel
     (64 bf16 columns: wgmma.cuh's layout; 32 float32). Coordinates are (column, h, n, b), innermost first;
-    rows past N read as zeros, and reductions into them are dropped."""
-    B, N, H, D = array.shape
-    size = array.dtype.itemsize
+    rows past N read as zeros, and reductions into them are dropped. A map depends only on the address,
+    shape, type and box, so the last few hundred are kept and handed out again (a training step's buffers
+    come back at the same addresses every step)."""
     if array.data.ptr % 16:
         raise ValueError(f"a tensor map needs a 16-byte aligned array, not one at {array.data.ptr:#x}")
+    return _encoded(array.data.ptr, array.shape, array.dtype.itemsize, rows)
+
+
+@functools.lru_cache(maxsize=512)
+def _encoded(address: int, shape: tuple, size: int, rows: int) -> TensorMap:
+    B, N, H, D = shape
     dims = (ctypes.c_uint64 * 4)(D, H, N, B)
     strides = (ctypes.c_uint64 * 3)(size * D, size * D * H, size * D * H * N)  # bytes, of dims 1..3
     box = (ctypes.c_uint32 * 4)(128 // size, 1, rows, 1)
     unit = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     tensor_map = TensorMap()
     error = _driver().cuTensorMapEncodeTiled(
-        tensor_map.address, _TYPES[array.dtype.name], 4, array.data.ptr, dims, strides, box, unit,
+        tensor_map.address, _TYPES[size], 4, address, dims, strides, box, unit,
         _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_ZERO,
     )  # fmt: skip
     if error:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {error} for shape {array.shape}")
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {error} for shape {shape}")
     return tensor_map
+
+
+_SCALARS = {np.int32: ctypes.c_int32, np.float32: ctypes.c_float}
 
 
 def _parameter(value: Any) -> tuple[int, Any]:
     """(address of the parameter's bytes, the object that keeps them alive)."""
     if isinstance(value, TensorMap):
         return value.address, value
-    if isinstance(value, np.generic):
-        held = np.array(value)
-        return held.ctypes.data, held
-    held = ctypes.c_void_p(value.data.ptr)  # a CuPy array: its device pointer
+    scalar = _SCALARS.get(type(value))
+    held = scalar(value) if scalar else ctypes.c_void_p(value.data.ptr)  # a CuPy array: its device pointer
     return ctypes.addressof(held), held
 
 
-def launch(kernel: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int) -> None:
-    """kernel (a CuPy RawKernel) on grid x block with args: CuPy arrays (their pointers), TensorMaps and
-    NumPy scalars (by value); on CuPy's current stream."""
+@functools.cache
+def loaded_function(kernel: Any, shared_mem: int) -> int:
+    """The CUfunction of a CuPy RawKernel, allowed `shared_mem` bytes of dynamic shared memory (set once)."""
+    kernel.max_dynamic_shared_size_bytes = shared_mem
+    return kernel.kernel.ptr
+
+
+def launch(function: int, grid: tuple, block: tuple, args: tuple, shared_mem: int) -> None:
+    """A loaded function (loaded_function) on grid x block with args: CuPy arrays (their pointers),
+    TensorMaps and NumPy int32 / float32 scalars (by value); on CuPy's current stream."""
     import cupy
 
     held = [_parameter(a) for a in args]
     params = (ctypes.c_void_p * len(held))(*(address for address, _ in held))
     stream = cupy.cuda.get_current_stream().ptr
-    function = kernel.kernel.ptr  # the RawKernel's loaded CUfunction
     error = _driver().cuLaunchKernel(function, *grid, *block, shared_mem, stream, params, None)
     if error:
         raise RuntimeError(f"cuLaunchKernel failed with CUresult {error}")
