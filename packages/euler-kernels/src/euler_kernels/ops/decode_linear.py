@@ -53,10 +53,10 @@ def decode_linear_forward(
     [[1.1764, 1.4517]]
     """
     _check(x, weight, norm, residual, swiglu)
+    if _lean_takes(x, weight, norm):  # NumPy arrays, never the kernel's
+        return _lean_forward(x, weight, norm, eps, residual, swiglu)
     if _kernel_takes(x, weight, norm, residual):
         return decode_linear_cuda.decode_linear(x, weight, norm, eps, residual, swiglu)
-    if _lean_takes(x, weight, norm):
-        return _lean_forward(x, weight, norm, eps, residual, swiglu)
     bf16 = is_bf16(weight)
     h = x if norm is None else rmsnorm_forward(x, norm, eps, bf16_out=bf16)[0]  # (R, K)
     y, _ = linear_forward(h, weight, bf16_out=bf16 and swiglu)  # (R, N)
@@ -78,24 +78,33 @@ def _lean_takes(x: Any, weight: Any, norm: Any) -> bool:
 
 def _lean_forward(x: Any, weight: Any, norm: Any, eps: float, residual: Any, swiglu: bool) -> Any:
     """The unfused ops' arithmetic on checked NumPy arrays, without their per-call dispatch and checks (a
-    decode step makes five of these calls a layer, each a few microseconds of work)."""
-    h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (R, K)
-    y = _products(h, weight)  # (R, N), as linear_forward
-    if swiglu:
-        f = weight.shape[0] // 2
-        y = swiglu_parts(np, y[:, :f], y[:, f:])[0]  # (R, F)
+    decode step makes five of these calls a layer, each a few microseconds of work). Up to MAX_ROWS rows
+    are computed one row at a time (_one_row), so a row's bits do not depend on the rows beside it (as on
+    the GPU, whose kernel takes up to MAX_ROWS rows); more rows as matrices."""
+    if x.shape[0] == 1:  # generate's case
+        y = _one_row(x[0], weight, norm, eps, swiglu)[None]
+    elif x.shape[0] <= decode_linear_cuda.MAX_ROWS:
+        y = np.stack([_one_row(row, weight, norm, eps, swiglu) for row in x])  # (R, N) or (R, N/2)
+    else:
+        h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (R, K)
+        y = _unfused_tail(h @ weight.T, swiglu)  # (R, N), as linear_forward
     return y if residual is None else residual + y
 
 
-def _products(h: Any, weight: Any) -> Any:
-    """h (R, K) @ weight.T on NumPy: up to MAX_ROWS rows one matrix-vector product each (BLAS gemv, half a
-    1-row matmul's time here), so a row's bits do not depend on the rows beside it (as on the GPU, whose
-    kernel takes up to MAX_ROWS rows); more rows one matmul."""
-    if h.shape[0] == 1:
-        return np.dot(weight, h[0])[None]
-    if h.shape[0] <= decode_linear_cuda.MAX_ROWS:
-        return np.stack([np.dot(weight, row) for row in h])
-    return h @ weight.T
+def _one_row(x: Any, weight: Any, norm: Any, eps: float, swiglu: bool) -> Any:
+    """One row x (K,) -> (N,), or (N/2,) with swiglu: the norm's statistics are NumPy scalars (the same
+    float32 operations as on a (1, K) array, two thirds of their cost here), the product a matrix-vector product
+    (BLAS gemv, half a 1-row matmul's time here)."""
+    h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (K,)
+    return _unfused_tail(np.dot(weight, h), swiglu)
+
+
+def _unfused_tail(y: Any, swiglu: bool) -> Any:
+    """The product's columns y (..., N), through SwiGLU over its two halves when swiglu: (..., N / 2)."""
+    if not swiglu:
+        return y
+    f = y.shape[-1] // 2
+    return swiglu_parts(np, y[..., :f], y[..., f:])[0]
 
 
 def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any) -> bool:
