@@ -93,9 +93,9 @@ def decode_attention_forward(
         draft_tree.check_parents(tree)
         if len(tree) != t - 1:
             raise ValueError(f"decode_attention_forward: a tree of {len(tree) + 1} tokens for {t} new tokens")
-    in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
     masks = None if tree is None else draft_tree.ancestors(tree)
-    if in_place and decode_attention_kernel(k_cache, n_heads, t):
+    kernel = decode_attention_kernel(k_cache, n_heads, t)
+    if kernel and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous:  # it writes the caches as is
         out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out, masks)
     else:
         if bf16_out and not cuda.fused(qkv):
@@ -156,28 +156,36 @@ def _one_sequence(
     t = qkv.shape[1]
     hkv, d = k_cache.shape[1], k_cache.shape[3]
     g, n = hq // hkv, p + t  # n: the slots up to the newest
+    scale = qkv.dtype.type(1.0 / math.sqrt(d))
+    if t == 1 and tree is None:  # generate's step: one token, its rows as vectors (fewer, cheaper views)
+        row = qkv[0, 0]  # (width,)
+        qk = rope_rows(row[: (hq + hkv) * d].reshape(hq + hkv, d), cos[p], sin[p])  # (H, D)
+        k_cache[0, :, p] = qk[hq:]
+        v_cache[0, :, p] = row[(hq + hkv) * d :].reshape(hkv, d)
+        q = qk[:hq] * scale  # (Hq, D), pre-scaled
+        return _first_slots(q.reshape(hkv, g, d), k_cache[0], v_cache[0], n).reshape(1, 1, hq * d)
     seen_new, depth = (None, None) if tree is None else _new_slots_seen(t, tree)
     angles = (cos[p:n], sin[p:n]) if tree is None else (cos[p + depth], sin[p + depth])
     qk = rope_rows(qkv[0, :, : (hq + hkv) * d].reshape(t, hq + hkv, d), *angles)  # (T, H, D)
     k_cache[0, :, p:n] = qk[:, hq:].swapaxes(0, 1)
     v_cache[0, :, p:n] = qkv[0, :, (hq + hkv) * d :].reshape(t, hkv, d).swapaxes(0, 1)
-    q = qk[:, :hq] * qkv.dtype.type(1.0 / math.sqrt(d))  # (T, Hq, D), pre-scaled
-    if t > 1 and tree is None:  # a chain: token i over its own p + i + 1 slots, a one-token step's sums
-        q = q.transpose(1, 0, 2).reshape(hkv, g, t, d)  # (Hkv, G, T, D)
-        out = np.empty((hkv, g, t, d), dtype=q.dtype)
-        for i in range(t):
-            keys, values = k_cache[0, :, : p + i + 1], v_cache[0, :, : p + i + 1]  # (Hkv, p + i + 1, D)
-            qi = np.ascontiguousarray(q[:, :, i])  # (Hkv, G, D), laid out as a one-token step's
-            out[:, :, i] = _weighted_values(np, qi @ keys.swapaxes(-1, -2), values)
-        return out.transpose(2, 0, 1, 3).reshape(1, t, hq * d)
+    q = qk[:, :hq] * scale  # (T, Hq, D), pre-scaled
+    if tree is None:  # a chain: token i over its own p + i + 1 slots, a one-token step's sums
+        out = [_first_slots(q[i].reshape(hkv, g, d), k_cache[0], v_cache[0], p + i + 1) for i in range(t)]
+        return np.stack(out).reshape(1, t, hq * d)  # T of (Hkv, G, D) -> (1, T, Hq D)
     q = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)  # (Hkv, G T, D)
     scores = q @ k_cache[0, :, :n].swapaxes(-1, -2)  # (Hkv, G T, n)
-    if tree is not None:  # a tree's token i sees slots 0..p - 1 and its ancestors'
-        hidden = np.zeros((t, n), dtype=bool)
-        hidden[:, p:] = ~seen_new  # (T, n)
-        scores = np.where(hidden, -np.inf, scores.reshape(hkv, g, t, n)).reshape(hkv, g * t, n)
+    hidden = np.zeros((t, n), dtype=bool)  # a tree's token i sees slots 0..p - 1 and its ancestors'
+    hidden[:, p:] = ~seen_new  # (T, n)
+    scores = np.where(hidden, -np.inf, scores.reshape(hkv, g, t, n)).reshape(hkv, g * t, n)
     out = _weighted_values(np, scores, v_cache[0, :, :n])  # (Hkv, G T, D)
     return out.reshape(hkv, g, t, d).transpose(2, 0, 1, 3).reshape(1, t, hq * d)
+
+
+def _first_slots(q: Any, keys: Any, values: Any, n: int) -> Any:
+    """One token's attention on NumPy: q (Hkv, G, D), pre-scaled, over the first n slots of keys and
+    values (Hkv, S, D) -> (Hkv, G, D)."""
+    return _weighted_values(np, q @ keys[:, :n].swapaxes(-1, -2), values[:, :n])
 
 
 def _weighted_values(xp: Any, scores: Any, v: Any) -> Any:

@@ -92,22 +92,24 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tupl
 
 
 def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
-    """Rotate x (B, H, D) when each row b sits at its own position: cos_rows, sin_rows (B, D/2) are the
-    tables' rows at those positions (the decode step's case; forward only, NumPy-style arrays). The same
-    numbers as rope_forward: x1 cos - x2 sin equals its x1 cos + x2 (-sin) exactly.
+    """Rotate x (..., H, D) when each row sits at its own position: cos_rows, sin_rows (..., D/2) are the
+    tables' rows at those positions, x (B, H, D) with (B, D/2) rows, or one row x (H, D) with (D/2,) (the
+    decode step's case; forward only, NumPy-style arrays). The same numbers as rope_forward: x1 cos - x2 sin
+    equals its x1 cos + x2 (-sin) exactly.
 
     >>> cos, sin = rope_tables(2, 3)
     >>> rope_rows(np.ones((2, 1, 2)), cos[[0, 2]], sin[[0, 2]]).round(4).tolist()
     [[[1.0, 1.0]], [[-1.3254, 0.4932]]]
     """
-    b, h, d = x.shape
-    pairs = x.reshape(b, h, 2, d // 2)  # (B, H, 2, D/2): the halves (x1, x2)
-    c, s = cos_rows[:, None, None], sin_rows[:, None, None]  # (B, 1, 1, D/2)
+    d = x.shape[-1]
+    pairs = x.reshape(*x.shape[:-1], 2, d // 2)  # (..., H, 2, D/2): the halves (x1, x2)
+    c, s = cos_rows[..., None, None, :], sin_rows[..., None, None, :]  # (..., 1, 1, D/2)
     out = pairs * c  # (x1 cos, x2 cos)
-    crossed = pairs[:, :, ::-1] * s  # (x2 sin, x1 sin)
-    out[:, :, 0] -= crossed[:, :, 0]
-    out[:, :, 1] += crossed[:, :, 1]
-    return out.reshape(b, h, d)
+    crossed = pairs[..., ::-1, :] * s  # (x2 sin, x1 sin)
+    first = crossed[..., 0, :]
+    get_array_module(x).negative(first, out=first)  # (-x2 sin, x1 sin): one addition does both halves
+    out += crossed
+    return out.reshape(x.shape)
 
 
 def rope_backward(dout: Any, cache: tuple) -> Any:
