@@ -84,8 +84,8 @@ def check_float(fn: str, **arrays: Any) -> np.dtype:
     """Check that all named arrays share one float dtype (float32/float64); return it."""
     dtypes = [a.dtype for a in arrays.values()]
     first = dtypes[0]
-    if (first is FLOAT_DTYPES[0] or first is FLOAT_DTYPES[1]) and all(d is first for d in dtypes):
-        return first  # the common case, by identity (NumPy's builtin dtypes are singletons)
+    if (first is FLOAT_DTYPES[0] or first is FLOAT_DTYPES[1]) and dtypes.count(first) == len(dtypes):
+        return first  # the common case, by identity first (NumPy's builtin dtypes are singletons)
     first = np.dtype(first)
     if first not in FLOAT_DTYPES or any(d != first for d in dtypes):
         desc = ", ".join(f"{n}: {np.dtype(a.dtype)}" for n, a in arrays.items())

@@ -97,6 +97,8 @@ def decode_attention_forward(
     kernel = decode_attention_kernel(k_cache, n_heads, t)
     if kernel and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous:  # it writes the caches as is
         out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out, masks)
+    elif b == 1 and type(qkv) is np.ndarray and not bf16_out:  # one sequence (generate): slices
+        out = _one_sequence(rows, k_cache, v_cache, int(pos[0]), cos, sin, n_heads, tree)
     else:
         if bf16_out and not cuda.fused(qkv):
             raise ValueError("decode_attention_forward: bf16_out needs float32 CuPy arrays")
@@ -118,8 +120,6 @@ def _reference(
     slots 0..window-1; on NumPy only up to the newest slot (reading positions costs no device sync there)."""
     xp = get_array_module(qkv)
     b, t = qkv.shape[:2]
-    if xp is np and b == 1:  # one sequence (generate): slices, no row indexing
-        return _one_sequence(qkv, k_cache, v_cache, int(pos[0]), cos, sin, hq, tree)
     hkv, d = k_cache.shape[1], k_cache.shape[3]
     g = hq // hkv  # query heads per key/value head
     at = pos[:, None] if t == 1 else pos[:, None] + xp.arange(t)  # (B, T) the new tokens' slots
@@ -149,7 +149,7 @@ def _reference(
 def _one_sequence(
     qkv: Any, k_cache: Any, v_cache: Any, p: int, cos: Any, sin: Any, hq: int, tree: Any = None
 ) -> Any:
-    """_reference for one sequence on NumPy (a third of its time there): qkv (1, T, width), the new tokens
+    """_reference for one sequence on NumPy, with no row indexing: qkv (1, T, width), the new tokens
     at slots p..p + T - 1; the tables (of a chain) and the cache read as slices. A chain's token i attends
     over exactly its p + i + 1 slots, as a one-token step at its position does, so its bits are that step's
     (a speculative step emits plain greedy's tokens)."""
