@@ -64,14 +64,15 @@ def _attention_block(
     config: ModelConfig, w: dict, prefix: str, x: Any, state: DecodeState, layer: int, rope: tuple, tree: Any
 ) -> Any:
     """blocks.attention_block_forward for T new tokens per row: the stream x (B T, C) -> x + the block's
-    output; the norm rides in the q/k/v product and the addition in the output product."""
+    output; the norm rides in the q/k/v product and the addition in the output product. rope: the tables,
+    the window and whether attention writes bf16 (see decode_hidden)."""
     eps = config.norm_eps
     qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], norm=w[prefix + "attn_norm"], eps=eps)
     b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
     qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
     k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
-    cos, sin, window = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
-    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, _bf16(w), tree)
+    cos, sin, window, bf16 = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, bf16, tree)
     return ek.decode_linear_forward(a.reshape(x.shape[0], -1), w[prefix + "wo"], residual=x)  # (B T, C)
 
 
@@ -95,15 +96,15 @@ def decode_hidden(
     pos[b] + T - 1: tokens (B, T), or by default its last token (T = 1); a chain, or a draft tree
     (tree: the fed tokens' parents); attention reads the first `window` slots of the cache, which must
     exceed every new slot."""
-    xp = ek.get_array_module(state.pos)
-    rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window)  # (S, D/2) tables, the window
+    bf16 = _bf16(weights)  # attention's output, the final norm's: bf16 (see _bf16)
+    rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window, bf16)  # (S, D/2) tables, ...
     ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,); ids are the model's own
-    x = xp.take(weights["embed"], ids, axis=0)  # (B T, C): the residual stream
+    x = weights["embed"].take(ids, axis=0)  # (B T, C): the residual stream
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
         x = _attention_block(config, weights, prefix, x, state, i, rope, tree)
         x = _ffn_block(config, weights, prefix, x)
-    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=_bf16(weights))[0]
+    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16)[0]
 
 
 def decode_step(
