@@ -93,12 +93,12 @@ def decode_attention_forward(
         draft_tree.check_parents(tree)
         if len(tree) != t - 1:
             raise ValueError(f"decode_attention_forward: a tree of {len(tree) + 1} tokens for {t} new tokens")
-    masks = None if tree is None else draft_tree.ancestors(tree)
-    kernel = decode_attention_kernel(k_cache, n_heads, t)
-    if kernel and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous:  # it writes the caches as is
-        out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out, masks)
-    elif b == 1 and type(qkv) is np.ndarray and not bf16_out:  # one sequence (generate): slices
+    in_place = k_cache.flags.c_contiguous and v_cache.flags.c_contiguous  # the kernel writes them as is
+    if b == 1 and type(qkv) is np.ndarray and not bf16_out:  # one NumPy sequence (generate): slices
         out = _one_sequence(rows, k_cache, v_cache, int(pos[0]), cos, sin, n_heads, tree)
+    elif in_place and decode_attention_kernel(k_cache, n_heads, t):
+        masks = None if tree is None else draft_tree.ancestors(tree)
+        out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out, masks)
     else:
         if bf16_out and not cuda.fused(qkv):
             raise ValueError("decode_attention_forward: bf16_out needs float32 CuPy arrays")
