@@ -38,7 +38,7 @@ def rmsnorm_parts(xp: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any, A
     one formula of the NumPy-style path, shared by rmsnorm_forward and the decode step's lean products."""
     ms = xp.einsum("...c,...c->...", x, x) / x.shape[-1]  # (...,) mean of squares
     rstd = 1.0 / xp.sqrt(ms + eps)  # (...,)
-    xhat = x * rstd[..., None]  # (..., C)
+    xhat = x * (rstd[..., None] if rstd.ndim else rstd)  # (..., C); one row (C,): times a scalar
     return xhat * weight, xhat, rstd
 
 
