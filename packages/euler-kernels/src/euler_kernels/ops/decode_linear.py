@@ -93,8 +93,8 @@ def _lean_forward(x: Any, weight: Any, norm: Any, eps: float, residual: Any, swi
 
 def _one_row(x: Any, weight: Any, norm: Any, eps: float, swiglu: bool) -> Any:
     """One row x (K,) -> (N,), or (N/2,) with swiglu: the norm's statistics are NumPy scalars (the same
-    float32 operations as on a (1, K) array, two thirds of their cost here), the product a matrix-vector product
-    (BLAS gemv, half a 1-row matmul's time here)."""
+    float32 operations as on a (1, K) array, at about two thirds of their cost here), the product a
+    matrix-vector product (BLAS gemv, half a 1-row matmul's time here)."""
     h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (K,)
     return _unfused_tail(np.dot(weight, h), swiglu)
 
