@@ -100,6 +100,8 @@ def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
     >>> cos, sin = rope_tables(2, 3)
     >>> rope_rows(np.ones((2, 1, 2)), cos[[0, 2]], sin[[0, 2]]).round(4).tolist()
     [[[1.0, 1.0]], [[-1.3254, 0.4932]]]
+    >>> rope_rows(np.ones((1, 2)), cos[2], sin[2]).round(4).tolist()  # one row: (H, D) at position 2
+    [[-1.3254, 0.4932]]
     """
     d = x.shape[-1]
     pairs = x.reshape(*x.shape[:-1], 2, d // 2)  # (..., H, 2, D/2): the halves (x1, x2)
