@@ -8,7 +8,7 @@ separately so that this package does not need hypothesis at run time.
 
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
-from euler_kernels.cuda import bf16_activations
+from euler_kernels.cuda import bf16_activations, kernel_settings
 from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
 from euler_kernels.cuda.flash_attention_sm90 import flash_kernel_choice
@@ -80,6 +80,7 @@ __all__ = [
     "is_bf16",
     "judged",
     "keep_tables",
+    "kernel_settings",
     "linear_backward",
     "linear_forward",
     "linear_forward_many",

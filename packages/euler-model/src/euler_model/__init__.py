@@ -11,6 +11,7 @@
 from euler_model.__about__ import __version__
 from euler_model.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from euler_model.config import PRESETS, ModelConfig, preset
+from euler_model.decode_keep import release_kept_decoders
 from euler_model.decode_speculative import checked_draft_tree, default_draft_tree
 from euler_model.generate import GenerationStats, generate
 from euler_model.generate_batch import Completion, generate_batch
@@ -44,6 +45,7 @@ __all__ = [
     "loss_and_grads_on_device",
     "param_shapes",
     "preset",
+    "release_kept_decoders",
     "save_checkpoint",
     "save_hf",
     "step_memory",

@@ -4,7 +4,9 @@ by generate_batch (every row to its end) and generate (one row, its tokens strea
 The prompts are prefilled by the training kernels (trunk_forward into a KVCache, the prompts of one
 length together), their keys/values copied into their rows of the static cache; the rows then advance
 together, one step (decode_step, or speculative_step with its draft tree) for the whole batch at a time,
-captured as a CUDA graph on the GPU.
+captured as a CUDA graph on the GPU. All of it lives in a Decoder, which on the GPU is kept for the next
+call of the same model and batch shape (decode_keep.py): that call skips the setup, and a prompt-length
+pattern it has seen before has its whole prefill replayed as one CUDA graph.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import euler_kernels as ek
 from euler_kernels import draft_tree
 from euler_model.config import ModelConfig
 from euler_model.decode_graph import DecodeGraph, EagerDecode, decode_runner
+from euler_model.decode_keep import kept_decoder
 from euler_model.decode_speculative import draft, drafting_heads, speculative_step
-from euler_model.decode_state import DecodeState
+from euler_model.decode_state import DecodeState, copy_in
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
 from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
@@ -32,24 +35,21 @@ def uniforms(seeds: list[int | None], width: int) -> np.ndarray:
 
 
 def prefill(
-    config: ModelConfig, params: dict[str, Any], state: DecodeState, prompts: list[list[int]]
+    config: ModelConfig, params: dict[str, Any], state: DecodeState, groups: list[tuple[list[int], Any]]
 ) -> tuple[Any, Any]:
-    """The prompts through the trunk, those of one length together (trunk_forward into a KVCache of their
-    number), their keys/values copied into their rows; head 0's logits (B, V) after each last token, and
-    the hidden states (B, C) they came from."""
+    """The prompts through the trunk, one group of a length at a time (rows, tokens (G, T): trunk_forward
+    into a KVCache of G rows and T slots), their keys/values copied into their rows; head 0's logits (B, V)
+    after each last token, and the hidden states (B, C) they came from."""
     xp = ek.get_array_module(params["embed"])
-    by_length: dict[int, list[int]] = {}
-    for b, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt), []).append(b)
-    logits, hidden = [None] * len(prompts), [None] * len(prompts)
-    for rows in by_length.values():
-        cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp)
-        tokens = xp.asarray([prompts[b] for b in rows], dtype=xp.int64)  # (G, T)
+    b = sum(len(rows) for rows, _ in groups)
+    logits, hidden = [None] * b, [None] * b
+    for rows, tokens in groups:
+        cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp, slots=tokens.shape[1])
         h = trunk_forward(config, params, tokens, kv=cache)[0]  # (G, T, C)
         z = ek.linear_forward(h[:, -1], params["heads.0"])[0]  # (G, V)
-        for j, b in enumerate(rows):
-            state.copy_prefill(b, cache, j)
-            logits[b], hidden[b] = z[j : j + 1], h[j : j + 1, -1]
+        for j, row in enumerate(rows):
+            state.copy_prefill(row, cache, j)
+            logits[row], hidden[row] = z[j : j + 1], h[j : j + 1, -1]
     return xp.concatenate(logits), xp.concatenate(hidden)
 
 
@@ -63,6 +63,7 @@ class Decoding:
     fed: int  # tokens a step feeds a row (T when speculative, else 1)
     longest: int  # the longest prompt
     kernel: bool  # the decode attention kernel serves (it reads each row's own slots)
+    decoder: Any = None  # the Decoder it runs in, lent until `finish`
     steps: int = 0
 
     def step(self) -> None:
@@ -70,6 +71,91 @@ class Decoding:
         last = self.longest + (self.steps + 1) * self.fed - 1  # no row feeds a token past this position
         self.runner.run(attention_window(self.config, last, self.kernel, slots=self.state.k.shape[3]))
         self.steps += 1
+
+    def ahead(self, most: int) -> int:
+        """How many steps to run before looking again: 0 once every row is done, else the fewest that
+        could end every row still going at its limit (a step emits at most `fed` tokens a row), at most
+        `most` (a stop token may end a row sooner). A read back to the host (on the GPU a sync)."""
+        state, xp = self.state, ek.get_array_module(self.state.done)
+        with self.runner.ordered():
+            left = int(xp.where(state.done, 0, state.limit - state.count).max())  # most tokens a row lacks
+        return min(most, -(-left // self.fed))
+
+    def finish(self) -> None:
+        """Give the decoder back (a kept one may then serve the next call); the state is read before."""
+        self.decoder.busy = False
+
+
+class Decoder:
+    """What a batch of B rows decodes with, made once: the inference weights, the static state, the step
+    and its runner; `begin` starts a call's prompts in it. tree: a speculative step's draft tree (greedy,
+    its depth <= K - 1), None for plain steps. kept: the decoder serves call after call (decode_keep.py),
+    so each call first rewrites its weight copies from params (which a trainer may have updated in place),
+    and a prompt-length pattern seen before has its prefill replayed from a CUDA graph."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        params: dict[str, Any],
+        batch: int,
+        picker: Picker,
+        tree: tuple[int, ...] | None,
+        cuda_graph: bool,
+        kept: bool = False,
+    ) -> None:
+        xp = ek.get_array_module(params["embed"])
+        self.config, self.params, self.picker, self.kept = config, params, picker, kept
+        self.fed = 1 if tree is None else len(tree) + 1
+        self.state = DecodeState.allocate(config, xp, params["embed"].dtype, batch, self.fed - 1)
+        self.drafters = 0 if tree is None else drafting_heads(tree)
+        self.weights = inference_weights(config, params, self.drafters)
+        self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
+        if tree is not None:
+            step = partial(speculative_step, config, self.weights, self.state, self.tree)
+        else:
+            step = partial(decode_step, config, self.weights, self.state, picker)
+        self.runner = decode_runner(step, xp, cuda_graph)
+        self.kernel = ek.decode_attention_kernel(self.state.k[0], config.n_heads, self.fed)  # own slots
+        self.prompt_tokens: dict[tuple[int, ...], list[tuple[list[int], Any]]] = {}  # lengths -> groups
+        self.busy = False  # lent to a decoding (decode_keep.py)
+
+    def begin(
+        self, rows: list[list[int]], limits: list[int], stops: list[set[int]], seeds: list[int | None]
+    ) -> Decoding:
+        """The call's state set, its prompts prefilled and their first tokens recorded (and drafted after),
+        the step ready to run."""
+        lengths = tuple(len(p) for p in rows)
+        seen = lengths in self.prompt_tokens
+        with self.runner.ordered():
+            self.state.reset(rows, limits, stops, uniforms(seeds, max(limits)))
+            groups = self._prompt_tokens(lengths)
+            for members, tokens in groups:
+                copy_in(tokens, np.asarray([rows[b] for b in members], dtype=np.int64))
+        # a pattern's prefill is recorded the second time it comes (a one-off prompt length costs no capture)
+        self.runner.call(("prefill", lengths), partial(self._prefill, groups), capture=seen and self.kept)
+        return Decoding(self.config, self.state, self.runner, self.fed, max(lengths), self.kernel, self)
+
+    def _prompt_tokens(self, lengths: tuple[int, ...]) -> list[tuple[list[int], Any]]:
+        """(rows, their tokens' device buffer (G, T)) for each prompt length, made once per pattern."""
+        if lengths not in self.prompt_tokens:
+            xp = ek.get_array_module(self.params["embed"])
+            by_length: dict[int, list[int]] = {}
+            for b, n in enumerate(lengths):
+                by_length.setdefault(n, []).append(b)
+            groups = [(rows, xp.zeros((len(rows), n), dtype=xp.int64)) for n, rows in by_length.items()]
+            self.prompt_tokens[lengths] = groups
+        return self.prompt_tokens[lengths]
+
+    def _prefill(self, groups: list[tuple[list[int], Any]]) -> None:
+        """Device work only, so that it can be captured: the weights refreshed (a kept decoder's), the
+        prompts prefilled, their first tokens picked and recorded, a speculative step's first drafts made."""
+        config, params, state = self.config, self.params, self.state
+        if self.kept:
+            inference_weights(config, params, self.drafters, into=self.weights)
+        logits, hidden = prefill(config, params, state, groups)
+        state.record(self.picker.pick(logits, state))
+        if self.drafters:
+            draft(config, self.weights, state, hidden, self.tree)
 
 
 def start(
@@ -83,23 +169,15 @@ def start(
     tree: tuple[int, ...] | None,
     cuda_graph: bool,
 ) -> Decoding:
-    """The state allocated, the prompts prefilled and their first tokens recorded, the step ready to run;
-    tree: a speculative step's draft tree (greedy, its depth <= K - 1, drafts from the prefill's last
-    hidden states), None for plain steps."""
-    xp = ek.get_array_module(params["embed"])
-    fed = 1 if tree is None else len(tree) + 1
-    state = DecodeState.allocate(
-        config, xp, params["embed"].dtype, rows, limits, stops, uniforms(seeds, max(limits)), fed - 1
-    )
-    logits, hidden = prefill(config, params, state, rows)
-    state.record(picker.pick(logits, state))
-    weights = inference_weights(config, params, drafters=0 if tree is None else drafting_heads(tree))
-    if tree is not None:
-        as_given = None if tree == draft_tree.chain(len(tree)) else tree  # a chain needs no masks or moves
-        draft(config, weights, state, hidden, as_given)
-        step = partial(speculative_step, config, weights, state, as_given)
-    else:
-        step = partial(decode_step, config, weights, state, picker)
-    runner = decode_runner(step, state.done, cuda_graph)
-    kernel = ek.decode_attention_kernel(state.k[0], config.n_heads, fed)  # it reads each row's own slots
-    return Decoding(config, state, runner, fed, max(len(p) for p in rows), kernel)
+    """The state set, the prompts prefilled and their first tokens recorded, the step ready to run: in a
+    new Decoder, or on the GPU with cuda_graph in a kept one (decode_keep.py), lent to this decoding until
+    `finish`; tree: a speculative step's draft tree (greedy, its depth <= K - 1, drafts from the prefill's
+    last hidden states), None for plain steps."""
+    decoder = None
+    if cuda_graph and ek.get_array_module(params["embed"]) is not np:
+        make = partial(Decoder, config, params, len(rows), picker, tree, cuda_graph, kept=True)
+        decoder = kept_decoder(config, params, (len(rows), picker, tree), make)
+    if decoder is None:
+        decoder = Decoder(config, params, len(rows), picker, tree, cuda_graph)
+        decoder.busy = True
+    return decoder.begin(rows, limits, stops, seeds)

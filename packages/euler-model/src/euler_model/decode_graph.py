@@ -9,11 +9,15 @@ pool), then records the same step into that window's graph without running it; e
 window replays it. The step reads and writes only the DecodeState's buffers, so a replay is the next
 step. If recording fails (an operation that cannot be captured), the state is untouched by it and the
 steps run eagerly from then on; `mode` says which happened.
+
+Other device work of a decode (a call's prefill, decode_batch.Decoder) runs on the same stream through
+`call(key, fn, capture)`: eagerly, and recorded as key's graph when asked, replayed on later calls with key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,15 +28,20 @@ import euler_kernels as ek
 class EagerDecode:
     """Runs the step as it is called (NumPy, or CuPy launched from Python)."""
 
-    def __init__(self, step: Callable[[int], None], done: Any) -> None:
-        self.step, self.done, self.mode = step, done, "eager"
+    def __init__(self, step: Callable[[int], None]) -> None:
+        self.step, self.mode = step, "eager"
 
     def run(self, window: int) -> None:
         self.step(window)
 
-    def finished(self) -> bool:
-        """Whether every row is done (on the GPU a read back to the host, so a sync)."""
-        return bool(self.done.all())
+    def call(self, key: Hashable, fn: Callable[[], None], capture: bool = True) -> None:
+        """fn(), now (nothing is captured here)."""
+        fn()
+
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """Work queued (or read back) inside runs where the steps run (here the caller's own stream)."""
+        yield
 
     def synchronize(self) -> None:
         """Nothing to wait for: the steps ran on the default stream."""
@@ -41,53 +50,70 @@ class EagerDecode:
 class DecodeGraph:
     """A window's step captured on its first `run` (which also runs it once), replayed on later calls."""
 
-    def __init__(self, step: Callable[[int], None], done: Any, xp: Any) -> None:
-        self.step, self.done, self.cp = step, done, xp
+    def __init__(self, step: Callable[[int], None], xp: Any) -> None:
+        self.step, self.cp = step, xp
         self.stream = xp.cuda.Stream(non_blocking=True)
         self.pool = xp.cuda.MemoryPool()  # the graphs' own: nothing else allocates from it
-        self.graphs: dict[int, Any] = {}  # window -> its graph
+        self.graphs: dict[Hashable, Any] = {}  # ("step", window) or a caller's key -> its graph
+        self.tables: dict[Hashable, dict] = {}  # the multi-tensor tables each graph was recorded with
+        self.uncaptured: set[Hashable] = set()  # keys whose recording failed: run eagerly
         self.mode = "cuda graph"
         self.eager = False
 
     def run(self, window: int) -> None:
+        key = ("step", window)
         if self.eager:
-            with self.stream:
+            with self.cp.cuda.using_allocator(self.pool.malloc), self.stream:
                 self.step(window)
-        elif window not in self.graphs:
-            self._capture(window)
         else:
-            self.graphs[window].launch(stream=self.stream)
+            self.call(key, lambda: self.step(window))
+            if key in self.uncaptured:
+                self.eager, self.mode = True, self.uncaptured_why
 
-    def _capture(self, window: int) -> None:
-        cp = self.cp
-        cp.cuda.Stream.null.synchronize()  # the prefill, queued on the default stream, is done
-        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self.step(window)  # this step, eagerly: an error here is a real one
-            self.stream.synchronize()
-            self.stream.begin_capture()
-            try:
-                self.step(window)
-            except Exception as err:
-                try:
-                    self.stream.end_capture()
-                except Exception:  # the capture is already invalid; the first error is the one to say
-                    pass
-                self.eager, self.mode = True, f"eager (CUDA graph capture failed: {err})"
-                return
-            self.graphs[window] = self.stream.end_capture()
+    def call(self, key: Hashable, fn: Callable[[], None], capture: bool = True) -> None:
+        """fn() on the graphs' stream: key's graph replayed if it has one; else fn run eagerly, then (when
+        capture) recorded as key's graph without running it again."""
+        if key in self.graphs:
+            self.graphs[key].launch(stream=self.stream)
+            return
+        # the recording must find the multi-tensor tables the eager run made (none may be built inside it)
+        with ek.keep_tables() as tables, self.cp.cuda.using_allocator(self.pool.malloc), self.stream:
+            fn()  # eagerly: an error here is a real one
+            if capture and key not in self.uncaptured:
+                self._capture(key, fn, tables)
 
-    def finished(self) -> bool:
-        """Whether every row is done: the graph's stream is waited for, then `done` read back."""
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """Work queued (or read back) inside runs on the graphs' stream, after everything queued before on
+        the caller's stream (a trainer's last update of the weights, say)."""
+        self.stream.wait_event(self.cp.cuda.get_current_stream().record())
         with self.stream:
-            return bool(self.done.all())
+            yield
+
+    def _capture(self, key: Hashable, fn: Callable[[], None], tables: dict) -> None:
+        """Record fn() as key's graph (inside call's scopes), or mark key uncaptured if it cannot be."""
+        self.stream.synchronize()
+        self.stream.begin_capture()
+        try:
+            fn()
+        except Exception as err:
+            try:
+                self.stream.end_capture()
+            except Exception:  # the capture is already invalid; the first error is the one to say
+                pass
+            self.uncaptured.add(key)
+            self.uncaptured_why = f"eager (CUDA graph capture failed: {err})"
+            return
+        self.graphs[key] = self.stream.end_capture()
+        self.tables[key] = tables
 
     def synchronize(self) -> None:
         """Wait for the steps queued on the graph's stream (before the state is read elsewhere)."""
         self.stream.synchronize()
 
 
-def decode_runner(step: Callable[[int], None], done: Any, cuda_graph: bool) -> EagerDecode | DecodeGraph:
-    """A DecodeGraph for CuPy buffers when cuda_graph, else an EagerDecode."""
-    if not cuda_graph or isinstance(done, np.ndarray):
-        return EagerDecode(step, done)
-    return DecodeGraph(step, done, ek.get_array_module(done))
+def decode_runner(step: Callable[[int], None], xp: Any, cuda_graph: bool) -> EagerDecode | DecodeGraph:
+    """A DecodeGraph for a step on CuPy (xp) when cuda_graph, else an EagerDecode."""
+    if not cuda_graph or xp is np:
+        return EagerDecode(step)
+    return DecodeGraph(step, xp)

@@ -21,8 +21,8 @@ from euler_model.kv_cache import KVCache
 
 @dataclass
 class DecodeState:
-    """The device buffers of one batch of B sequences (S = context + M slots, N = the largest limit, M the
-    drafts of a speculative step: 0 without speculation)."""
+    """The device buffers of one batch of B sequences (S = context + M slots, N = the context, the most
+    tokens a row may emit, M the drafts of a speculative step: 0 without speculation)."""
 
     k: Any  # (L, B, Hkv, S, D) keys, a sequence's slots contiguous per head
     v: Any  # (L, B, Hkv, S, D) values
@@ -44,51 +44,66 @@ class DecodeState:
     first_fed: Any  # (B,) int64 b (M + 1): row b's first fed token among a speculative step's B (M + 1)
 
     @classmethod
-    def allocate(
-        cls,
-        config: ModelConfig,
-        xp: Any,
-        dtype: Any,
-        prompts: list[list[int]],
-        limits: list[int],
-        stops: list[set[int]],
-        uniforms: np.ndarray,
-        drafts: int = 0,
-    ) -> DecodeState:
-        """Buffers for these prompts (each 1..context-1 ids), each row's limit and stop set, and the host
-        uniforms (B, N + 1); the caches start empty (see copy_prefill). drafts: M, the speculative step's
-        drafts per row (its last draft may sit M slots past the context)."""
-        b, v, width = len(prompts), config.vocab_size, uniforms.shape[1] - 1
+    def allocate(cls, config: ModelConfig, xp: Any, dtype: Any, batch: int, drafts: int = 0) -> DecodeState:
+        """Zeroed buffers for `batch` rows of any prompts and limits (N = the context, the longest any row
+        can emit); drafts: M, the speculative step's drafts per row (its last draft may sit M slots past
+        the context). `reset` then takes a call's prompts; the same buffers serve call after call."""
+        b, v, width = batch, config.vocab_size, config.context
         shape = (config.n_layers, b, config.n_kv_heads, config.context + drafts, config.head_dim)
+
+        def ids(*size: int) -> Any:
+            return xp.zeros(size, dtype=xp.int64)
+
+        return cls(
+            k=xp.zeros(shape, dtype=dtype),
+            v=xp.zeros(shape, dtype=dtype),
+            last=ids(b),
+            pos=ids(b),
+            count=ids(b),
+            limit=ids(b),
+            done=xp.zeros(b, dtype=bool),
+            stopped_by=ids(b),
+            stop=xp.zeros((b, v), dtype=bool),
+            seen=xp.zeros((b, v), dtype=bool),
+            uniforms=xp.zeros((b, width + 1), dtype=xp.float64),
+            out=ids(b, width + 1),
+            bad=xp.zeros(b, dtype=bool),
+            rows=xp.asarray(np.arange(b, dtype=np.int64)),
+            drafts=ids(b, drafts),
+            drafted=ids(b),
+            accepted=ids(b),
+            first_fed=xp.asarray(np.arange(b, dtype=np.int64) * (drafts + 1)),
+        )
+
+    def reset(
+        self, prompts: list[list[int]], limits: list[int], stops: list[set[int]], uniforms: np.ndarray
+    ) -> None:
+        """Start a call in these buffers: its prompts (one per row, each 1..context-1 ids), each row's limit
+        and stop set, and the host uniforms (B, n + 1) of the call's longest limit n; every counter back
+        to zero, and the caches too (copy_prefill then writes each prompt's slots)."""
+        b, v = len(prompts), self.stop.shape[1]
         stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
         for i, (prompt, row_stops) in enumerate(zip(prompts, stops)):
             stop[i, [t for t in sorted(row_stops) if 0 <= t < v]] = True  # others can never come
             seen[i, prompt] = True
         limit = np.asarray(limits, dtype=np.int64)
-
-        def ids(values: Any) -> Any:
-            return xp.asarray(np.asarray(values, dtype=np.int64))
-
-        return cls(
-            k=xp.zeros(shape, dtype=dtype),
-            v=xp.zeros(shape, dtype=dtype),
-            last=ids([p[-1] for p in prompts]),
-            pos=ids([len(p) - 1 for p in prompts]),
-            count=ids(np.zeros(b)),
-            limit=ids(limit),
-            done=xp.asarray(limit <= 0),
-            stopped_by=ids(np.full(b, -1)),
-            stop=xp.asarray(stop),
-            seen=xp.asarray(seen),
-            uniforms=xp.asarray(uniforms),
-            out=ids(np.zeros((b, width + 1))),
-            bad=xp.zeros(b, dtype=bool),
-            rows=ids(np.arange(b)),
-            drafts=ids(np.zeros((b, drafts))),
-            drafted=ids(np.zeros(b)),
-            accepted=ids(np.zeros(b)),
-            first_fed=ids(np.arange(b) * (drafts + 1)),
-        )
+        draws = np.zeros(self.uniforms.shape)
+        draws[:, : uniforms.shape[1]] = uniforms
+        values = {
+            "last": np.asarray([p[-1] for p in prompts], dtype=np.int64),
+            "pos": np.asarray([len(p) - 1 for p in prompts], dtype=np.int64),
+            "limit": limit,
+            "done": limit <= 0,
+            "stop": stop,
+            "seen": seen,
+            "uniforms": draws,
+        }
+        for name, value in values.items():
+            copy_in(getattr(self, name), value)
+        for name in ("k", "v", "count", "out", "drafts", "drafted", "accepted"):
+            getattr(self, name).fill(0)
+        self.stopped_by.fill(-1)
+        self.bad.fill(False)
 
     def copy_prefill(self, row: int, cache: KVCache, index: int = 0) -> None:
         """Copy the keys/values of one prompt, row `index` of a prefilled KVCache, into this row's slots."""
@@ -119,3 +134,11 @@ class DecodeState:
         """(tokens, the stop token that ended the row or None) of every row, read back to the host."""
         count, out, stopped = (ek.to_numpy(a) for a in (self.count, self.out, self.stopped_by))
         return [(out[b, : count[b]].tolist(), int(s) if s >= 0 else None) for b, s in enumerate(stopped)]
+
+
+def copy_in(buffer: Any, value: np.ndarray) -> None:
+    """Copy a host array into a buffer of its shape in place (NumPy or CuPy, on the current stream)."""
+    if isinstance(buffer, np.ndarray):
+        buffer[...] = value
+    else:
+        buffer.set(np.ascontiguousarray(value, dtype=buffer.dtype))

@@ -25,7 +25,7 @@ import numpy as np
 import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.decode_state import DecodeState
-from euler_model.model import _with_bf16_copies, rope_for
+from euler_model.model import rope_for
 from euler_model.sampling import inverse_cdf, penalize_rows, sampling_probs
 
 WINDOW = 64  # attention reads the cache in multiples of this many slots (one CUDA graph per multiple)
@@ -135,25 +135,39 @@ def attention_window(config: ModelConfig, last_position: int, kernel: bool = Fal
     return min(slots, (last_position // WINDOW + 1) * WINDOW)
 
 
-def inference_weights(config: ModelConfig, params: dict[str, Any], drafters: int = 0) -> dict[str, Any]:
+def inference_weights(
+    config: ModelConfig, params: dict[str, Any], drafters: int = 0, into: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The decode step's weights, made once per batch: params plus each layer's q/k/v projections as one
     matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two);
     with drafters = M > 0, heads 1..M stacked as `drafters` (M V, C), the speculative step's one product.
     In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and heads are bf16 copies,
     half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16 tensor
     cores), with no cast per token; the residual stream and the cache stay float32.
+    into: what an earlier call returned for these params: its joined matrices and copies are rewritten in
+    place from params' current values (device work only, so a CUDA graph can record it), and it is returned.
     """
     xp = ek.get_array_module(params["embed"])
-    weights = dict(params)
+    joined = {}
     for i in range(config.n_layers):
         p = f"layers.{i}."
-        weights[p + "wqkv"] = xp.concatenate([params[p + "wq"], params[p + "wk"], params[p + "wv"]])
-        weights[p + "w_gate_up"] = xp.concatenate([params[p + "w_gate"], params[p + "w_up"]])
+        joined[p + "wqkv"] = [params[p + "wq"], params[p + "wk"], params[p + "wv"]]
+        joined[p + "w_gate_up"] = [params[p + "w_gate"], params[p + "w_up"]]
     heads = ["heads.0"]
     if drafters:
-        weights["drafters"] = xp.concatenate([params[f"heads.{k}"] for k in range(1, drafters + 1)])
+        joined["drafters"] = [params[f"heads.{k}"] for k in range(1, drafters + 1)]
         heads.append("drafters")
-    if xp is np or not ek.bf16_activations(params["embed"]):
-        return weights
+    copies = xp is not np and ek.bf16_activations(params["embed"])  # bf16 copies of these:
     names = [f"layers.{i}.{n}" for i in range(config.n_layers) for n in ("wqkv", "wo", "w_gate_up", "w_down")]
-    return _with_bf16_copies(weights, [*names, *heads])
+    names = [*names, *heads] if copies else []
+    weights, floats = (dict(params) if into is None else into), dict(params)
+    for name, parts in joined.items():  # a kept matrix is rewritten in place; one made to copy is a temporary
+        in_place = into is not None and name not in names
+        floats[name] = xp.concatenate(parts, out=into[name] if in_place else None)
+        if name not in names:
+            weights[name] = floats[name]
+    if names:  # copies in buffers of their own (a cached cast's buffers could be rewritten by a later one)
+        if into is None:
+            weights.update({n: xp.empty(floats[n].shape, dtype=xp.uint16) for n in names})
+        ek.to_bf16_many([floats[n] for n in names], out=[weights[n] for n in names])
+    return weights

@@ -82,20 +82,23 @@ def _streamed(
         run = start(config, params, [prompt], [limit], [stop], [seed], picker, None, cuda_graph=True)
     stats.forwards += 1
     shown = 0
-    while True:
-        run.runner.synchronize()  # the steps queued on the GPU are done
-        count, done, bad = (ek.to_numpy(a)[0] for a in (run.state.count, run.state.done, run.state.bad))
-        if bad:
-            raise ValueError("generate: the probabilities are not finite (NaN or inf logits)")
-        for token in ek.to_numpy(run.state.out[0, shown:count]).tolist():
-            stats.generated += 1
-            yield token
-        shown = count
-        if done:
-            return
-        with hold():
-            run.step()
-        stats.forwards += 1
+    try:
+        while True:
+            run.runner.synchronize()  # the steps queued on the GPU are done
+            count, done, bad = (ek.to_numpy(a)[0] for a in (run.state.count, run.state.done, run.state.bad))
+            if bad:
+                raise ValueError("generate: the probabilities are not finite (NaN or inf logits)")
+            for token in ek.to_numpy(run.state.out[0, shown:count]).tolist():
+                stats.generated += 1
+                yield token
+            shown = count
+            if done:
+                return
+            with hold():
+                run.step()
+            stats.forwards += 1
+    finally:
+        run.finish()  # also when the caller stops early: a kept decoder may serve the next call
 
 
 def _confident_drafts(guesses: np.ndarray, threshold: float) -> list[int]:

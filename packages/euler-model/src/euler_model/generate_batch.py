@@ -25,7 +25,7 @@ from euler_model.decode_step import Picker
 from euler_model.generate import GenerationStats, checked_prompt
 from euler_model.sampling import check_sampling_args
 
-SYNC_EVERY = 16  # on the GPU, decode steps between two looks at whether every row is done
+SYNC_EVERY = 16  # on the GPU, the most decode steps between two looks at how far the rows are
 
 
 @dataclass(frozen=True)
@@ -113,21 +113,25 @@ def generate_batch(
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
     with one_blas_thread_for(params["embed"]):  # NumPy: small products, one BLAS thread each
         run = start(config, params, rows, limits, stops, row_seeds, picker, tree, cuda_graph)
-        every = 1 if xp is np else SYNC_EVERY
-        while run.steps < max(limits) - 1 and not (run.steps % every == 0 and run.runner.finished()):
-            run.step()
-        run.runner.synchronize()
-    state, steps = run.state, run.steps
-    if temperature > 0 and bool(state.bad.any()):
-        bad = np.flatnonzero(ek.to_numpy(state.bad)).tolist()
+        try:
+            while (ahead := run.ahead(1 if xp is np else SYNC_EVERY)) > 0:
+                for _ in range(ahead):
+                    run.step()
+            run.runner.synchronize()
+            state = run.state
+            bad = np.flatnonzero(ek.to_numpy(state.bad)).tolist() if temperature > 0 else []
+            results = [Completion(tokens, stop) for tokens, stop in state.results()]
+            drafted, accepted = int(state.drafted.sum()), int(state.accepted.sum())
+        finally:
+            run.finish()  # the state is read: a kept decoder may serve the next call
+    if bad:
         raise ValueError(
             f"generate_batch: the probabilities of prompts {bad} are not finite (NaN or inf logits)"
         )
-    results = [Completion(tokens, stop) for tokens, stop in state.results()]
     stats = GenerationStats() if stats is None else stats
-    stats.forwards += b + steps
+    stats.forwards += b + run.steps
     stats.generated += sum(len(c.tokens) for c in results)
-    stats.drafted += int(state.drafted.sum())
-    stats.accepted += int(state.accepted.sum())
+    stats.drafted += drafted
+    stats.accepted += accepted
     stats.decode = run.runner.mode
     return results

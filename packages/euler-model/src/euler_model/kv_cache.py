@@ -18,11 +18,15 @@ class KVCache:
     ((2, 1, 16, 2, 4), 0)
     """
 
-    def __init__(self, config: ModelConfig, batch: int = 1, dtype: Any = np.float32, xp: Any = np) -> None:
-        shape = (config.n_layers, batch, config.context, config.n_kv_heads, config.head_dim)
+    def __init__(
+        self, config: ModelConfig, batch: int = 1, dtype: Any = np.float32, xp: Any = np, slots: int = 0
+    ) -> None:
+        """slots: the positions it can hold (default the context; a prompt's prefill needs only its own)."""
+        slots = slots or config.context
+        shape = (config.n_layers, batch, slots, config.n_kv_heads, config.head_dim)
         self.k = xp.zeros(shape, dtype=dtype)
         self.v = xp.zeros(shape, dtype=dtype)
-        self.context = config.context
+        self.context = slots
         self.length = 0
 
     def append(self, layer: int, k: Any, v: Any) -> tuple[Any, Any]:
@@ -32,7 +36,7 @@ class KVCache:
         """
         end = self.length + k.shape[1]
         if end > self.context:
-            raise ValueError(f"KVCache.append: {end} positions exceed the context length {self.context}")
+            raise ValueError(f"KVCache.append: {end} positions exceed the cache's {self.context} slots")
         self.k[layer, :, self.length : end] = k
         self.v[layer, :, self.length : end] = v
         return self.k[layer, :, :end], self.v[layer, :, :end]  # (B, S, Hkv, D)

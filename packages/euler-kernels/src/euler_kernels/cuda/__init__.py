@@ -10,7 +10,7 @@ choice) -> `cuda/X.cu` (rmsnorm, rope, swiglu, embedding, cross_entropy; attenti
 flash_attention.py, over flash_attention*.cu). Shared plumbing: `_module` (compiling and loading the
 `.cu` files, launch sizes), `multi_tensor` (the multi-tensor tables and the kernels over many tensors:
 AdamW, sum of squares, clip), `tables` (their cache), `cast` (float32 <-> bf16), `gemm` (cuBLAS). This
-module holds only the predicates that pick the fused path.
+module holds only the predicates that pick the fused path, and the settings that choose kernels.
 """
 
 import os
@@ -34,6 +34,15 @@ def kernels_on() -> bool:
     return os.environ.get("EULER_FUSED_KERNELS", "1") != "0"
 
 
+KERNEL_SETTINGS = ("EULER_FUSED_KERNELS", "EULER_MATMUL_PRECISION", "CUPY_TF32", "EULER_FLASH_KERNEL")
+
+
+def kernel_settings() -> tuple:
+    """The environment variables that choose kernels and precisions, as they are set now: what a CUDA graph
+    recorded from the ops depends on beyond its arrays (a graph kept across calls is keyed on them)."""
+    return tuple(os.environ.get(name) for name in KERNEL_SETTINGS)
+
+
 def bf16_activations(*arrays: Any) -> bool:
     """Whether the bf16 path is on for a model on these arrays: float32 CuPy arrays (see `fused`) and
     EULER_MATMUL_PRECISION=bf16. Then norms, projections, RoPE, SwiGLU and attention store their outputs
@@ -47,4 +56,4 @@ def fused_cache(cache: tuple) -> bool:
     return isinstance(cache[0], str) and cache[0] == "cuda"
 
 
-__all__ = ["bf16_activations", "fused", "fused_cache", "kernels_on"]
+__all__ = ["bf16_activations", "fused", "fused_cache", "kernel_settings", "kernels_on"]

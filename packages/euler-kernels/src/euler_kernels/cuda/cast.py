@@ -38,20 +38,27 @@ def from_bf16(x16: Any) -> Any:
     return (x16.astype(cupy.uint32) << 16).view(cupy.float32)
 
 
-def to_bf16_many(tensors: list[Any]) -> list[Any]:
+def to_bf16_many(tensors: list[Any], out: list[Any] | None = None) -> list[Any]:
     """bf16 copies (uint16 bit patterns) of C-contiguous float32 tensors, all made in one launch.
 
     The copies live in buffers kept per list of tensors (in the same cache as the multi-tensor tables, so
     a captured graph's `keep_tables()` scope keeps them too): every call with the same tensors writes the
     same buffers, so the copies of an earlier call are overwritten, and a CUDA graph can replay the cast.
+    out: C-contiguous uint16 buffers of the tensors' shapes to write instead (returned).
     """
     import cupy
 
     def build() -> tuple[list[Any], Any]:
-        outs = [cupy.empty(t.shape, dtype=cupy.uint16) for t in tensors]
+        outs = [cupy.empty(t.shape, dtype=cupy.uint16) for t in tensors] if out is None else list(out)
         return outs, cupy.asarray(np.array([o.data.ptr for o in outs], dtype=np.uint64))
 
-    outs, out_pointers = table_cache.get(("bf16 copies", *((t.data.ptr, t.size) for t in tensors)), build)
+    if out is None:
+        key = ("bf16 copies", *((t.data.ptr, t.size) for t in tensors))
+    else:
+        if [o.shape for o in out] != [t.shape for t in tensors] or any(o.dtype != cupy.uint16 for o in out):
+            raise ValueError("to_bf16_many: out must be uint16 buffers of the tensors' shapes")
+        key = ("bf16 into", *((o.data.ptr, o.size) for o in out))
+    outs, out_pointers = table_cache.get(key, build)
     in_pointers, chunk_tensor, chunk_start, sizes = chunk_table(tensors)
     args = (out_pointers, in_pointers, chunk_tensor, chunk_start, sizes)
     get_kernel("cast.cu", "float_to_bf16_multi")((chunk_tensor.size,), (THREADS,), args)

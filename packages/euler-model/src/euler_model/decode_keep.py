@@ -1,0 +1,61 @@
+"""Decoders kept across calls on the GPU, so that a call pays for no setup that an earlier one has done.
+
+A decoder (decode_batch.Decoder) holds a batch shape's inference weights, static state, captured step and
+captured prefills. Making one costs a call tens of milliseconds of launches and a graph capture; a kept one
+is reused by the next call of the same model, batch size, draft tree and sampling rule. Each call rewrites
+the kept weight copies from params first, so a model updated in place (a trainer's step between two
+evaluations) is decoded with its current weights.
+
+The model is recognised by its params' arrays (names, device addresses, shapes, dtypes), its config and
+the kernel settings (euler_kernels.kernel_settings): the captured graphs read those addresses and were
+recorded with those kernels. Only the latest model's decoders are kept, at most KEPT_DECODERS of them,
+least recently used dropped first. A decoder is lent to one decoding at a time: a call that finds its
+decoder busy (another generator still streaming from it) gets a new decoder of its own, not kept.
+`release_kept_decoders()` frees them all (their device memory goes back to CuPy's pool).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import euler_kernels as ek
+from euler_model.config import ModelConfig
+
+KEPT_DECODERS = 4  # batch shapes (B, draft tree, sampling rule) kept for the latest model
+
+_kept: OrderedDict[Hashable, Any] = OrderedDict()  # decoder key -> decoder, least recently used first
+_model: list[Hashable] = [None]  # the key of the model whose decoders are kept
+
+
+def model_key(config: ModelConfig, params: dict[str, Any]) -> Hashable:
+    """What identifies a model to its kept decoders: its config, each array's name, address, shape and
+    dtype, the GPU and the kernel settings."""
+    arrays = tuple((name, a.data.ptr, a.shape, a.dtype.str) for name, a in sorted(params.items()))
+    return config, arrays, params["embed"].device.id, ek.kernel_settings()
+
+
+def kept_decoder(config: ModelConfig, params: dict[str, Any], key: Hashable, make: Callable[[], Any]) -> Any:
+    """The kept decoder of this model under `key` (made by make() the first time), lent to the caller
+    (its `busy` set until the decoding finishes); None when it is busy."""
+    model = model_key(config, params)
+    if model != _model[0]:
+        release_kept_decoders()
+        _model[0] = model
+    decoder = _kept.get(key)
+    if decoder is not None and decoder.busy:
+        return None
+    if decoder is None:
+        decoder = _kept[key] = make()
+        while len(_kept) > KEPT_DECODERS:
+            _kept.popitem(last=False)
+    _kept.move_to_end(key)
+    decoder.busy = True
+    return decoder
+
+
+def release_kept_decoders() -> None:
+    """Drop every kept decoder (a decoding still streaming keeps its own until it ends)."""
+    _kept.clear()
+    _model[0] = None

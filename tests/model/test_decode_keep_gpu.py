@@ -1,0 +1,107 @@
+"""Decoders kept across calls on the GPU (decode_keep.py): a kept decoder's later calls, with its prefill
+replayed from a CUDA graph, give the tokens of a fresh uncaptured decode, also after the weights change in
+place or the precision changes, and two generators streaming at once do not share one."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from euler_model import GenerationStats, decode_keep, generate, generate_batch, preset
+from tests.model.test_generate import scaled_params
+from tests.model.test_generate_batch_gpu import on_gpu, prompts_for
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy")
+
+
+@pytest.fixture(autouse=True)
+def no_kept_decoders():
+    decode_keep.release_kept_decoders()
+    yield
+    decode_keep.release_kept_decoders()
+
+
+def replayed_prefills() -> list:
+    """The prompt-length patterns whose prefill the kept decoders hold as CUDA graphs."""
+    return [key[1] for d in decode_keep._kept.values() for key in d.runner.graphs if key[0] == "prefill"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_later_calls_replay_the_prefill_with_the_same_tokens(cp, monkeypatch, precision, speculative) -> None:
+    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
+    prompts, limits = prompts_for(cfg, [16, 1, 40, 7]), [60, 127, 30, 0]
+    want = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, cuda_graph=False)
+    runs, stats = [], []
+    for _ in range(3):  # 1: the decoder made; 2: the prefill recorded too; 3: the prefill replayed
+        stats.append(GenerationStats())
+        runs.append(generate_batch(cfg, gpu, prompts, limits, 0.0, speculative=speculative, stats=stats[-1]))
+    assert runs == [want] * 3
+    assert len(decode_keep._kept) == 1 and replayed_prefills() == [(16, 1, 40, 7)]
+    assert all(s.decode == "cuda graph" for s in stats)
+    if speculative:
+        assert stats[0].accepted > 0 and len({(s.drafted, s.accepted) for s in stats}) == 1
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_weights_changed_in_place_are_decoded_with_their_new_values(cp, monkeypatch, precision) -> None:
+    """A trainer updates the weights in place between two evaluations: the kept decoder's copies and the
+    replayed prefill must read the new values."""
+    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 1, np.float32, scale=4.0))
+    prompts = prompts_for(cfg, [12, 12], seed=3)
+    before = [generate_batch(cfg, gpu, prompts, 40, 0.0, speculative=True) for _ in range(2)]
+    for name, value in scaled_params(cfg, 2, np.float32, scale=4.0).items():
+        gpu[name][...] = cp.asarray(value)  # same arrays, new values
+    after = generate_batch(cfg, gpu, prompts, 40, 0.0, speculative=True)
+    assert replayed_prefills() == [(12, 12)]
+    assert after == generate_batch(cfg, gpu, prompts, 40, temperature=0.0, cuda_graph=False)
+    assert after != before[0] and before[0] == before[1]
+
+
+def test_a_precision_change_makes_a_new_decoder(cp, monkeypatch) -> None:
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 3, np.float32, scale=4.0))
+    prompts = prompts_for(cfg, [20], seed=4)
+    for precision in ("fp32", "fp32", "bf16", "bf16"):
+        monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+        got = generate_batch(cfg, gpu, prompts, 50, temperature=0.0)
+        assert got == generate_batch(cfg, gpu, prompts, 50, temperature=0.0, cuda_graph=False), precision
+
+
+def test_two_generators_streaming_at_once_each_get_their_own_tokens(cp) -> None:
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 4, np.float32, scale=4.0))
+    a, b = prompts_for(cfg, [9, 25], seed=5)
+    want_a, want_b = (c.tokens for c in generate_batch(cfg, gpu, [a, b], 30, 0.0, cuda_graph=False))
+    first, second = generate(cfg, gpu, a, 30, temperature=0.0), generate(cfg, gpu, b, 30, temperature=0.0)
+    got_a, got_b = [], []
+    for _ in range(30):  # one token of each in turn: the second finds the kept decoder busy
+        got_a.append(next(first))
+        got_b.append(next(second))
+    assert (got_a, got_b) == (want_a, want_b)
+
+
+def test_a_generator_closed_early_gives_its_decoder_back(cp) -> None:
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 5, np.float32, scale=4.0))
+    (prompt,) = prompts_for(cfg, [10], seed=6)
+    stream = generate(cfg, gpu, prompt, 40, temperature=0.0)
+    next(stream)
+    (decoder,) = decode_keep._kept.values()
+    assert decoder.busy
+    stream.close()
+    assert not decoder.busy
+    want = generate_batch(cfg, gpu, [prompt], 40, temperature=0.0, cuda_graph=False)[0].tokens
+    assert [list(generate(cfg, gpu, prompt, 40, temperature=0.0)) for _ in range(3)] == [want] * 3
+    assert list(decode_keep._kept.values()) == [decoder]
