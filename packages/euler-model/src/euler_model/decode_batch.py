@@ -42,15 +42,18 @@ def prefill(
     after each last token, and the hidden states (B, C) they came from."""
     xp = ek.get_array_module(params["embed"])
     b = sum(len(rows) for rows, _ in groups)
-    logits, hidden = [None] * b, [None] * b
+    logits = hidden = None
     for rows, tokens in groups:
         cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp, slots=tokens.shape[1])
         h = trunk_forward(config, params, tokens, kv=cache)[0]  # (G, T, C)
         z = ek.linear_forward(h[:, -1], params["heads.0"])[0]  # (G, V)
-        for j, row in enumerate(rows):
+        if logits is None:
+            logits = xp.empty((b, z.shape[1]), dtype=z.dtype)  # (B, V)
+            hidden = xp.empty((b, h.shape[2]), dtype=h.dtype)  # (B, C)
+        for j, row in enumerate(rows):  # row copies, no index arrays (a CUDA graph can record them)
             state.copy_prefill(row, cache, j)
-            logits[row], hidden[row] = z[j : j + 1], h[j : j + 1, -1]
-    return xp.concatenate(logits), xp.concatenate(hidden)
+            logits[row], hidden[row] = z[j], h[j, -1]
+    return logits, hidden
 
 
 @dataclass

@@ -83,7 +83,8 @@ def speculative_step(
     decode_step (above every fed position)."""
     xp = ek.get_array_module(state.pos)
     b, t = state.drafts.shape[0], state.drafts.shape[1] + 1
-    tokens = xp.concatenate([state.last[:, None], state.drafts], axis=1)  # (B, T)
+    tokens = state.fed  # (B, T): last, then the drafts (copies: no host arrays, so a graph can record it)
+    tokens[:, 0], tokens[:, 1:] = state.last, state.drafts
     h = decode_hidden(config, weights, state, window, tokens, tree)  # (B T, C)
     z = ek.decode_linear_forward(h, weights["heads.0"])  # (B T, V)
     g = z.argmax(axis=-1).reshape(b, t)  # head 0's token after each fed one

@@ -42,6 +42,7 @@ class DecodeState:
     drafted: Any  # (B,) int64 drafts a row has had verified
     accepted: Any  # (B,) int64 of which head 0 agreed with (each an emitted token with no forward of its own)
     first_fed: Any  # (B,) int64 b (M + 1): row b's first fed token among a speculative step's B (M + 1)
+    fed: Any  # (B, M + 1) int64 the tokens a speculative step feeds: last, then the drafts
 
     @classmethod
     def allocate(cls, config: ModelConfig, xp: Any, dtype: Any, batch: int, drafts: int = 0) -> DecodeState:
@@ -73,6 +74,7 @@ class DecodeState:
             drafted=ids(b),
             accepted=ids(b),
             first_fed=xp.asarray(np.arange(b, dtype=np.int64) * (drafts + 1)),
+            fed=ids(b, drafts + 1),
         )
 
     def reset(

@@ -145,7 +145,8 @@ def inference_weights(
     half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16 tensor
     cores), with no cast per token; the residual stream and the cache stay float32.
     into: what an earlier call returned for these params: its joined matrices and copies are rewritten in
-    place from params' current values (device work only, so a CUDA graph can record it), and it is returned.
+    place from params' current values and it is returned. The values are written by copy and cast kernels
+    alone (no host arrays), so a CUDA graph can record the rewrite.
     """
     xp = ek.get_array_module(params["embed"])
     joined = {}
@@ -160,14 +161,28 @@ def inference_weights(
     copies = xp is not np and ek.bf16_activations(params["embed"])  # bf16 copies of these:
     names = [f"layers.{i}.{n}" for i in range(config.n_layers) for n in ("wqkv", "wo", "w_gate_up", "w_down")]
     names = [*names, *heads] if copies else []
-    weights, floats = (dict(params) if into is None else into), dict(params)
-    for name, parts in joined.items():  # a kept matrix is rewritten in place; one made to copy is a temporary
-        in_place = into is not None and name not in names
-        floats[name] = xp.concatenate(parts, out=into[name] if in_place else None)
-        if name not in names:
-            weights[name] = floats[name]
-    if names:  # copies in buffers of their own (a cached cast's buffers could be rewritten by a later one)
-        if into is None:
-            weights.update({n: xp.empty(floats[n].shape, dtype=xp.uint16) for n in names})
-        ek.to_bf16_many([floats[n] for n in names], out=[weights[n] for n in names])
+    blocks = {**{n: [params[n]] for n in names}, **joined}  # each made matrix: its source blocks, by rows
+    weights = _weight_buffers(xp, params, blocks, names) if into is None else into
+    sources, targets = [], []  # every source matrix and the rows it fills
+    for name, parts in blocks.items():
+        start = 0
+        for part in parts:
+            sources.append(part)
+            targets.append(weights[name][start : start + part.shape[0]])
+            start += part.shape[0]
+    bf16 = [i for i, t in enumerate(targets) if t.dtype == np.uint16]
+    for source, target in zip(sources, targets):
+        if target.dtype != np.uint16:
+            target[...] = source  # a copy kernel (no host arrays: a CUDA graph can record it)
+    if bf16:  # rounded to bf16 into their rows, one launch
+        ek.to_bf16_many([sources[i] for i in bf16], out=[targets[i] for i in bf16])
+    return weights
+
+
+def _weight_buffers(xp: Any, params: dict[str, Any], blocks: dict[str, list], names: list[str]) -> dict:
+    """params with an empty buffer for each matrix made of `blocks`, uint16 for the bf16 copies (`names`)."""
+    weights = dict(params)
+    for name, parts in blocks.items():
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        weights[name] = xp.empty(shape, dtype=np.uint16 if name in names else parts[0].dtype)
     return weights
