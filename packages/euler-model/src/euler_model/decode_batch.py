@@ -28,6 +28,8 @@ from euler_model.decode_step import Picker, attention_window, decode_step, infer
 from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
 
+PROMPT_PATTERNS = 16  # prompt-length patterns a decoder remembers (the oldest and its prefill graph dropped)
+
 
 def uniforms(seeds: list[int | None], width: int) -> np.ndarray:
     """(B, width + 1) draws: row b's from numpy.random.default_rng(seeds[b]), in order."""
@@ -147,6 +149,9 @@ class Decoder:
                 by_length.setdefault(n, []).append(b)
             groups = [(rows, xp.zeros((len(rows), n), dtype=xp.int64)) for n, rows in by_length.items()]
             self.prompt_tokens[lengths] = groups
+            if len(self.prompt_tokens) > PROMPT_PATTERNS:  # a chat's prompts grow: forget the oldest length
+                self.runner.forget(("prefill", next(iter(self.prompt_tokens))))
+                del self.prompt_tokens[next(iter(self.prompt_tokens))]
         return self.prompt_tokens[lengths]
 
     def _prefill(self, groups: list[tuple[list[int], Any]]) -> None:

@@ -38,6 +38,9 @@ class EagerDecode:
         """fn(), now (nothing is captured here)."""
         fn()
 
+    def forget(self, key: Hashable) -> None:
+        """Nothing is kept here."""
+
     @contextlib.contextmanager
     def ordered(self) -> Iterator[None]:
         """Work queued (or read back) inside runs where the steps run (here the caller's own stream)."""
@@ -81,6 +84,12 @@ class DecodeGraph:
             fn()  # eagerly: an error here is a real one
             if capture and key not in self.uncaptured:
                 self._capture(key, fn, tables)
+
+    def forget(self, key: Hashable) -> None:
+        """Drop key's graph and its tables (a later call with key runs eagerly and records it again)."""
+        self.graphs.pop(key, None)
+        self.tables.pop(key, None)
+        self.uncaptured.discard(key)
 
     @contextlib.contextmanager
     def ordered(self) -> Iterator[None]:
