@@ -188,4 +188,8 @@ def start(
     if decoder is None:
         decoder = Decoder(config, params, len(rows), picker, tree, cuda_graph)
         decoder.busy = True
-    return decoder.begin(rows, limits, stops, seeds)
+    try:
+        return decoder.begin(rows, limits, stops, seeds)
+    except BaseException:
+        decoder.busy = False  # a call that failed to start lends nothing
+        raise

@@ -443,7 +443,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             pf[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
             df[i / 8][(i / 2) % 4] = ds;
             const int lr = lr0 + row;  // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
-            const unsigned at = sm.dst + lr * 128 + ((((c / 8) ^ (lr & 7))) << 4) + (c % 8) * 2;
+            const unsigned at = sm.dst + swizzled(lr, 2 * c);
             asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(ds));
         }
 
@@ -498,7 +498,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = warp * 16 + g + 8 * r;
-                const unsigned at = stage_dq + panel * (BQ * 128) + row * 128 + (((c / 4) ^ (row & 7)) << 4) + (c % 4) * 4;
+                const unsigned at = stage_dq + panel * (BQ * 128) + swizzled(row, 4 * c);
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq_acc[4 * j + 2 * r] * scale),
                              "f"(dq_acc[4 * j + 2 * r + 1] * scale));
             }

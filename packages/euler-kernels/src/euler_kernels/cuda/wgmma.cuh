@@ -19,6 +19,11 @@
 
 typedef unsigned long long u64;  // NVRTC has no <cstdint>
 
+// the byte offset of byte `byte` (0..127) of row `row` in a 128-byte-swizzled panel (see above)
+__device__ __forceinline__ unsigned swizzled(int row, int byte) {
+    return row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+}
+
 // descriptor of a 128-byte-swizzled operand at shared address `addr` (bits 62-63 = 1: 128-byte swizzle)
 __device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) |
