@@ -161,7 +161,7 @@ def inference_weights(
     copies = xp is not np and ek.bf16_activations(params["embed"])  # bf16 copies of these:
     names = [f"layers.{i}.{n}" for i in range(config.n_layers) for n in ("wqkv", "wo", "w_gate_up", "w_down")]
     names = [*names, *heads] if copies else []
-    blocks = {**{n: [params[n]] for n in names}, **joined}  # each made matrix: its source blocks, by rows
+    blocks = {**{n: [params[n]] for n in names if n not in joined}, **joined}  # made matrix: its source rows
     weights = _weight_buffers(xp, params, blocks, names) if into is None else into
     sources, targets = [], []  # every source matrix and the rows it fills
     for name, parts in blocks.items():
