@@ -28,7 +28,7 @@ def no_kept_decoders():
     decode_keep.release_kept_decoders()
 
 
-CAPTURABLE = preset("small", n_heads=2, n_kv_heads=1)  # head_dim 64: the prefill's attention is the flash kernel
+CAPTURABLE = preset("small", n_heads=2, n_kv_heads=1)  # head_dim 64: the prefill's attention is flash
 
 
 def replayed_prefills() -> list:
