@@ -46,6 +46,7 @@ os.environ["CUPY_TF32"] = "0"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bench_generate_calls import prompt_windows  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 import euler_kernels as ek  # noqa: E402
@@ -189,11 +190,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     val = np.concatenate(open_split(args.prompts_from, "val")) if args.prompts_from else None
     for b in [int(x) for x in args.batches.split(",")]:
-        if val is None:
-            prompts = rng.integers(0, cfg.vocab_size, (b, args.prompt_len)).tolist()
-        else:
-            starts = rng.integers(0, len(val) - args.prompt_len, b)
-            prompts = [val[i : i + args.prompt_len].astype(np.int64).tolist() for i in starts]
+        prompts = prompt_windows(rng, val, b, args.prompt_len, cfg.vocab_size)
         for precision in precisions:
             os.environ["EULER_MATMUL_PRECISION"] = precision
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32

@@ -35,6 +35,14 @@ from euler_model import (
 MODES = ("made each call", "kept")
 
 
+def prompt_windows(rng, val, b: int, length: int, vocab_size: int) -> list[list[int]]:
+    """b prompts of `length` ids: windows of the val tokens `val` at random starts, or random ids if None."""
+    if val is None:
+        return rng.integers(0, vocab_size, (b, length)).tolist()
+    starts = rng.integers(0, len(val) - length, b)
+    return [val[i : i + length].astype(np.int64).tolist() for i in starts]
+
+
 def timed_calls(cfg, params, prompts, n: int, calls: int, mode: str, speculative: bool, want):
     """Seconds of each call, the last call's stats and output (checked against `want` when given)."""
     times, out, stats = [], None, None
@@ -77,11 +85,7 @@ def main() -> None:
     n = args.new_tokens
     print(f"# {args.checkpoint or 'gpu preset, random weights'}, prompt {args.prompt_len}, new tokens {n}")
     for b in [int(x) for x in args.batches.split(",")]:
-        if val is None:
-            prompts = rng.integers(0, cfg.vocab_size, (b, args.prompt_len)).tolist()
-        else:
-            starts = rng.integers(0, len(val) - args.prompt_len, b)
-            prompts = [val[i : i + args.prompt_len].astype(np.int64).tolist() for i in starts]
+        prompts = prompt_windows(rng, val, b, args.prompt_len, cfg.vocab_size)
         for precision in args.precisions.split(","):
             os.environ["EULER_MATMUL_PRECISION"] = precision
             best, want = {}, None
