@@ -60,6 +60,7 @@ class DecodeGraph:
         self.graphs: dict[Hashable, Any] = {}  # ("step", window) or a caller's key -> its graph
         self.tables: dict[Hashable, dict] = {}  # the multi-tensor tables each graph was recorded with
         self.uncaptured: set[Hashable] = set()  # keys whose recording failed: run eagerly
+        self.uncaptured_why = ""  # the last failed recording's error, as a mode
         self.mode = "cuda graph"
         self.eager = False
 
