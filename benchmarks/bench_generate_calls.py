@@ -70,18 +70,18 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=6)
     args = p.parse_args()
     if args.calls < 3:
-        sys.exit("bench_generate_calls: --calls must be at least 3 (the best of calls 3.. is printed)")
+        p.error("--calls must be at least 3 (the best of calls 3.. is printed)")  # one line, exit 2
     try:
         cp = ek.require_cuda()
-    except RuntimeError as err:
-        sys.exit(f"bench_generate_calls: needs a GPU ({err})")
-    if args.checkpoint:
-        cfg, host, _ = load_checkpoint(args.checkpoint)
-    else:
-        cfg, host = preset("gpu"), init_params(preset("gpu"), seed=0)
+        if args.checkpoint:
+            cfg, host, _ = load_checkpoint(args.checkpoint)
+        else:
+            cfg, host = preset("gpu"), init_params(preset("gpu"), seed=0)
+        val = np.concatenate(open_split(args.prompts_from, "val")) if args.prompts_from else None
+    except (OSError, RuntimeError, ValueError) as err:  # no GPU, a missing or bad checkpoint or dataset
+        p.error(str(err).splitlines()[0])
     params = {k: cp.asarray(v) for k, v in host.items()}
     rng = np.random.default_rng(0)
-    val = np.concatenate(open_split(args.prompts_from, "val")) if args.prompts_from else None
     n = args.new_tokens
     print(f"# {args.checkpoint or 'gpu preset, random weights'}, prompt {args.prompt_len}, new tokens {n}")
     for b in [int(x) for x in args.batches.split(",")]:

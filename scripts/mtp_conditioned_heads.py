@@ -19,7 +19,6 @@ teacher-forced accuracy on val windows. Everything runs in NumPy (float32).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import numpy as np
@@ -92,14 +91,17 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--prompts", type=int, default=48, help="val prompts continued greedily")
     args = ap.parse_args()
-    cfg, params, _ = load_checkpoint(args.checkpoint)
+    try:
+        cfg, params, _ = load_checkpoint(args.checkpoint)
+        train = np.concatenate(open_split(args.data, "train")).astype(np.int64)
+        val = np.concatenate(open_split(args.data, "val")).astype(np.int64)
+    except (OSError, ValueError) as err:  # a missing or bad checkpoint or dataset: one line, exit 2
+        ap.error(str(err).splitlines()[0])
     if cfg.n_mtp_heads < 2:
-        sys.exit(f"mtp_conditioned_heads: the model has no drafting head (n_mtp_heads {cfg.n_mtp_heads})")
+        ap.error(f"the model has no drafting head (n_mtp_heads {cfg.n_mtp_heads})")
     params = {k: np.asarray(v, dtype=np.float32) for k, v in params.items()}
     embed, w1, t = params["embed"], params["heads.1"], cfg.context
     rng = np.random.default_rng(0)
-    train = np.concatenate(open_split(args.data, "train")).astype(np.int64)
-    val = np.concatenate(open_split(args.data, "val")).astype(np.int64)
     rows = training_rows(cfg, params, train, args.windows, rng)
     print(f"# {args.checkpoint}: {len(rows[0]):,} train positions, C {rows[0].shape[1]}, V {embed.shape[0]}")
     start = time.perf_counter()
