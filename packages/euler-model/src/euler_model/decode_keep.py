@@ -21,6 +21,7 @@ weight copies. A prefill that is not recorded allocates from CuPy's pool as any 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -33,6 +34,7 @@ KEPT_DECODERS = 4  # batch shapes (B, draft tree, sampling rule) kept for the la
 _kept: OrderedDict[Hashable, Any] = OrderedDict()  # decoder key -> decoder, least recently used first
 _weights: dict[int, dict] = {}  # drafting heads -> the inference weights the model's decoders share
 _model: list[Hashable] = [None]  # the key of the model whose decoders are kept
+_lock = threading.Lock()  # two threads must not be lent one decoder
 
 
 def model_key(config: ModelConfig, params: dict[str, Any]) -> Hashable:
@@ -46,19 +48,20 @@ def kept_decoder(config: ModelConfig, params: dict[str, Any], key: Hashable, mak
     """The kept decoder of this model under `key` (made by make() the first time), lent to the caller
     (its `busy` set until the decoding finishes); None when it is busy."""
     model = model_key(config, params)
-    if model != _model[0]:
-        release_kept_decoders()
-        _model[0] = model
-    decoder = _kept.get(key)
-    if decoder is not None and decoder.busy:
-        return None
-    if decoder is None:
-        decoder = _kept[key] = make()
-        while len(_kept) > KEPT_DECODERS:
-            _kept.popitem(last=False)
-    _kept.move_to_end(key)
-    decoder.busy = True
-    return decoder
+    with _lock:
+        if model != _model[0]:
+            _drop_all()
+            _model[0] = model
+        decoder = _kept.get(key)
+        if decoder is not None and decoder.busy:
+            return None
+        if decoder is None:
+            decoder = _kept[key] = make()
+            while len(_kept) > KEPT_DECODERS:
+                _kept.popitem(last=False)
+        _kept.move_to_end(key)
+        decoder.busy = True
+        return decoder
 
 
 def kept_weights(drafters: int, make: Callable[[], dict]) -> dict:
@@ -72,6 +75,11 @@ def kept_weights(drafters: int, make: Callable[[], dict]) -> dict:
 
 def release_kept_decoders() -> None:
     """Drop every kept decoder and their weights (a decoding still streaming keeps its own until it ends)."""
+    with _lock:
+        _drop_all()
+
+
+def _drop_all() -> None:
     _kept.clear()
     _weights.clear()
     _model[0] = None
