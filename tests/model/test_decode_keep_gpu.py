@@ -123,3 +123,20 @@ def test_a_generator_closed_early_gives_its_decoder_back(cp) -> None:
     want = generate_batch(cfg, gpu, [prompt], 40, temperature=0.0, cuda_graph=False)[0].tokens
     assert [list(generate(cfg, gpu, prompt, 40, temperature=0.0)) for _ in range(3)] == [want] * 3
     assert list(decode_keep._kept.values()) == [decoder]
+
+
+def test_the_kept_decoders_of_a_model_share_their_weights(cp) -> None:
+    """Decoders of two batch sizes and a speculative one: one set of plain weight copies between the first
+    two, the speculative one with its drafting heads; every call still the uncaptured tokens."""
+    cfg = CAPTURABLE
+    gpu = on_gpu(cp, scaled_params(cfg, 6, np.float32, scale=4.0))
+    one, two = prompts_for(cfg, [9], seed=9), prompts_for(cfg, [9, 14], seed=10)
+    for prompts in (one, two, one, two):
+        want = generate_batch(cfg, gpu, prompts, 30, temperature=0.0, cuda_graph=False)
+        assert generate_batch(cfg, gpu, prompts, 30, temperature=0.0) == want
+        assert generate_batch(cfg, gpu, prompts, 30, 0.0, speculative=True) == want
+    plain = [d for (_, _, tree), d in decode_keep._kept.items() if tree is None]
+    spec = [d for (_, _, tree), d in decode_keep._kept.items() if tree is not None]
+    assert len(plain) == len(spec) == 2
+    assert plain[0].weights is plain[1].weights and spec[0].weights is spec[1].weights
+    assert "drafters" in spec[0].weights and "drafters" not in plain[0].weights

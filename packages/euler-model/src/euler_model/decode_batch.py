@@ -21,7 +21,7 @@ import euler_kernels as ek
 from euler_kernels import draft_tree
 from euler_model.config import ModelConfig
 from euler_model.decode_graph import DecodeGraph, EagerDecode, decode_runner
-from euler_model.decode_keep import kept_decoder
+from euler_model.decode_keep import kept_decoder, kept_weights
 from euler_model.decode_speculative import draft, drafting_heads, speculative_step
 from euler_model.decode_state import DecodeState, copy_in
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
@@ -96,7 +96,8 @@ class Decoder:
     and its runner; `begin` starts a call's prompts in it. tree: a speculative step's draft tree (greedy,
     its depth <= K - 1), None for plain steps. kept: the decoder serves call after call (decode_keep.py),
     so each call first rewrites its weight copies from params (which a trainer may have updated in place),
-    and a prompt-length pattern seen before has its prefill replayed from a CUDA graph."""
+    and a prompt-length pattern seen before has its prefill replayed from a CUDA graph. weights: inference
+    weights to use (the kept decoders of a model share theirs), by default made here."""
 
     def __init__(
         self,
@@ -107,13 +108,14 @@ class Decoder:
         tree: tuple[int, ...] | None,
         cuda_graph: bool,
         kept: bool = False,
+        weights: dict[str, Any] | None = None,
     ) -> None:
         xp = ek.get_array_module(params["embed"])
         self.config, self.params, self.picker, self.kept = config, params, picker, kept
         self.fed = 1 if tree is None else len(tree) + 1
         self.state = DecodeState.allocate(config, xp, params["embed"].dtype, batch, self.fed - 1)
-        self.drafters = 0 if tree is None else drafting_heads(tree)
-        self.weights = inference_weights(config, params, self.drafters)
+        self.drafters = drafting_heads(tree)
+        self.weights = inference_weights(config, params, self.drafters) if weights is None else weights
         self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
         if tree is not None:
             step = partial(speculative_step, config, self.weights, self.state, self.tree)
@@ -183,7 +185,12 @@ def start(
     last hidden states), None for plain steps."""
     decoder = None
     if cuda_graph and ek.get_array_module(params["embed"]) is not np:
-        make = partial(Decoder, config, params, len(rows), picker, tree, cuda_graph, kept=True)
+
+        def make() -> Decoder:
+            drafters = drafting_heads(tree)
+            weights = kept_weights(drafters, partial(inference_weights, config, params, drafters))
+            return Decoder(config, params, len(rows), picker, tree, cuda_graph, kept=True, weights=weights)
+
         decoder = kept_decoder(config, params, (len(rows), picker, tree), make)
     if decoder is None:
         decoder = Decoder(config, params, len(rows), picker, tree, cuda_graph)

@@ -76,15 +76,19 @@ class DecodeGraph:
 
     def call(self, key: Hashable, fn: Callable[[], None], capture: bool = True) -> None:
         """fn() on the graphs' stream: key's graph replayed if it has one; else fn run eagerly, then (when
-        capture) recorded as key's graph without running it again."""
+        capture) recorded as key's graph without running it again. Only a run that is recorded allocates
+        from the graphs' pool, which keeps what its graphs use for as long as the runner lives."""
         if key in self.graphs:
             self.graphs[key].launch(stream=self.stream)
+            return
+        if not capture or key in self.uncaptured:  # eager only: its temporaries go back to CuPy's pool
+            with self.stream:
+                fn()
             return
         # the recording must find the multi-tensor tables the eager run made (none may be built inside it)
         with ek.keep_tables() as tables, self.cp.cuda.using_allocator(self.pool.malloc), self.stream:
             fn()  # eagerly: an error here is a real one
-            if capture and key not in self.uncaptured:
-                self._capture(key, fn, tables)
+            self._capture(key, fn, tables)
 
     def forget(self, key: Hashable) -> None:
         """Drop key's graph and its tables (a later call with key runs eagerly and records it again)."""

@@ -57,9 +57,9 @@ def checked_draft_tree(config: ModelConfig, tree: tuple[int, ...] | None) -> tup
     return tree
 
 
-def drafting_heads(tree: tuple[int, ...]) -> int:
-    """How many heads (1..M) a draft tree's drafts come from: its depth."""
-    return max(draft_tree.depths(tree))
+def drafting_heads(tree: tuple[int, ...] | None) -> int:
+    """How many heads (1..M) a draft tree's drafts come from: its depth (0 for None: plain steps)."""
+    return 0 if tree is None else max(draft_tree.depths(tree))
 
 
 def draft(
