@@ -1,0 +1,54 @@
+"""Conditioned drafting heads (ModelConfig.mtp_conditioned): head k >= 1 reads h + P_k e(x_{t+k}), the
+embedding of the token before the one it predicts. The loss against a direct NumPy computation, and the
+whole model's float64 gradient check with them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from euler_kernels import gradcheck_scalar
+from euler_model import forward_loss, gradcheck_params, loss_and_grads, param_shapes, preset
+from euler_model.model import trunk_forward
+from tests.model.test_gradcheck import batch, log_softmax
+
+
+def test_the_conditioned_heads_have_their_matrices_and_need_two_heads() -> None:
+    cfg = preset("tiny", mtp_conditioned=True)
+    shapes = param_shapes(cfg)
+    assert [n for n in shapes if n.startswith("heads_cond.")] == ["heads_cond.1", "heads_cond.2"]
+    assert shapes["heads_cond.1"] == (cfg.dim, cfg.dim)
+    with pytest.raises(ValueError, match="mtp_conditioned"):
+        preset("tiny", n_mtp_heads=1, mtp_conditioned=True)
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_conditioned_loss_is_each_head_on_h_plus_the_projected_next_embedding(use_mask) -> None:
+    cfg = preset("tiny", mtp_conditioned=True)
+    params = gradcheck_params(cfg, seed=0)
+    tokens, targets, mask = batch(cfg, 3, 9, seed=1, partial_mask=use_mask)
+    h = trunk_forward(cfg, params, tokens, recompute=True)[0]  # (B, T, C)
+    t = tokens.shape[1]
+    per_head = []
+    for k in range(cfg.n_mtp_heads):
+        a = h if k == 0 else h + params["embed"][targets[:, k - 1 : k - 1 + t]] @ params[f"heads_cond.{k}"].T
+        z = a @ params[f"heads.{k}"].T
+        nll = -np.take_along_axis(log_softmax(z), targets[:, k : k + t][..., None], -1)[..., 0]
+        w = np.ones_like(nll) if mask is None else mask[:, k : k + t]
+        per_head.append((w * nll).sum() / max(w.sum(), 1.0))
+    loss, _ = loss_and_grads(cfg, params, tokens, targets, mask)
+    assert loss == pytest.approx(np.mean(per_head), rel=1e-10)
+    assert forward_loss(cfg, params, tokens, targets, mask) == pytest.approx(loss, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_whole_model_gradcheck_with_conditioned_heads() -> None:
+    cfg = preset("tiny", mtp_conditioned=True)
+    params = gradcheck_params(cfg, seed=5)
+    tokens, targets, mask = batch(cfg, 2, 7, seed=6)
+    _, grads = loss_and_grads(cfg, params, tokens, targets, mask)
+    assert sorted(grads) == sorted(params)
+    report = gradcheck_scalar(
+        lambda p: forward_loss(cfg, p, tokens, targets, mask), params, grads, max_samples=None, eps=1e-5
+    )
+    assert report.ok(1e-6), report.table(1e-6)
