@@ -52,3 +52,28 @@ def test_whole_model_gradcheck_with_conditioned_heads() -> None:
         lambda p: forward_loss(cfg, p, tokens, targets, mask), params, grads, max_samples=None, eps=1e-5
     )
     assert report.ok(1e-6), report.table(1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_speculative_decoding_with_conditioned_heads_gives_plain_greedy(dtype) -> None:
+    """generate's one-prompt speculation and generate_batch's chain draft with the conditioned heads; the
+    tokens are plain greedy's, and drafts are made."""
+    from euler_model import GenerationStats, generate, generate_batch, init_params
+    from tests.model.test_generate import scaled_params
+
+    cfg = preset("small", mtp_conditioned=True)
+    params = scaled_params(cfg, 0, dtype, scale=4.0)
+    assert "heads_cond.1" in params and init_params(cfg)["heads_cond.3"].shape == (cfg.dim, cfg.dim)
+    prompts = [[1, 2, 3, 4], [7] * 9]
+    want = [list(generate(cfg, params, p, 40, temperature=0.0)) for p in prompts]
+    for p, w in zip(prompts, want):
+        stats = GenerationStats()
+        kw = {"speculative": True, "stats": stats, "draft_threshold": 0.0}
+        assert list(generate(cfg, params, p, 40, temperature=0.0, **kw)) == w
+        assert stats.drafted > 0
+    for tree in [(0,), (0, 1), (0, 1, 2)]:
+        stats = GenerationStats()
+        out = generate_batch(cfg, params, prompts, 40, 0.0, speculative=True, draft_tree=tree, stats=stats)
+        assert [c.tokens for c in out] == want and stats.drafted > 0
+    with pytest.raises(ValueError, match="chains only"):
+        generate_batch(cfg, params, prompts, 40, 0.0, speculative=True, draft_tree=(0, 0))
