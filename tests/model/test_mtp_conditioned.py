@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from euler_kernels import gradcheck_scalar
-from euler_model import forward_loss, gradcheck_params, loss_and_grads, param_shapes, preset
+from euler_model import forward_loss, gradcheck_params, logits, loss_and_grads, param_shapes, preset
 from euler_model.model import trunk_forward
 from tests.model.test_gradcheck import batch, log_softmax
 
@@ -29,6 +29,7 @@ def test_conditioned_loss_is_each_head_on_h_plus_the_projected_next_embedding(us
     tokens, targets, mask = batch(cfg, 3, 9, seed=1, partial_mask=use_mask)
     h = trunk_forward(cfg, params, tokens, recompute=True)[0]  # (B, T, C)
     t = tokens.shape[1]
+    every = logits(cfg, params, tokens, all_heads=True, targets=targets)  # (K, B, T, V)
     per_head = []
     for k in range(cfg.n_mtp_heads):
         a = h if k == 0 else h + params["embed"][targets[:, k - 1 : k - 1 + t]] @ params[f"heads_cond.{k}"].T
@@ -36,8 +37,11 @@ def test_conditioned_loss_is_each_head_on_h_plus_the_projected_next_embedding(us
         nll = -np.take_along_axis(log_softmax(z), targets[:, k : k + t][..., None], -1)[..., 0]
         w = np.ones_like(nll) if mask is None else mask[:, k : k + t]
         per_head.append((w * nll).sum() / max(w.sum(), 1.0))
+        np.testing.assert_allclose(every[k], z, rtol=1e-10, atol=1e-12)
     loss, _ = loss_and_grads(cfg, params, tokens, targets, mask)
     assert loss == pytest.approx(np.mean(per_head), rel=1e-10)
+    with pytest.raises(ValueError, match="needs the targets"):
+        logits(cfg, params, tokens, all_heads=True)
     assert forward_loss(cfg, params, tokens, targets, mask) == pytest.approx(loss, rel=1e-12)
 
 

@@ -103,8 +103,12 @@ def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:
         )
 
 
-def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool = False) -> Any:
-    """Head 0's logits (B, T, V), or every head's stacked as (K, B, T, V) when all_heads.
+def logits(
+    config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool = False, targets: Any = None
+) -> Any:
+    """Head 0's logits (B, T, V), or every head's stacked as (K, B, T, V) when all_heads. Conditioned heads
+    (config.mtp_conditioned) read the token before the one they predict: then all_heads needs the targets
+    (B, T + K - 1), as for the loss.
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -114,9 +118,13 @@ def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: 
     _check_tokens(config, tokens, "logits")
     b = tokens.shape[0]
     if ek.get_array_module(params["embed"]) is np and cpu_workers(b) > 1:  # rows split over worker threads
-        parts = run_parts(lambda rows: _logits_rows(config, params, tokens[rows], all_heads), row_slices(b))
-        return np.concatenate(parts, axis=-3)  # along B
-    return _logits_rows(config, params, tokens, all_heads)
+
+        def rows_logits(rows: slice) -> Any:
+            part = None if targets is None else targets[rows]
+            return _logits_rows(config, params, tokens[rows], all_heads, part)
+
+        return np.concatenate(run_parts(rows_logits, row_slices(b)), axis=-3)  # along B
+    return _logits_rows(config, params, tokens, all_heads, targets)
 
 
 def row_slices(b: int) -> list[slice]:
@@ -129,15 +137,22 @@ def row_slices(b: int) -> list[slice]:
     return [slice(b * i // n, b * (i + 1) // n) for i in range(n)]
 
 
-def _logits_rows(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool) -> Any:
+def _logits_rows(config: ModelConfig, params: dict, tokens: Any, all_heads: bool, targets: Any) -> Any:
     """logits of these rows in the calling thread."""
     h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
     if not all_heads:
         return ek.linear_forward(h, params["heads.0"])[0]
-    if config.mtp_conditioned:
-        raise ValueError("logits: all_heads needs each head's conditioning token; use forward_loss")
-    xp = ek.get_array_module(h)
-    return xp.stack([ek.linear_forward(h, params[f"heads.{k}"])[0] for k in range(config.n_mtp_heads)])
+    if config.mtp_conditioned and targets is None:
+        raise ValueError("logits: all_heads of conditioned heads (mtp_conditioned) needs the targets")
+    xp, t = ek.get_array_module(h), tokens.shape[1]
+    heads = []
+    for k in range(config.n_mtp_heads):
+        a = h
+        if config.mtp_conditioned and k >= 1:  # h + P_k e(x_{t+k})
+            e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])[0]  # (B, T, C)
+            a = h + ek.linear_forward(e, params[f"heads_cond.{k}"])[0]
+        heads.append(ek.linear_forward(a, params[f"heads.{k}"])[0])
+    return xp.stack(heads)
 
 
 def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: Any, where: str) -> None:
