@@ -81,3 +81,19 @@ def test_speculative_decoding_with_conditioned_heads_gives_plain_greedy(dtype) -
         assert [c.tokens for c in out] == want and stats.drafted > 0
     with pytest.raises(ValueError, match="chains only"):
         generate_batch(cfg, params, prompts, 40, 0.0, speculative=True, draft_tree=(0, 0))
+
+
+def test_conditioned_heads_go_through_the_hugging_face_folder(tmp_path) -> None:
+    from euler_model import load_hf, save_hf
+
+    cfg = preset("tiny", mtp_conditioned=True)
+    params = gradcheck_params(cfg, seed=7)
+    save_hf(cfg, params, tmp_path)
+    back_cfg, back = load_hf(tmp_path, dtype=np.float64)
+    assert back_cfg == cfg
+    assert sorted(back) == sorted(params)
+    for name, value in params.items():
+        np.testing.assert_array_equal(back[name], value.astype(np.float32))  # save_hf writes float32
+    plain = preset("tiny")
+    save_hf(plain, gradcheck_params(plain, seed=7), tmp_path)  # the conditioned matrices' file is rewritten
+    assert load_hf(tmp_path)[0] == plain
