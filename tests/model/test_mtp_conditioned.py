@@ -1,13 +1,12 @@
 """Conditioned drafting heads (ModelConfig.mtp_conditioned): head k >= 1 reads h + P_k e(x_{t+k}), the
-embedding of the token before the one it predicts. The loss against a direct NumPy computation, and the
-whole model's float64 gradient check with them."""
+embedding of the token before the one it predicts. The loss against a direct NumPy computation (the whole
+model's float64 gradient check with them is in test_gradcheck.py), speculation, the Hugging Face folder."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from euler_kernels import gradcheck_scalar
 from euler_model import forward_loss, gradcheck_params, logits, loss_and_grads, param_shapes, preset
 from euler_model.model import trunk_forward
 from tests.model.test_gradcheck import batch, log_softmax
@@ -43,19 +42,6 @@ def test_conditioned_loss_is_each_head_on_h_plus_the_projected_next_embedding(us
     with pytest.raises(ValueError, match="needs the targets"):
         logits(cfg, params, tokens, all_heads=True)
     assert forward_loss(cfg, params, tokens, targets, mask) == pytest.approx(loss, rel=1e-12)
-
-
-@pytest.mark.slow
-def test_whole_model_gradcheck_with_conditioned_heads() -> None:
-    cfg = preset("tiny", mtp_conditioned=True)
-    params = gradcheck_params(cfg, seed=5)
-    tokens, targets, mask = batch(cfg, 2, 7, seed=6)
-    _, grads = loss_and_grads(cfg, params, tokens, targets, mask)
-    assert sorted(grads) == sorted(params)
-    report = gradcheck_scalar(
-        lambda p: forward_loss(cfg, p, tokens, targets, mask), params, grads, max_samples=None, eps=1e-5
-    )
-    assert report.ok(1e-6), report.table(1e-6)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
