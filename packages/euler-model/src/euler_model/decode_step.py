@@ -104,7 +104,8 @@ def decode_hidden(
         prefix = f"layers.{i}."
         x = _attention_block(config, weights, prefix, x, state, i, rope, tree)
         x = _ffn_block(config, weights, prefix, x)
-    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16)[0]
+    bf16_out = bf16 and not config.mtp_conditioned  # conditioned heads add to it: float32 (products round it)
+    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16_out)[0]
 
 
 def decode_step(

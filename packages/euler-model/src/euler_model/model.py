@@ -39,7 +39,8 @@ def trunk_forward(
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
 
-    On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads.
+    On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads
+    (float32 for conditioned heads, config.mtp_conditioned, which add to it; each product still rounds it).
 
     kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
     recompute: keep only the stream entering each layer, not its caches; trunk_backward re-runs the
@@ -72,7 +73,8 @@ def trunk_forward(
         del cache  # with recompute the layer's caches are freed here
     if kv is not None:
         kv.advance(t)
-    _, h, c_norm = norm_in(config, params["norm"], stream, bf16)  # (N, C): the last block's branch added
+    # (N, C): the last block's branch added; float32 for conditioned heads, which add P_k e to it
+    _, h, c_norm = norm_in(config, params["norm"], stream, bf16 and not config.mtp_conditioned)
     caches.append((c_norm, (b, t)))
     return h.reshape(b, t, config.dim), caches
 
@@ -175,8 +177,6 @@ def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tup
     t = h2.shape[0] // targets.shape[0]
     c_cond = None
     if config.mtp_conditioned and k >= 1:
-        if ek.is_bf16(h2):
-            raise NotImplementedError("mtp_conditioned heads on bf16 activations are not written yet")
         e, c_e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])  # (B, T, C): x_{t+k}
         pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"])  # (N, C)
         h2, c_cond = h2 + pe, (c_e, c_p)
