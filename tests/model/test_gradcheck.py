@@ -18,8 +18,9 @@ def batch(cfg, b, t, seed, partial_mask=True):
 
 
 @pytest.mark.slow
-def test_whole_model_gradcheck_every_tensor() -> None:
-    cfg = preset("tiny")
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain heads", "conditioned heads"])
+def test_whole_model_gradcheck_every_tensor(conditioned) -> None:
+    cfg = preset("tiny", mtp_conditioned=conditioned)
     params = gradcheck_params(cfg, seed=3)
     tokens, targets, mask = batch(cfg, 2, 7, seed=4)
     loss, grads = loss_and_grads(cfg, params, tokens, targets, mask)

@@ -24,6 +24,7 @@ class ModelConfig:
     context: int = 128  # maximum sequence length (RoPE table and KV-cache size)
     vocab_size: int = 512  # token ids are in [0, vocab_size)
     n_mtp_heads: int = 4  # K output heads; head k predicts token t + 1 + k (K = 1: plain next-token)
+    mtp_conditioned: bool = False  # heads k >= 1 see token t + k too: W_k (h + P_k e(x_{t+k}))
     rope_theta: float = 10000.0  # RoPE base frequency
     norm_eps: float = 1e-5  # RMSNorm epsilon
 
@@ -34,6 +35,11 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig: {name} must be a positive int, got {value!r}")
         if not isinstance(self.n_mtp_heads, int) or self.n_mtp_heads < 1:
             raise ValueError(f"ModelConfig: n_mtp_heads must be an int >= 1, got {self.n_mtp_heads!r}")
+        if not isinstance(self.mtp_conditioned, bool) or (self.mtp_conditioned and self.n_mtp_heads < 2):
+            raise ValueError(
+                f"ModelConfig: mtp_conditioned must be a bool, and true only with n_mtp_heads >= 2, got "
+                f"{self.mtp_conditioned!r} with {self.n_mtp_heads} heads"
+            )
         if self.dim % self.n_heads:
             raise ValueError(f"ModelConfig: dim={self.dim} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:

@@ -54,6 +54,8 @@ def checked_draft_tree(config: ModelConfig, tree: tuple[int, ...] | None) -> tup
             f"a draft tree needs 1 to {config.n_mtp_heads - 1} levels (the model's drafting heads), "
             f"got {tree}"
         )
+    if config.mtp_conditioned and tree != draft_tree.chain(len(tree)):
+        raise ValueError(f"conditioned heads (mtp_conditioned) draft chains only, got the tree {tree}")
     return tree
 
 
@@ -66,9 +68,19 @@ def draft(
     config: ModelConfig, weights: dict[str, Any], state: DecodeState, h: Any, tree: tuple[int, ...] | None
 ) -> None:
     """Set state.drafts (B, T - 1) to the drafting heads' guesses at the hidden rows h (B, C), placed in the
-    draft tree (None: a chain, each head's best)."""
-    z = ek.decode_linear_forward(h, weights["drafters"])  # (B, M V)
-    ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), state.drafts, tree)
+    draft tree (None: a chain, each head's best). Conditioned heads (config.mtp_conditioned) draft a chain
+    one head after the other: head k reads h + P_k e(the token before its guess), the row's newest token
+    for head 1, head k - 1's draft after it."""
+    if not config.mtp_conditioned:
+        z = ek.decode_linear_forward(h, weights["drafters"])  # (B, M V)
+        ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), state.drafts, tree)
+        return
+    before = state.last  # (B,) the token head k's guess follows
+    for k in range(1, state.drafts.shape[1] + 1):
+        e = weights["embed"].take(before, axis=0)  # (B, C)
+        a = ek.decode_linear_forward(e, weights[f"heads_cond.{k}"], residual=h)  # (B, C): h + P_k e
+        state.drafts[:, k - 1] = ek.decode_linear_forward(a, weights[f"heads.{k}"]).argmax(axis=-1)
+        before = state.drafts[:, k - 1]
 
 
 def speculative_step(

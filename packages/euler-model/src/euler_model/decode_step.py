@@ -104,7 +104,8 @@ def decode_hidden(
         prefix = f"layers.{i}."
         x = _attention_block(config, weights, prefix, x, state, i, rope, tree)
         x = _ffn_block(config, weights, prefix, x)
-    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16)[0]
+    bf16_out = bf16 and not config.mtp_conditioned  # conditioned heads add to it: float32 (products round it)
+    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16_out)[0]
 
 
 def decode_step(
@@ -140,7 +141,8 @@ def inference_weights(
 ) -> dict[str, Any]:
     """The decode step's weights, made once per batch: params plus each layer's q/k/v projections as one
     matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two);
-    with drafters = M > 0, heads 1..M stacked as `drafters` (M V, C), the speculative step's one product.
+    with drafters = M > 0, heads 1..M stacked as `drafters` (M V, C), the speculative step's one product
+    (conditioned heads, config.mtp_conditioned, stay apart: each reads its own input).
     In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and heads are bf16 copies,
     half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16 tensor
     cores), with no cast per token; the residual stream and the cache stay float32.
@@ -155,7 +157,9 @@ def inference_weights(
         joined[p + "wqkv"] = [params[p + "wq"], params[p + "wk"], params[p + "wv"]]
         joined[p + "w_gate_up"] = [params[p + "w_gate"], params[p + "w_up"]]
     heads = ["heads.0"]
-    if drafters:
+    if drafters and config.mtp_conditioned:  # each head after its own conditioning: no stack
+        heads += [f"heads.{k}" for k in range(1, drafters + 1)]
+    elif drafters:
         joined["drafters"] = [params[f"heads.{k}"] for k in range(1, drafters + 1)]
         heads.append("drafters")
     copies = xp is not np and ek.bf16_activations(params["embed"])  # bf16 copies of these:

@@ -112,14 +112,28 @@ def _confident_drafts(guesses: np.ndarray, threshold: float) -> list[int]:
     return drafts
 
 
-def _draft(config: ModelConfig, h: Any, drafters: Any, room: int, threshold: float) -> list[int]:
-    """At most `room` drafts from heads 1..K-1 at the hidden row h (1, 1, C).
+def _draft(
+    config: ModelConfig, params: dict, h: Any, token: int, drafters: Any, room: int, threshold: float
+) -> list[int]:
+    """At most `room` drafts from heads 1..K-1 at the hidden row h (1, 1, C), whose head 0 gave `token`.
 
-    Head k guesses the token k places after head 0's next token; drafters stacks their weights.
+    Head k guesses the token k places after head 0's next token; drafters stacks their weights. Conditioned
+    heads (config.mtp_conditioned) guess one after the other, head k from h + P_k e(the token before).
     """
     m = max(0, min(config.n_mtp_heads - 1, room))
-    guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
-    return _confident_drafts(guesses, threshold)
+    if not config.mtp_conditioned:
+        guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
+        return _confident_drafts(guesses, threshold)
+    drafts, before = [], token
+    for k in range(1, m + 1):
+        e = ek.embedding_forward(params["embed"], ek.get_array_module(h).asarray([[before]]))[0]  # (1, 1, C)
+        a = h + ek.linear_forward(e, params[f"heads_cond.{k}"])[0]
+        guess = _confident_drafts(_host_logits(a, params[f"heads.{k}"]), threshold)
+        if not guess:
+            break
+        drafts.append(guess[0])
+        before = guess[0]
+    return drafts
 
 
 def _speculative(config, params, cache, history, pick, stats, budget: int, threshold: float) -> Iterator[int]:
@@ -133,7 +147,7 @@ def _speculative(config, params, cache, history, pick, stats, budget: int, thres
     produced = 1
     while len(history) < config.context:
         room = min(config.context - len(history), budget - produced) - 1  # tokens worth drafting
-        drafts = _draft(config, h, drafters, room, threshold)
+        drafts = _draft(config, params, h, token, drafters, room, threshold)
         m = len(drafts)
         stats.drafted += m
         start = cache.length  # position of `token`

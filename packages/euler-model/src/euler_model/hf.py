@@ -3,7 +3,8 @@
 A folder written by save_hf holds (every file mode 0644)
     config.json             a LlamaConfig (model_type "llama"), plus "euler_mtp_heads": K
     model.safetensors       the Llama weights; head 0 is lm_head.weight
-    mtp_heads.safetensors   heads 1..K-1 as "mtp_heads.{k}.weight" (only when K > 1; transformers ignores it)
+    mtp_heads.safetensors   heads 1..K-1 as "mtp_heads.{k}.weight" (only when K > 1; transformers ignores it),
+                            and conditioned heads' P_k as "mtp_heads_cond.{k}.weight" (mtp_conditioned)
     tokenizer.json          when a tokenizer is given, with
     tokenizer_config.json   its eos / pad / other special tokens and the chat template (hf_tokenizer.py)
     generation_config.json  the ids that stop `generate` (eos_token_id, one id or a list) and the pad id
@@ -59,6 +60,8 @@ def hf_name(name: str) -> str:
     if name.startswith("heads."):
         k = int(name.split(".")[1])
         return "lm_head.weight" if k == 0 else f"mtp_heads.{k}.weight"
+    if name.startswith("heads_cond."):
+        return f"mtp_heads_cond.{name.split('.')[1]}.weight"
     _, i, leaf = name.split(".")
     return f"model.layers.{i}.{_LAYER_NAMES[leaf]}"
 
@@ -87,6 +90,7 @@ def hf_config(config: ModelConfig) -> dict[str, Any]:
         "eos_token_id": None,
         "dtype": "float32",
         "euler_mtp_heads": config.n_mtp_heads,
+        "euler_mtp_conditioned": config.mtp_conditioned,
     }
 
 
@@ -122,9 +126,9 @@ def save_hf(
         folder.mkdir(parents=True)
         folder.chmod(0o755)
     tensors = {hf_name(n): to_host(v).astype(dtype) for n, v in params.items()}
-    main = {n: t for n, t in tensors.items() if not n.startswith("mtp_heads.")}
+    main = {n: t for n, t in tensors.items() if not n.startswith("mtp_heads")}  # mtp_heads(_cond).k
     written = [_save_tensors(main, folder / "model.safetensors")]
-    extra = {n: t for n, t in tensors.items() if n.startswith("mtp_heads.")}
+    extra = {n: t for n, t in tensors.items() if n.startswith("mtp_heads")}
     if extra:
         written.append(_save_tensors(extra, folder / MTP_FILE))
     elif (folder / MTP_FILE).is_file():  # left by an earlier export with K > 1: load_hf would read it
@@ -163,7 +167,7 @@ def _tokenizer_text(tokenizer: Any) -> str:
     raise ValueError(f"save_hf: tokenizer must be a tokenizer.json path or have .to_hf(), got {tokenizer!r}")
 
 
-def config_from_hf(cfg: dict[str, Any], n_mtp_heads: int = 1) -> ModelConfig:
+def config_from_hf(cfg: dict[str, Any], n_mtp_heads: int = 1, mtp_conditioned: bool = False) -> ModelConfig:
     """Our ModelConfig from a Llama config.json dict; unsupported features raise a ValueError."""
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in cfg.get("architectures", []):
         raise ValueError(f"load_hf: not a Llama model (model_type={cfg.get('model_type')!r})")
@@ -189,6 +193,7 @@ def config_from_hf(cfg: dict[str, Any], n_mtp_heads: int = 1) -> ModelConfig:
         context=cfg.get("max_position_embeddings", 2048),
         vocab_size=cfg["vocab_size"],
         n_mtp_heads=n_mtp_heads,
+        mtp_conditioned=mtp_conditioned,
         rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
     )
@@ -214,7 +219,8 @@ def _hf_tensors(folder: Path) -> dict[str, np.ndarray]:
 def load_hf(folder: str | Path, xp: Any = np, dtype: Any = np.float32) -> tuple[ModelConfig, dict[str, Any]]:
     """Read a LlamaForCausalLM folder (ours or any Llama-architecture model): (config, params).
 
-    K = 1 + the number of heads in mtp_heads.safetensors (K = 1 when that file is absent).
+    K = 1 + the number of heads in mtp_heads.safetensors (K = 1 when that file is absent); the heads are
+    conditioned (mtp_conditioned) when it also holds their mtp_heads_cond matrices.
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -224,7 +230,7 @@ def load_hf(folder: str | Path, xp: Any = np, dtype: Any = np.float32) -> tuple[
     if (folder / MTP_FILE).is_file():
         tensors.update(read_safetensors(folder / MTP_FILE, "load_hf"))
     n_mtp = 1 + sum(1 for n in tensors if n.startswith("mtp_heads."))
-    config = config_from_hf(cfg, n_mtp)
+    config = config_from_hf(cfg, n_mtp, any(n.startswith("mtp_heads_cond.") for n in tensors))
     if "lm_head.weight" not in tensors:  # tied embeddings: the output head is the input embedding
         tensors["lm_head.weight"] = tensors.get("model.embed_tokens.weight")
     params = {}

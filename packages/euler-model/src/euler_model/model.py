@@ -39,7 +39,8 @@ def trunk_forward(
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
 
-    On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads.
+    On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads
+    (float32 for conditioned heads, config.mtp_conditioned, which add to it; each product still rounds it).
 
     kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
     recompute: keep only the stream entering each layer, not its caches; trunk_backward re-runs the
@@ -72,7 +73,8 @@ def trunk_forward(
         del cache  # with recompute the layer's caches are freed here
     if kv is not None:
         kv.advance(t)
-    _, h, c_norm = norm_in(config, params["norm"], stream, bf16)  # (N, C): the last block's branch added
+    # (N, C): the last block's branch added; float32 for conditioned heads, which add P_k e to it
+    _, h, c_norm = norm_in(config, params["norm"], stream, bf16 and not config.mtp_conditioned)
     caches.append((c_norm, (b, t)))
     return h.reshape(b, t, config.dim), caches
 
@@ -103,8 +105,12 @@ def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:
         )
 
 
-def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool = False) -> Any:
-    """Head 0's logits (B, T, V), or every head's stacked as (K, B, T, V) when all_heads.
+def logits(
+    config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool = False, targets: Any = None
+) -> Any:
+    """Head 0's logits (B, T, V), or every head's stacked as (K, B, T, V) when all_heads. Conditioned heads
+    (config.mtp_conditioned) read the token before the one they predict: then all_heads needs the targets
+    (B, T + K - 1), as for the loss.
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -114,9 +120,13 @@ def logits(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: 
     _check_tokens(config, tokens, "logits")
     b = tokens.shape[0]
     if ek.get_array_module(params["embed"]) is np and cpu_workers(b) > 1:  # rows split over worker threads
-        parts = run_parts(lambda rows: _logits_rows(config, params, tokens[rows], all_heads), row_slices(b))
-        return np.concatenate(parts, axis=-3)  # along B
-    return _logits_rows(config, params, tokens, all_heads)
+
+        def rows_logits(rows: slice) -> Any:
+            part = None if targets is None else targets[rows]
+            return _logits_rows(config, params, tokens[rows], all_heads, part)
+
+        return np.concatenate(run_parts(rows_logits, row_slices(b)), axis=-3)  # along B
+    return _logits_rows(config, params, tokens, all_heads, targets)
 
 
 def row_slices(b: int) -> list[slice]:
@@ -129,13 +139,22 @@ def row_slices(b: int) -> list[slice]:
     return [slice(b * i // n, b * (i + 1) // n) for i in range(n)]
 
 
-def _logits_rows(config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool) -> Any:
+def _logits_rows(config: ModelConfig, params: dict, tokens: Any, all_heads: bool, targets: Any) -> Any:
     """logits of these rows in the calling thread."""
     h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
     if not all_heads:
         return ek.linear_forward(h, params["heads.0"])[0]
-    xp = ek.get_array_module(h)
-    return xp.stack([ek.linear_forward(h, params[f"heads.{k}"])[0] for k in range(config.n_mtp_heads)])
+    if config.mtp_conditioned and targets is None:
+        raise ValueError("logits: all_heads of conditioned heads (mtp_conditioned) needs the targets")
+    xp, t = ek.get_array_module(h), tokens.shape[1]
+    heads = []
+    for k in range(config.n_mtp_heads):
+        a = h
+        if config.mtp_conditioned and k >= 1:  # h + P_k e(x_{t+k})
+            e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])[0]  # (B, T, C)
+            a = h + ek.linear_forward(e, params[f"heads_cond.{k}"])[0]
+        heads.append(ek.linear_forward(a, params[f"heads.{k}"])[0])
+    return xp.stack(heads)
 
 
 def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: Any, where: str) -> None:
@@ -151,14 +170,21 @@ def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: An
         raise ValueError(f"{where}: loss_mask must have the targets' shape {want}, got {loss_mask.shape}")
 
 
-def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tuple, tuple]:
-    """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches."""
+def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tuple, tuple, Any]:
+    """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches, and the caches
+    of its conditioning (None unless config.mtp_conditioned and k >= 1: then head k reads h + P_k e, e the
+    embedding of token t + k, the token before the one it predicts)."""
     t = h2.shape[0] // targets.shape[0]
+    c_cond = None
+    if config.mtp_conditioned and k >= 1:
+        e, c_e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])  # (B, T, C): x_{t+k}
+        pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"])  # (N, C)
+        h2, c_cond = h2 + pe, (c_e, c_p)
     z, c_head = ek.linear_forward(h2, params[f"heads.{k}"])  # (N, V)
     tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
     mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
     loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
-    return loss, c_head, c_ce
+    return loss, c_head, c_ce, c_cond
 
 
 def _head_params(config: ModelConfig, params: dict[str, Any], h: Any) -> dict[str, Any]:
@@ -190,12 +216,19 @@ def _heads_loss_and_grads(
     dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
     total, dh, grads = 0.0, None, {}
     for k in range(config.n_mtp_heads):
-        loss, c_head, c_ce = _head_loss(config, params, h2, targets, loss_mask, k)
+        loss, c_head, c_ce, c_cond = _head_loss(config, params, h2, targets, loss_mask, k)
         scale = 1.0 if head_scales is None else head_scales[k]
         total = total + (loss if head_scales is None else loss * scale)
         dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h))  # (N, V), bf16 on bf16
         del c_ce  # the logits it holds can go before the next head's are made
-        dh, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, dx_into=dh)  # (N, C), summed over heads
+        if c_cond is None:
+            dh, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, dx_into=dh)  # (N, C), summed over heads
+            continue
+        da, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)  # (N, C): d (h + P_k e)
+        dh = da if dh is None else dh + da
+        de, grads[f"heads_cond.{k}"] = ek.linear_backward(da, c_cond[1])  # (N, C)
+        de_embed = ek.embedding_backward(de.reshape(*targets.shape[:1], -1, de.shape[-1]), c_cond[0])
+        grads["embed.heads"] = de_embed if "embed.heads" not in grads else grads["embed.heads"] + de_embed
     return total / config.n_mtp_heads, dh.reshape(h.shape), grads
 
 
@@ -223,7 +256,10 @@ def _loss_and_grads_rows(
     _heads_loss_and_grads), in the calling thread."""
     h, trunk_caches = trunk_forward(config, params, tokens, recompute=recompute)
     loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales)
+    from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
     grads.update(trunk_backward(config, dh, trunk_caches))
+    if from_heads is not None:
+        grads["embed"] = grads["embed"] + from_heads
     return loss, {name: grads[name] for name in params}
 
 

@@ -35,6 +35,9 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["norm"] = (c,)
     for k in range(config.n_mtp_heads):
         shapes[f"heads.{k}"] = (v, c)
+    if config.mtp_conditioned:  # P_k: what head k adds to h from the embedding of token t + k
+        for k in range(1, config.n_mtp_heads):
+            shapes[f"heads_cond.{k}"] = (c, c)
     return shapes
 
 

@@ -229,7 +229,7 @@ class Trainer:
         xp, mcfg = self.device.xp, self.spec.mcfg
         tokens, targets = xp.asarray(tokens), xp.asarray(targets)
         mask = None if mask is None else xp.asarray(mask)
-        z = euler_model.logits(mcfg, self.params, tokens, all_heads=True)  # (K, B, T, V)
+        z = euler_model.logits(mcfg, self.params, tokens, all_heads=True, targets=targets)  # (K, B, T, V)
         t = tokens.shape[1]
         losses = []
         for k in range(mcfg.n_mtp_heads):
