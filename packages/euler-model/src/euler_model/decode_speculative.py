@@ -40,9 +40,10 @@ from euler_model.decode_step import decode_hidden
 
 
 def default_draft_tree(config: ModelConfig) -> tuple[int, ...]:
-    """The draft tree generate_batch uses unless told: head 1's best guess alone (T = 2). On the H200 a
-    second fed token costs least for the drafts it brings (docs/benchmarks/generate.md measures each tree)."""
-    return draft_tree.chain(1)
+    """The draft tree generate_batch uses unless told: head 1's best guess alone (T = 2); with conditioned
+    heads a chain of two (heads 1 and 2), whose drafts are accepted often enough to pay for a third fed
+    token (docs/benchmarks/generate.md measures each tree and chain on the H200)."""
+    return draft_tree.chain(min(2, config.n_mtp_heads - 1) if config.mtp_conditioned else 1)
 
 
 def checked_draft_tree(config: ModelConfig, tree: tuple[int, ...] | None) -> tuple[int, ...]:
