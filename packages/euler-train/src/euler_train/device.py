@@ -64,10 +64,11 @@ def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
     """Validate the precision, set the matmul switches before CuPy loads, then resolve the device.
 
     fp32: exact float32 everywhere. tf32: float32 matmuls and FlashAttention on the TF32 tensor cores.
-    bf16: matmul operands rounded to bfloat16 and multiplied on the bf16 tensor cores, accumulating in
-    float32 (euler-kernels' gemm); weights, moments, activations, norms, softmax and the loss stay float32,
-    and attention runs on the TF32 tensor cores. EULER_MATMUL_PRECISION=bf16fast, set beforehand, lets
-    cuBLAS down-convert float32 operands itself instead.
+    bf16: matmuls and FlashAttention on the bf16 tensor cores, accumulating in float32; norms,
+    projections, RoPE, SwiGLU and attention store their outputs as bf16 (`ek.cuda.bf16_activations`),
+    while the residual stream, weights, gradients of weights, moments, softmax statistics and the loss
+    stay float32. EULER_MATMUL_PRECISION=bf16fast, set beforehand, lets cuBLAS down-convert float32
+    operands itself instead.
     """
     if precision not in ("fp32", "tf32", "bf16"):
         raise ValueError(f"setup_device: precision must be fp32, tf32 or bf16, got {precision!r}")
