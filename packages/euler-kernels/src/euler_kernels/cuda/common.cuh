@@ -50,6 +50,13 @@ __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v)
     reinterpret_cast<uint2*>(out)[i4] = make_uint2(lo, hi);
 }
 
+// One rotate-half pair (x1, x2) rotated by the angle whose cosine and sine are c and s: (y1, y2). Every kernel
+// that applies RoPE (prefill, training, decode) rounds through this one expression, so a key rotated by one
+// equals, bit for bit, the same key rotated by another (speculative decoding relies on it in bf16).
+__device__ __forceinline__ float2 rotate_pair(float x1, float x2, float c, float s) {
+    return make_float2(fmaf(x1, c, -__fmul_rn(x2, s)), fmaf(x2, c, __fmul_rn(x1, s)));
+}
+
 // Multi-tensor kernels: tensors are passed as arrays of device pointers; the work is cut into chunks of
 // CHUNK elements that never straddle two tensors, one block per chunk: chunk_tensor[c] names the tensor
 // and chunk_start[c] the first element of chunk c (tables built by launch.py's _chunk_table).

@@ -45,7 +45,8 @@ __device__ __forceinline__ void load_vec(const float* p, float* f) {
 
 // Element d of head vector x rotated by the angles whose cos and sin rows are c and s (rotate-half).
 __device__ __forceinline__ float rotated(const float* x, int d, const float* c, const float* s) {
-    return d < HALF ? x[d] * c[d] - x[d + HALF] * s[d] : x[d] * c[d - HALF] + x[d - HALF] * s[d - HALF];
+    return d < HALF ? rotate_pair(x[d], x[d + HALF], c[d], s[d]).x
+                    : rotate_pair(x[d - HALF], x[d], c[d - HALF], s[d - HALF]).y;
 }
 
 // New token t's distance from pos[b], and whether it sees new slot pos[b] + u (u < T).

@@ -24,7 +24,12 @@ def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float, bf16_
     if n_rows >= 2**31:
         raise ValueError(f"rope_rotate: {n_rows} rows of head vectors exceed the kernel's 32-bit row index")
     args = (out, x, cos, sin, np.int32(n_rows), np.int32(T), np.int32(H), np.int32(D), np.int32(offset))
-    rows_per_block = 8  # blocks of (32 pair lanes, 8 rows)
-    grid = (min(blocks(n_rows, rows_per_block), GRID_CAP),)
-    get_kernel("rope.cu", name)(grid, (32, rows_per_block), (*args, np.float32(direction)))
+    aligned = all(a.data.ptr % 16 == 0 for a in (x, cos, sin))
+    if D % 16 == 0 and aligned:  # eight pairs per thread, 16-byte accesses: blocks of (D/16 lanes, rows)
+        lanes = min(D // 16, 32)
+        name, block = name + "_vec8", (lanes, 256 // lanes)
+    else:  # blocks of (32 pair lanes, 8 rows)
+        block = (32, 8)
+    grid = (min(blocks(n_rows, block[1]), GRID_CAP),)
+    get_kernel("rope.cu", name)(grid, block, (*args, np.float32(direction)))
     return out
