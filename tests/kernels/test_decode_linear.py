@@ -1,7 +1,8 @@
 """decode_linear_forward (the norm in front of a product, SwiGLU or the residual addition after it) against
 a float64 reference written out here. The CPU runs the op's unfused path; the GPU tests run the kernel
 (decode_linear.cu) on float32 and bf16 weights for 1 to 8 rows, the decode step's shapes and ragged ones,
-and check that it hands more rows, or a misaligned weight or x, to the unfused path."""
+check that more rows (up to 128, in launches of 8) give each row's own bits, and that it hands still more
+rows, or a misaligned weight or x, to the unfused path."""
 
 from __future__ import annotations
 
@@ -65,11 +66,11 @@ def test_the_unfused_path_equals_float64(use_norm, use_residual, swiglu) -> None
     np.testing.assert_allclose(got, expected(x, w, swiglu=swiglu, **kw), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("rows", [2, 5, 8])
+@pytest.mark.parametrize("rows", [2, 5, 8, 13])
 @pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numpy_rows_are_the_one_row_results_bit_for_bit(rows, use_norm, use_residual, swiglu, dtype) -> None:
-    """Up to 8 rows on NumPy are products of one row each, so a speculative step's rows decode exactly as
+    """Up to 128 rows on NumPy are products of one row each, so a speculative step's rows decode exactly as
     a plain step's row does."""
     rng = np.random.default_rng(rows + 5)
     x, w, norm, residual = inputs(rng, rows, 96, 160, swiglu, dtype)
@@ -150,7 +151,7 @@ def test_the_kernel_with_bf16_weights_equals_float64(rows, k, n, use_norm, use_r
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [2, 4, 8])
+@pytest.mark.parametrize("rows", [2, 4, 8, 13, 40])  # 13, 40: groups of 8 rows, the last one partial
 @pytest.mark.parametrize(("use_norm", "use_residual", "swiglu"), FUSIONS)
 @pytest.mark.parametrize("bf16", [False, True])
 def test_each_of_several_rows_is_the_one_row_result_bit_for_bit(rows, use_norm, use_residual, swiglu, bf16):
@@ -166,12 +167,12 @@ def test_each_of_several_rows_is_the_one_row_result_bit_for_bit(rows, use_norm, 
 
 @pytest.mark.gpu
 def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
-    """Nine rows, a weight whose rows are not whole 16-byte pieces (K = 201 float32), a misaligned x, or
-    rows whose staged h would not fit 48 KB (8 x 2048 float32) go to the unfused ops, which give the same
-    result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
+    """129 rows (more than 16 launches of 8), a weight whose rows are not whole 16-byte pieces (K = 201
+    float32), a misaligned x, or rows whose staged h would not fit 48 KB (8 x 2048 float32) go to the
+    unfused ops, which give the same result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng(3)
-    for rows, k in [(9, 256), (2, 201), (2, 260), (8, 2048)]:
+    for rows, k in [(129, 256), (2, 201), (2, 260), (8, 2048)]:
         x, w, norm, residual = inputs(rng, rows, k, 64, True, np.float32)
         gx, gw, gnorm = _gpu(cp, x, w, norm)
         if k == 260:  # x from an address 8 bytes past a 16-byte boundary

@@ -6,7 +6,9 @@ each part optional: `norm` the RMSNorm weight in front of the product (eps its e
 (2F, K) of gate rows then up rows giving silu(gate) * up (R, F), `residual` the stream the block's output
 is added to. A decode step is a few rows (one per sequence), so its products are matrix-vector products
 bound by reading the weights, and the step by the number of launches: on the GPU one kernel does all of it
-(cuda/decode_linear.cu, one warp per output column, at most 8 rows), where the unfused ops take three.
+(cuda/decode_linear.cu, one warp per output column, 8 rows a launch, up to 128 rows), where the unfused
+ops take three. A row's bits never depend on the rows beside it, up to those 128 rows, on the GPU and the
+CPU alike: a speculative step's rows then give exactly what plain steps' single rows give.
 Inference only: there is no backward.
 
 Numerics follow the unfused ops: with bf16 weights the product's operand is rounded to bf16 (what
@@ -78,12 +80,12 @@ def _lean_takes(x: Any, weight: Any, norm: Any) -> bool:
 
 def _lean_forward(x: Any, weight: Any, norm: Any, eps: float, residual: Any, swiglu: bool) -> Any:
     """The unfused ops' arithmetic on checked NumPy arrays, without their per-call dispatch and checks (a
-    decode step makes five of these calls a layer, each a few microseconds of work). Up to MAX_ROWS rows
+    decode step makes five of these calls a layer, each a few microseconds of work). Up to ROW_LIMIT rows
     are computed one row at a time (_one_row), so a row's bits do not depend on the rows beside it (as on
-    the GPU, whose kernel takes up to MAX_ROWS rows); more rows as matrices."""
+    the GPU, whose kernel takes up to ROW_LIMIT rows); more rows as matrices."""
     if x.shape[0] == 1:  # generate's case
         y = _one_row(x[0], weight, norm, eps, swiglu)[None]
-    elif x.shape[0] <= decode_linear_cuda.MAX_ROWS:
+    elif x.shape[0] <= decode_linear_cuda.ROW_LIMIT:
         y = np.stack([_one_row(row, weight, norm, eps, swiglu) for row in x])  # (R, N) or (R, N/2)
     else:
         h = x if norm is None else rmsnorm_parts(np, x, norm, eps)[0]  # (R, K)
