@@ -41,7 +41,8 @@ def randn(rng, *shape, scale=1.0):
 
 
 rows = st.integers(1, 70)
-cols = st.sampled_from([1, 7, 32, 128, 768, 1000, 1024])  # C % 128 == 0: the float4 kernels
+# C % 128 == 0 up to 2048: the float4 kernels (rows in registers up to 1024, read twice above); 2176: general
+cols = st.sampled_from([1, 7, 32, 128, 768, 1000, 1024, 1536, 2048, 2176])
 
 
 @settings(max_examples=20, deadline=None)
@@ -107,6 +108,20 @@ def test_rope_matches_numpy(b, t, h, d, offset, seed):
     out = rope.rope_rotate(cp.asarray(x), cp.asarray(cos), cp.asarray(sin), offset, 1.0)
     dx = rope.rope_rotate(cp.asarray(g), cp.asarray(cos), cp.asarray(sin), offset, -1.0)
     assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref) < 1e-5
+
+
+def test_rope_of_a_view_off_the_16_byte_grid_matches_numpy():
+    """A contiguous view that starts 4 bytes into its buffer cannot take the 16-byte kernel: the launcher
+    falls back to the one that reads a value at a time, with the same numbers."""
+    rng = np.random.default_rng(5)
+    b, t, h, d = 2, 9, 3, 64
+    buf = cp.asarray(randn(rng, b * t * h * d + 1))
+    x = buf[1:].reshape(b, t, h, d)
+    assert x.flags.c_contiguous and x.data.ptr % 16 == 4
+    cos, sin = ek.rope_tables(d, t, dtype=np.float32)
+    out_ref, _ = ek.rope_forward(cp.asnumpy(x), cos, sin)
+    out = rope.rope_rotate(x, cp.asarray(cos), cp.asarray(sin), 0, 1.0)
+    assert rel(out, out_ref) < 1e-5
 
 
 @settings(max_examples=20, deadline=None)
@@ -191,6 +206,22 @@ def test_sum_squares_over_many_chunks_is_exact_and_deterministic():
     assert abs(first - ref) < 1e-10 * ref
     reruns = [float(multi_tensor.sum_squares_multi(dev)[0]) for _ in range(3)]
     assert all(r == first for r in reruns)  # bit-identical reruns
+
+
+def test_accumulate_scaled_many_equals_numpy_bit_for_bit():
+    """Two micro-batches' gradients weighted by their shares into the sums, over tensors larger than the
+    kernel's grid and tiny ones: the kernel's numbers are NumPy's (product rounded, then the sum)."""
+    rng = np.random.default_rng(8)
+    shapes = [(132 * 32 * 256 * 2 + 17,), (5, 7), (1,), (2048, 9)]
+    micro = [[randn(rng, *s) for s in shapes] for _ in range(2)]
+    shares = [np.float32(0.3), np.float32(0.7)]
+    ref = [np.zeros(s, np.float32) for s in shapes]
+    dev = [cp.zeros(s, cp.float32) for s in shapes]
+    for i, (grads, share) in enumerate(zip(micro, shares)):
+        ek.accumulate_scaled_many(ref, grads, share, accumulate=i > 0)
+        ek.accumulate_scaled_many(dev, [cp.asarray(g) for g in grads], cp.asarray(share), accumulate=i > 0)
+    for r, d in zip(ref, dev):
+        np.testing.assert_array_equal(d.get(), r)
 
 
 @pytest.mark.parametrize("loss", [2.5, float("nan")], ids=["finite", "nan-loss"])

@@ -34,6 +34,7 @@ from euler_kernels.ops.decode_draft import decode_draft
 from euler_kernels.ops.decode_linear import decode_linear_forward
 from euler_kernels.ops.decode_record import decode_record
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
+from euler_kernels.ops.grad_accumulate import accumulate_scaled_many
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
 from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
@@ -49,6 +50,7 @@ __all__ = [
     "NS_COEFFICIENTS",
     "GradcheckReport",
     "__version__",
+    "accumulate_scaled_many",
     "adamw_hyper",
     "adamw_update",
     "adamw_update_ctl",

@@ -102,12 +102,8 @@ def train_step(
             mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute=recompute
         )
         share = buf.shares[i]  # a 0-d array: no host value enters the step
-        for name, g in grads.items():
-            g *= share
-            if i == 0:
-                buf.grads[name][...] = g
-            else:
-                buf.grads[name] += g
+        names = list(grads)
+        ek.accumulate_scaled_many([buf.grads[n] for n in names], [grads[n] for n in names], share, i > 0)
         loss = loss * share
         buf.loss[...] = loss if i == 0 else buf.loss + loss
     comm.allreduce_grads(buf.grads)  # a no-op on one process

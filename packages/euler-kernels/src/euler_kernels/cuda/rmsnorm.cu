@@ -87,8 +87,11 @@ extern "C" __global__ void rmsnorm_backward_add(float* dx, float* dweight, const
 
 #ifdef ROW_F4
 // Vectorised variants for C = 128 * ROW_F4 (compiled with -DROW_F4=C/128): each lane keeps its ROW_F4
-// float4 pieces of the row in registers, so x and dout are read from memory exactly once.
+// float4 pieces of the row in registers, so x and dout are read from memory exactly once. Rows wider than
+// 1024 (ROW_F4 > 8) would not fit in registers with the weight beside them: there the weight is read per row
+// (from L1) and the backward reads the row's dout and x twice (the second time from L1/L2).
 #define ROW_C (128 * ROW_F4)
+#define ROW_KEPT (ROW_F4 <= 8)
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
@@ -96,9 +99,11 @@ template <typename Out, bool ADD>
 __device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, const float* x, const float* weight,
                                                          const float* branch, float* sum, int N, float eps) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const float4* weight4 = reinterpret_cast<const float4*>(weight);
     float4 w[ROW_F4];
 #pragma unroll
-    for (int j = 0; j < ROW_F4; j++) w[j] = reinterpret_cast<const float4*>(weight)[lane + 32 * j];
+    for (int j = 0; j < ROW_F4; j++)
+        if (ROW_KEPT) w[j] = weight4[lane + 32 * j];
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         const size_t row4 = (size_t)row * (ROW_C / 4);
         float4 xv[ROW_F4];
@@ -116,9 +121,11 @@ __device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, 
         const float r = rsqrtf(warp_sum(ss) / ROW_C + eps);
         if (lane == 0) rstd[row] = r;
 #pragma unroll
-        for (int j = 0; j < ROW_F4; j++)
+        for (int j = 0; j < ROW_F4; j++) {
+            const float4 wj = ROW_KEPT ? w[j] : __ldg(weight4 + lane + 32 * j);
             store4(out, row4 + lane + 32 * j,
-                   make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z, xv[j].w * r * w[j].w));
+                   make_float4(xv[j].x * r * wj.x, xv[j].y * r * wj.y, xv[j].z * r * wj.z, xv[j].w * r * wj.w));
+        }
     }
 }
 
@@ -152,10 +159,11 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dwei
     __shared__ float dw_block[ROW_C];
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) dw_block[i] = 0.0f;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const float4* weight4 = reinterpret_cast<const float4*>(weight);
     float4 w[ROW_F4], dw[ROW_F4];
 #pragma unroll
     for (int j = 0; j < ROW_F4; j++) {
-        w[j] = reinterpret_cast<const float4*>(weight)[lane + 32 * j];
+        if (ROW_KEPT) w[j] = weight4[lane + 32 * j];
         dw[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
@@ -166,26 +174,28 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dwei
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < ROW_F4; j++) {
-            gv[j] = gr[lane + 32 * j];
-            xv[j] = xr[lane + 32 * j];
-            dot += gv[j].x * w[j].x * xv[j].x + gv[j].y * w[j].y * xv[j].y + gv[j].z * w[j].z * xv[j].z +
-                   gv[j].w * w[j].w * xv[j].w;
+            const float4 g4 = gr[lane + 32 * j], x4 = xr[lane + 32 * j];
+            const float4 wj = ROW_KEPT ? w[j] : __ldg(weight4 + lane + 32 * j);
+            if (ROW_KEPT) gv[j] = g4, xv[j] = x4;
+            dot += g4.x * wj.x * x4.x + g4.y * wj.y * x4.y + g4.z * wj.z * x4.z + g4.w * wj.w * x4.w;
         }
         const float c = r * r * warp_sum(dot) / ROW_C;  // rstd^2 * mean(g w x)
         float4* d = reinterpret_cast<float4*>(dx + (size_t)row * ROW_C);
 #pragma unroll
         for (int j = 0; j < ROW_F4; j++) {
-            float4 dj = make_float4(r * (gv[j].x * w[j].x - xv[j].x * c), r * (gv[j].y * w[j].y - xv[j].y * c),
-                                    r * (gv[j].z * w[j].z - xv[j].z * c), r * (gv[j].w * w[j].w - xv[j].w * c));
+            const float4 g4 = ROW_KEPT ? gv[j] : gr[lane + 32 * j], x4 = ROW_KEPT ? xv[j] : xr[lane + 32 * j];
+            const float4 wj = ROW_KEPT ? w[j] : __ldg(weight4 + lane + 32 * j);
+            float4 dj = make_float4(r * (g4.x * wj.x - x4.x * c), r * (g4.y * wj.y - x4.y * c),
+                                    r * (g4.z * wj.z - x4.z * c), r * (g4.w * wj.w - x4.w * c));
             if (ADD) {
                 const float4 a = reinterpret_cast<const float4*>(add + (size_t)row * ROW_C)[lane + 32 * j];
                 dj = make_float4(a.x + dj.x, a.y + dj.y, a.z + dj.z, a.w + dj.w);
             }
             d[lane + 32 * j] = dj;
-            dw[j].x += gv[j].x * xv[j].x * r;
-            dw[j].y += gv[j].y * xv[j].y * r;
-            dw[j].z += gv[j].z * xv[j].z * r;
-            dw[j].w += gv[j].w * xv[j].w * r;
+            dw[j].x += g4.x * x4.x * r;
+            dw[j].y += g4.y * x4.y * r;
+            dw[j].z += g4.z * x4.z * r;
+            dw[j].w += g4.w * x4.w * r;
         }
     }
     __syncthreads();  // dw_block is zeroed

@@ -1,6 +1,6 @@
 """Launchers of rmsnorm.cu: RMSNorm forward (optionally with the residual addition in front and a bf16
 output) and backward (optionally adding the residual branch's gradient). One warp per row; rows of
-C = 128 * n (n <= 8) take the vectorised kernels (float4 loads, n pieces per lane, -D ROW_F4=n)."""
+C = 128 * n (n <= 16) take the vectorised kernels (float4 loads, n pieces per lane, -D ROW_F4=n)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ _BACKWARD = {
 
 
 def _rmsnorm_vec(C: int) -> int:
-    """float4 pieces per lane for the vectorised kernels (C = 128 * n, n <= 8), or 0 for the general ones."""
-    return C // 128 if C % 128 == 0 and C <= 1024 else 0
+    """float4 pieces per lane for the vectorised kernels (C = 128 * n, n <= 16), or 0 for the general ones."""
+    return C // 128 if C % 128 == 0 and C <= 2048 else 0
 
 
 def rmsnorm_forward(x: Any, weight: Any, eps: float, bf16_out: bool = False) -> tuple[Any, Any]:
