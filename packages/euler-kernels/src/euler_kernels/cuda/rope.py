@@ -8,6 +8,13 @@ import numpy as np
 
 from euler_kernels.cuda._module import GRID_CAP, blocks, contiguous, get_kernel
 
+# the kernel reading eight pairs per thread in 16-byte pieces, for each one reading a value at a time
+_VEC8 = {
+    "rope_rotate": "rope_rotate_vec8",
+    "rope_rotate_bf16": "rope_rotate_bf16_vec8",
+    "rope_rotate_to_bf16": "rope_rotate_to_bf16_vec8",
+}
+
 
 def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float, bf16_out: bool = False) -> Any:
     """Rotate x (B, T, H, D) by +angle (direction 1, forward) or -angle (direction -1, backward).
@@ -27,7 +34,7 @@ def rope_rotate(x: Any, cos: Any, sin: Any, offset: int, direction: float, bf16_
     aligned = all(a.data.ptr % 16 == 0 for a in (x, cos, sin))
     if D % 16 == 0 and aligned:  # eight pairs per thread, 16-byte accesses: blocks of (D/16 lanes, rows)
         lanes = min(D // 16, 32)
-        name, block = name + "_vec8", (lanes, 256 // lanes)
+        name, block = _VEC8[name], (lanes, 256 // lanes)
     else:  # blocks of (32 pair lanes, 8 rows)
         block = (32, 8)
     grid = (min(blocks(n_rows, block[1]), GRID_CAP),)
