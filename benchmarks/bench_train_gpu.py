@@ -91,6 +91,13 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
     return step, runner
 
 
+def graph_bytes(runner) -> int:
+    """Device memory a captured step holds: weights, optimizer state, and the graph's pool (the step's
+    buffers and gradients, activations, temporaries)."""
+    state = (*runner.params.values(), *runner.opt.state_tensors().values())
+    return sum(a.nbytes for a in state) + runner.memory_bytes()
+
+
 def profile_ops(step, steps: int = 3) -> None:
     """GPU time per op of our eager step: CUDA events around every euler-kernels op and cuBLAS call."""
     import euler_kernels as ek
@@ -291,10 +298,9 @@ def main() -> None:
         profile_ops(ours_step)
     del ours_step
     pool.free_all_blocks()  # the eager step's activations are not the graph's
-    state_bytes = 4 * sum(p.nbytes for p in params.values())  # its weights, m, v and gradient buffers
     graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True)
     sec_graph = timed(graph_step, args.steps)
-    mem_graph = state_bytes + graph.memory_bytes()
+    mem_graph = graph_bytes(graph)
     rows.append(("euler CUDA graph", sec_graph, mem_graph))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
@@ -303,7 +309,7 @@ def main() -> None:
         rerun = not train["recompute"]
         step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, recompute=rerun)
         sec = timed(step, args.steps)
-        mem = state_bytes + runner.memory_bytes()
+        mem = graph_bytes(runner)
         rows.append((f"euler CUDA graph, recompute {'on' if rerun else 'off'}", sec, mem))
         on, off = ((sec, mem), (sec_graph, mem_graph)) if rerun else ((sec_graph, mem_graph), (sec, mem))
         print(
@@ -314,7 +320,7 @@ def main() -> None:
     if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph
         step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, optimizer="muon")
         sec_muon = timed(step, args.steps)
-        rows.append(("euler CUDA graph, Muon", sec_muon, state_bytes + runner.memory_bytes()))
+        rows.append(("euler CUDA graph, Muon", sec_muon, graph_bytes(runner)))
         print(f"Muon's overhead over the CUDA graph step: {100 * (sec_muon / sec_graph - 1):+.1f}%")
         del step, runner
     pool.free_all_blocks()

@@ -224,6 +224,29 @@ def test_accumulate_scaled_many_equals_numpy_bit_for_bit():
         np.testing.assert_array_equal(d.get(), r)
 
 
+def test_multi_tensor_tables_are_built_inside_a_graph_capture():
+    """Tensors made while a CUDA graph is captured (the one-micro-batch step's gradients) get their tables
+    there (the graph copies them from pinned host memory), and every replay gives the right sum of squares
+    and bf16 copies."""
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    sizes = (5, 9000, 3)
+    with ek.keep_tables() as kept, cp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        xs = [cp.empty((n,), dtype=cp.float32) for n in sizes]
+        for x, value in zip(xs, (1.0, 2.0, -3.0)):
+            x.fill(value)
+        total = ek.sum_squares_many(xs)
+        copies = ek.to_bf16_many(xs)
+        graph = stream.end_capture()
+    assert kept  # the tables made in the capture are held for the graph
+    for _ in range(2):
+        graph.launch(stream=stream)
+        stream.synchronize()
+        assert float(total[0]) == 5 * 1.0 + 9000 * 4.0 + 3 * 9.0
+        for x, c in zip(xs, copies):
+            np.testing.assert_array_equal(kc.cast.from_bf16(c).get(), x.get())
+
+
 @pytest.mark.parametrize("loss", [2.5, float("nan")], ids=["finite", "nan-loss"])
 @pytest.mark.parametrize("max_norm", [0.5, 1e9], ids=["clipped", "unclipped"])
 def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):

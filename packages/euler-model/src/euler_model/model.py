@@ -202,18 +202,22 @@ def _heads_loss(config, params, h, targets, loss_mask) -> Any:
 
 
 def _heads_loss_and_grads(
-    config, params, h, targets, loss_mask, head_scales=None
+    config, params, h, targets, loss_mask, head_scales=None, grad_scale=None
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The mean head loss, its gradient wrt h (B, T, C) and every head's weight gradient, one head at a
     time: a head's (N, V) logits are freed as soon as its gradient is taken, so only one head's logits
     exist at once (they are the largest activation of a small-vocabulary model).
 
     head_scales: one host number per head multiplying its loss and gradient (the rows of a split batch,
-    see _split_loss_and_grads), or None for none.
+    see _split_loss_and_grads), or None for none. grad_scale: a 0-d array multiplying every
+    gradient but not the loss (see loss_and_grads_on_device), or None for none.
     """
+    dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
+    if grad_scale is not None:  # the backward is linear: scaling dlogits scales every gradient
+        master = params["embed"]  # float64 on the CPU's float64 path: 1 / K must not round to float32
+        dloss = ek.get_array_module(master).asarray(grad_scale, dtype=master.dtype) * dloss
     params = _head_params(config, params, h)
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
-    dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
     total, dh, grads = 0.0, None, {}
     for k in range(config.n_mtp_heads):
         loss, c_head, c_ce, c_cond = _head_loss(config, params, h2, targets, loss_mask, k)
@@ -239,23 +243,28 @@ def loss_and_grads_on_device(
     targets: Any,
     loss_mask: Any = None,
     recompute: bool = False,
+    grad_scale: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
-    then not range-checked: check them before they reach the device)."""
+    then not range-checked: check them before they reach the device).
+
+    grad_scale: a 0-d array on the parameters' device (nothing is copied from the host) that multiplies
+    every gradient (not the loss), applied to the loss's gradient before the backward: the gradients come
+    out already weighted, with no pass over them afterwards (the training step's one micro-batch, step.py)."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
     if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
-        return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute)
-    return _loss_and_grads_rows(config, params, tokens, targets, loss_mask, recompute=recompute)
+        return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute, grad_scale)
+    return _loss_and_grads_rows(config, params, tokens, targets, loss_mask, None, recompute, grad_scale)
 
 
 def _loss_and_grads_rows(
-    config, params, tokens, targets, loss_mask, head_scales=None, recompute=False
+    config, params, tokens, targets, loss_mask, head_scales=None, recompute=False, grad_scale=None
 ) -> tuple[Any, dict]:
-    """The loss and every gradient of one batch (or one slice of rows of it, head_scales as in
-    _heads_loss_and_grads), in the calling thread."""
+    """The loss and every gradient of one batch (or one slice of rows of it, head_scales and grad_scale
+    as in _heads_loss_and_grads), in the calling thread."""
     h, trunk_caches = trunk_forward(config, params, tokens, recompute=recompute)
-    loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales)
+    loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales, grad_scale)
     from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
     grads.update(trunk_backward(config, dh, trunk_caches))
     if from_heads is not None:
@@ -263,7 +272,9 @@ def _loss_and_grads_rows(
     return loss, {name: grads[name] for name in params}
 
 
-def _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute=False) -> tuple[Any, dict]:
+def _split_loss_and_grads(
+    config, params, tokens, targets, loss_mask, recompute=False, grad_scale=None
+) -> tuple[Any, dict]:
     """The NumPy step over cpu_workers(B) slices of the batch's rows, one per worker thread (cpu_threads.py),
     summed. Head k's loss is sum(w * nll) / max(sum(w), 1) over the whole batch, so a slice's head-k loss
     and gradient are weighted by max(its sum(w), 1) / max(the batch's, 1): the sum over the slices is the
@@ -280,7 +291,9 @@ def _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute=
     def run(rows: slice) -> tuple[Any, dict]:
         scales = [denominator(rows, k) / whole[k] for k in heads]
         mask = None if loss_mask is None else loss_mask[rows]
-        return _loss_and_grads_rows(config, params, tokens[rows], targets[rows], mask, scales, recompute)
+        return _loss_and_grads_rows(
+            config, params, tokens[rows], targets[rows], mask, scales, recompute, grad_scale
+        )
 
     (loss, grads), *others = run_parts(run, row_slices(b))
     for part_loss, part_grads in others:  # each slice's gradients are its own new arrays

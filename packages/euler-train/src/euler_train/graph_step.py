@@ -51,11 +51,11 @@ class GraphStep:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing), then the
         capture of the same work into a graph."""
         cp = self.cp
-        self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
         dry = np.array(hyper, dtype=np.float32)
         dry[3] = 0.0  # enable = 0
         # the graph holds the addresses of the multi-tensor tables: keep them alive as long as it lives
         with ek.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
+            self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
             self.buf.write(micro, shares, dry, stream=self.stream)
             self._body()
             self.stream.synchronize()
@@ -88,7 +88,8 @@ class GraphStep:
         return self.buf.read()
 
     def memory_bytes(self) -> int:
-        """Device memory held by the graph's own pool (its activations and temporaries)."""
+        """Device memory held by the graph's own pool: the step's buffers (gradients included), activations
+        and temporaries; everything of the step but the weights and the optimizer's state."""
         return int(self.pool.total_bytes())
 
 

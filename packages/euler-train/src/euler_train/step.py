@@ -29,7 +29,7 @@ class StepBuffers:
     masks: Any  # (A, B, T + K - 1) float32 loss masks (SFT), or None (every target counts)
     shares: Any  # (A,) float32: micro-batch i's share of the loss (its loss tokens / all ranks' total)
     hyper: Any  # (4,) float32 [lr, bc1, bc2, enable] from the optimizer (Muon appends its lr)
-    grads: dict[str, Any]  # name -> gradient, summed over micro-batches (and ranks)
+    grads: dict[str, Any]  # name -> gradient, summed over micro-batches (and ranks); see train_step
     loss: Any  # () float32: the step's loss on this rank (its micro-batches' weighted sum)
     control: Any  # (6,) float32 [grad_scale, apply, lr, bc1, bc2, norm]
 
@@ -48,7 +48,7 @@ class StepBuffers:
             masks=xp.zeros((a, b, width), dtype=xp.float32) if masked else None,
             shares=xp.zeros((a,), dtype=xp.float32),
             hyper=xp.zeros((hyper_size,), dtype=xp.float32),
-            grads={n: xp.zeros_like(p) for n, p in params.items()},
+            grads={n: xp.zeros_like(p) for n, p in params.items()} if a > 1 else {},
             loss=xp.zeros((), dtype=xp.float32),
             control=xp.zeros((6,), dtype=xp.float32),
         )
@@ -95,15 +95,25 @@ def train_step(
     recompute: bool = False,
 ) -> None:
     """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
-    layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py)."""
-    for i in range(buf.tokens.shape[0]):
+    layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py).
+
+    Several micro-batches: each one's gradients are weighted by its share and summed into buf.grads. One
+    micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
+    backward's own arrays (no pass over the gradients, no second set of them in memory)."""
+    count = buf.tokens.shape[0]
+    if count == 1:
+        buf.grads = {}  # the last step's gradients go before this backward makes new ones
+    for i in range(count):
         mask = None if buf.masks is None else buf.masks[i]
-        loss, grads = euler_model.loss_and_grads_on_device(
-            mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute=recompute
-        )
         share = buf.shares[i]  # a 0-d array: no host value enters the step
-        names = list(grads)
-        ek.accumulate_scaled_many([buf.grads[n] for n in names], [grads[n] for n in names], share, i > 0)
+        loss, grads = euler_model.loss_and_grads_on_device(
+            mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute, share if count == 1 else None
+        )
+        if count == 1:
+            buf.grads = grads
+        else:
+            names = list(grads)
+            ek.accumulate_scaled_many([buf.grads[n] for n in names], [grads[n] for n in names], share, i > 0)
         loss = loss * share
         buf.loss[...] = loss if i == 0 else buf.loss + loss
     comm.allreduce_grads(buf.grads)  # a no-op on one process

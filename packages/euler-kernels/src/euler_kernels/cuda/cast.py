@@ -13,6 +13,7 @@ import numpy as np
 
 from euler_kernels.cuda._module import THREADS, get_kernel, grid
 from euler_kernels.cuda.multi_tensor import chunk_table, table_cache
+from euler_kernels.cuda.tables import upload
 
 
 def to_bf16(x: Any) -> Any:
@@ -48,9 +49,9 @@ def to_bf16_many(tensors: list[Any], out: list[Any] | None = None) -> list[Any]:
     """
     import cupy
 
-    def build() -> tuple[list[Any], Any]:
+    def build() -> tuple[list[Any], Any]:  # (the copies, their pointers uploaded: kept with the copies)
         outs = [cupy.empty(t.shape, dtype=cupy.uint16) for t in tensors] if out is None else list(out)
-        return outs, cupy.asarray(np.array([o.data.ptr for o in outs], dtype=np.uint64))
+        return outs, upload(np.array([o.data.ptr for o in outs], dtype=np.uint64))
 
     if out is None:
         key = ("bf16 copies", *((t.data.ptr, t.size) for t in tensors))
@@ -58,7 +59,7 @@ def to_bf16_many(tensors: list[Any], out: list[Any] | None = None) -> list[Any]:
         if [o.shape for o in out] != [t.shape for t in tensors] or any(o.dtype != cupy.uint16 for o in out):
             raise ValueError("to_bf16_many: out must be uint16 buffers of the tensors' shapes")
         key = ("bf16 into", *((o.data.ptr, o.size) for o in out))
-    outs, out_pointers = table_cache.get(key, build)
+    outs, (out_pointers,) = table_cache.get(key, build)
     in_pointers, chunk_tensor, chunk_start, sizes = chunk_table(tensors)
     args = (out_pointers, in_pointers, chunk_tensor, chunk_start, sizes)
     get_kernel("cast.cu", "float_to_bf16_multi")((chunk_tensor.size,), (THREADS,), args)

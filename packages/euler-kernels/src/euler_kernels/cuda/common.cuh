@@ -50,6 +50,36 @@ __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v)
     reinterpret_cast<uint2*>(out)[i4] = make_uint2(lo, hi);
 }
 
+// Eight bf16 in 16 bytes as floats.
+__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float* f) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+
+// Eight values at element i (a multiple of 8 elements from a 16-byte-aligned start) in 16-byte accesses:
+// two for float32, one for bf16.
+__device__ __forceinline__ void load_act8(const float* p, size_t i, float* v) {
+    const float4 a = *reinterpret_cast<const float4*>(p + i), b = *reinterpret_cast<const float4*>(p + i + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load_act8(const unsigned short* p, size_t i, float* v) {
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(p + i), v);
+}
+__device__ __forceinline__ void store_act8(float* p, size_t i, const float* v) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store_act8(unsigned short* p, size_t i, const float* v) {
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) w[j] = float_to_bf16(v[2 * j]) | ((unsigned)float_to_bf16(v[2 * j + 1]) << 16);
+    *reinterpret_cast<uint4*>(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // One rotate-half pair (x1, x2) rotated by the angle whose cosine and sine are c and s: (y1, y2). Every kernel
 // that applies RoPE (prefill, training, decode) rounds through this one expression, so a key rotated by one
 // equals, bit for bit, the same key rotated by another (speculative decoding relies on it in bf16).

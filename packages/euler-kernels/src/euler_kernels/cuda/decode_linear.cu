@@ -27,16 +27,6 @@ typedef unsigned short x_t;
 typedef float x_t;
 #endif
 
-// Eight bf16 in 16 bytes as floats.
-__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float* f) {
-    const unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(u[i] << 16);
-        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-    }
-}
-
 // The W_PER_VEC weights of one 16-byte piece as floats.
 __device__ __forceinline__ void unpack(const uint4 v, float* f) {
 #if W_BF16

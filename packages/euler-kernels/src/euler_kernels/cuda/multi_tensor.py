@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, get_kernel
-from euler_kernels.cuda.tables import TableCache
+from euler_kernels.cuda.tables import TableCache, upload
 
 CHUNK = 8192  # elements per block; must match CHUNK in common.cuh
 table_cache = TableCache(capacity=32)
@@ -24,7 +24,6 @@ keep_tables = table_cache.keep  # `with keep_tables() as kept:` pins the tables 
 
 def chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
     """Device tables (pointers, chunk->tensor, chunk->start, sizes) for tensors, cached by address."""
-    import cupy
 
     def build() -> tuple[Any, Any, Any, Any]:
         sizes = np.array([t.size for t in tensors], dtype=np.int64)
@@ -32,7 +31,7 @@ def chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
         chunk_tensor = np.repeat(np.arange(len(tensors), dtype=np.int32), n_chunks)
         chunk_start = np.concatenate([np.arange(n, dtype=np.int64) * CHUNK for n in n_chunks])
         pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
-        return tuple(cupy.asarray(a) for a in (pointers, chunk_tensor, chunk_start, sizes))
+        return upload(pointers, chunk_tensor, chunk_start, sizes)
 
     return table_cache.get(tuple((t.data.ptr, t.size) for t in tensors), build)
 

@@ -1,5 +1,6 @@
 // RMSNorm, fused: out = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps), per row of C.
-// One warp per row: the row's sums need only shuffles, never a block-wide barrier.
+// The general kernels take one warp per row (the row's sums need only shuffles); the vectorised ones below share
+// a row among a team of warps.
 #include "common.cuh"
 
 // x, out (N, C); rstd (N,) is saved for the backward pass. Rows are strided over all warps of the grid.
@@ -86,45 +87,70 @@ extern "C" __global__ void rmsnorm_backward_add(float* dx, float* dweight, const
 }
 
 #ifdef ROW_F4
-// Vectorised variants for C = 128 * ROW_F4 (compiled with -DROW_F4=C/128): each lane keeps its ROW_F4
-// float4 pieces of the row in registers, so x and dout are read from memory exactly once. Rows wider than
-// 1024 (ROW_F4 > 8) would not fit in registers with the weight beside them: there the weight is read per row
-// (from L1) and the backward reads the row's dout and x twice (the second time from L1/L2).
+// Vectorised variants for C = 128 * ROW_F4 (compiled with -DROW_F4=C/128 -DROW_TEAM=warps per row, a power of
+// two): a row is shared by a team of ROW_TEAM warps, so that each thread keeps few (ROW_PIECES) float4 pieces
+// of the row and of the weight in registers: x and dout are read from memory exactly once.
 #define ROW_C (128 * ROW_F4)
-#define ROW_KEPT (ROW_F4 <= 8)
+#define ROW_THREADS (32 * ROW_TEAM)
+#define ROW_PIECES ((ROW_F4 + ROW_TEAM - 1) / ROW_TEAM)
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// Piece j of team member t is the row's float4 number t + ROW_THREADS * j (past the row's end for the last
+// pieces when ROW_TEAM does not divide ROW_F4).
+__device__ __forceinline__ bool piece_in_row(int t, int j) {
+    return ROW_F4 % ROW_TEAM == 0 || t + ROW_THREADS * j < ROW_C / 4;
+}
+
+// The sum of v over the row's team. Two warps meet through shared memory, its slots alternating with the
+// parity of the team's row count, so one named barrier (id 1 + team, the team's threads) per row is enough.
+__device__ __forceinline__ float team_sum(float v, int parity) {
+    v = warp_sum(v);
+#if ROW_TEAM > 1
+    __shared__ float partial[2][32];  // [row parity][warp of the block]
+    const int warp = threadIdx.x >> 5, first = warp - warp % ROW_TEAM;
+    if ((threadIdx.x & 31) == 0) partial[parity][warp] = v;
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / ROW_TEAM), "r"(ROW_THREADS) : "memory");
+    v = 0.0f;
+#pragma unroll
+    for (int m = 0; m < ROW_TEAM; m++) v += partial[parity][first + m];
+#endif
+    return v;
+}
 
 template <typename Out, bool ADD>
 __device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, const float* x, const float* weight,
                                                          const float* branch, float* sum, int N, float eps) {
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int t = threadIdx.x % ROW_THREADS, teams = blockDim.x / ROW_THREADS;
     const float4* weight4 = reinterpret_cast<const float4*>(weight);
-    float4 w[ROW_F4];
+    float4 w[ROW_PIECES];
 #pragma unroll
-    for (int j = 0; j < ROW_F4; j++)
-        if (ROW_KEPT) w[j] = weight4[lane + 32 * j];
-    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
+    for (int j = 0; j < ROW_PIECES; j++)
+        if (piece_in_row(t, j)) w[j] = weight4[t + ROW_THREADS * j];
+    int parity = 0;
+    for (int row = blockIdx.x * teams + threadIdx.x / ROW_THREADS; row < N; row += gridDim.x * teams, parity ^= 1) {
         const size_t row4 = (size_t)row * (ROW_C / 4);
-        float4 xv[ROW_F4];
+        float4 xv[ROW_PIECES];
         float ss = 0.0f;
 #pragma unroll
-        for (int j = 0; j < ROW_F4; j++) {
-            xv[j] = reinterpret_cast<const float4*>(x)[row4 + lane + 32 * j];
+        for (int j = 0; j < ROW_PIECES; j++) {
+            if (!piece_in_row(t, j)) continue;
+            const size_t i4 = row4 + t + ROW_THREADS * j;
+            xv[j] = reinterpret_cast<const float4*>(x)[i4];
             if (ADD) {  // the residual connection: x + branch is normalised, and kept
-                const float4 b = reinterpret_cast<const float4*>(branch)[row4 + lane + 32 * j];
+                const float4 b = reinterpret_cast<const float4*>(branch)[i4];
                 xv[j] = make_float4(xv[j].x + b.x, xv[j].y + b.y, xv[j].z + b.z, xv[j].w + b.w);
-                reinterpret_cast<float4*>(sum)[row4 + lane + 32 * j] = xv[j];
+                reinterpret_cast<float4*>(sum)[i4] = xv[j];
             }
             ss += dot4(xv[j], xv[j]);
         }
-        const float r = rsqrtf(warp_sum(ss) / ROW_C + eps);
-        if (lane == 0) rstd[row] = r;
+        const float r = rsqrtf(team_sum(ss, parity) / ROW_C + eps);
+        if (t == 0) rstd[row] = r;
 #pragma unroll
-        for (int j = 0; j < ROW_F4; j++) {
-            const float4 wj = ROW_KEPT ? w[j] : __ldg(weight4 + lane + 32 * j);
-            store4(out, row4 + lane + 32 * j,
-                   make_float4(xv[j].x * r * wj.x, xv[j].y * r * wj.y, xv[j].z * r * wj.z, xv[j].w * r * wj.w));
+        for (int j = 0; j < ROW_PIECES; j++) {
+            if (!piece_in_row(t, j)) continue;
+            store4(out, row4 + t + ROW_THREADS * j,
+                   make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z, xv[j].w * r * w[j].w));
         }
     }
 }
@@ -150,7 +176,7 @@ extern "C" __global__ void rmsnorm_forward_vec_add_bf16(unsigned short* out, flo
     rmsnorm_forward_vec_body<unsigned short, true>(out, rstd, x, weight, branch, sum, N, eps);
 }
 
-// dweight is summed in registers per lane over the warp's rows, then over the block's warps in shared
+// dweight is summed in registers per thread over its team's rows, then over the block's teams in shared
 // memory, then added to global memory once per block (atomics: no update is lost).
 template <bool ADD>
 __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dweight, const float* dout,
@@ -158,40 +184,41 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dwei
                                                           const float* add, int N) {
     __shared__ float dw_block[ROW_C];
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) dw_block[i] = 0.0f;
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int t = threadIdx.x % ROW_THREADS, teams = blockDim.x / ROW_THREADS;
     const float4* weight4 = reinterpret_cast<const float4*>(weight);
-    float4 w[ROW_F4], dw[ROW_F4];
+    float4 w[ROW_PIECES], dw[ROW_PIECES];
 #pragma unroll
-    for (int j = 0; j < ROW_F4; j++) {
-        if (ROW_KEPT) w[j] = weight4[lane + 32 * j];
+    for (int j = 0; j < ROW_PIECES; j++) {
+        if (piece_in_row(t, j)) w[j] = weight4[t + ROW_THREADS * j];
         dw[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
-        const float4* gr = reinterpret_cast<const float4*>(dout + (size_t)row * ROW_C);
-        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)row * ROW_C);
+    int parity = 0;
+    for (int row = blockIdx.x * teams + threadIdx.x / ROW_THREADS; row < N; row += gridDim.x * teams, parity ^= 1) {
+        const size_t row4 = (size_t)row * (ROW_C / 4);
         const float r = rstd[row];
-        float4 gv[ROW_F4], xv[ROW_F4];
+        float4 gv[ROW_PIECES], xv[ROW_PIECES];
         float dot = 0.0f;
 #pragma unroll
-        for (int j = 0; j < ROW_F4; j++) {
-            const float4 g4 = gr[lane + 32 * j], x4 = xr[lane + 32 * j];
-            const float4 wj = ROW_KEPT ? w[j] : __ldg(weight4 + lane + 32 * j);
-            if (ROW_KEPT) gv[j] = g4, xv[j] = x4;
-            dot += g4.x * wj.x * x4.x + g4.y * wj.y * x4.y + g4.z * wj.z * x4.z + g4.w * wj.w * x4.w;
+        for (int j = 0; j < ROW_PIECES; j++) {
+            if (!piece_in_row(t, j)) continue;
+            gv[j] = reinterpret_cast<const float4*>(dout)[row4 + t + ROW_THREADS * j];
+            xv[j] = reinterpret_cast<const float4*>(x)[row4 + t + ROW_THREADS * j];
+            dot += gv[j].x * w[j].x * xv[j].x + gv[j].y * w[j].y * xv[j].y + gv[j].z * w[j].z * xv[j].z +
+                   gv[j].w * w[j].w * xv[j].w;
         }
-        const float c = r * r * warp_sum(dot) / ROW_C;  // rstd^2 * mean(g w x)
-        float4* d = reinterpret_cast<float4*>(dx + (size_t)row * ROW_C);
+        const float c = r * r * team_sum(dot, parity) / ROW_C;  // rstd^2 * mean(g w x)
 #pragma unroll
-        for (int j = 0; j < ROW_F4; j++) {
-            const float4 g4 = ROW_KEPT ? gv[j] : gr[lane + 32 * j], x4 = ROW_KEPT ? xv[j] : xr[lane + 32 * j];
-            const float4 wj = ROW_KEPT ? w[j] : __ldg(weight4 + lane + 32 * j);
+        for (int j = 0; j < ROW_PIECES; j++) {
+            if (!piece_in_row(t, j)) continue;
+            const size_t i4 = row4 + t + ROW_THREADS * j;
+            const float4 g4 = gv[j], x4 = xv[j], wj = w[j];
             float4 dj = make_float4(r * (g4.x * wj.x - x4.x * c), r * (g4.y * wj.y - x4.y * c),
                                     r * (g4.z * wj.z - x4.z * c), r * (g4.w * wj.w - x4.w * c));
             if (ADD) {
-                const float4 a = reinterpret_cast<const float4*>(add + (size_t)row * ROW_C)[lane + 32 * j];
+                const float4 a = reinterpret_cast<const float4*>(add)[i4];
                 dj = make_float4(a.x + dj.x, a.y + dj.y, a.z + dj.z, a.w + dj.w);
             }
-            d[lane + 32 * j] = dj;
+            reinterpret_cast<float4*>(dx)[i4] = dj;
             dw[j].x += g4.x * x4.x * r;
             dw[j].y += g4.y * x4.y * r;
             dw[j].z += g4.z * x4.z * r;
@@ -200,8 +227,9 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dwei
     }
     __syncthreads();  // dw_block is zeroed
 #pragma unroll
-    for (int j = 0; j < ROW_F4; j++) {
-        const int col = 4 * (lane + 32 * j);
+    for (int j = 0; j < ROW_PIECES; j++) {
+        if (!piece_in_row(t, j)) continue;
+        const int col = 4 * (t + ROW_THREADS * j);
         atomicAdd(&dw_block[col], dw[j].x);
         atomicAdd(&dw_block[col + 1], dw[j].y);
         atomicAdd(&dw_block[col + 2], dw[j].z);

@@ -1,6 +1,7 @@
 """Launchers of rmsnorm.cu: RMSNorm forward (optionally with the residual addition in front and a bf16
 output) and backward (optionally adding the residual branch's gradient). One warp per row; rows of
-C = 128 * n (n <= 16) take the vectorised kernels (float4 loads, n pieces per lane, -D ROW_F4=n)."""
+C = 128 * n (n <= 16) take the vectorised kernels (float4 loads, -D ROW_F4=n), where a row wider than 512
+is shared by two or four warps (-D ROW_TEAM) so that each thread keeps at most four float4 pieces of it."""
 
 from __future__ import annotations
 
@@ -30,9 +31,19 @@ _BACKWARD = {
 }
 
 
-def _rmsnorm_vec(C: int) -> int:
-    """float4 pieces per lane for the vectorised kernels (C = 128 * n, n <= 16), or 0 for the general ones."""
-    return C // 128 if C % 128 == 0 and C <= 2048 else 0
+def _rmsnorm_vec(C: int) -> dict[str, int]:
+    """The vectorised kernels' defines for rows of C (C = 128 * n, n <= 16), or {} for the general ones:
+    float4 pieces per warp's lane, and warps per row, a power of two leaving at most four pieces a thread
+    (fewer registers, more rows in flight: on an H200 the C = 2048 backward ran 150 us with one warp a
+    row, 116 with two, 84 with four: benchmarks/tune_rmsnorm_gpu.py)."""
+    if C % 128 or C > 2048:
+        return {}
+    pieces = C // 128
+    return {"ROW_F4": pieces, "ROW_TEAM": 1 if pieces <= 4 else 2 if pieces <= 8 else 4}
+
+
+def _rows_per_block(vec: dict[str, int]) -> int:
+    return THREADS // 32 // vec.get("ROW_TEAM", 1)
 
 
 def rmsnorm_forward(x: Any, weight: Any, eps: float, bf16_out: bool = False) -> tuple[Any, Any]:
@@ -58,15 +69,15 @@ def _rmsnorm_forward(x: Any, branch: Any, weight: Any, eps: float, bf16_out: boo
     N = x.size // C
     out = cupy.empty(x.shape, dtype=cupy.uint16 if bf16_out else cupy.float32)
     rstd = cupy.empty((N,), dtype=cupy.float32)
-    grid = (min(blocks(N, THREADS // 32), GRID_CAP),)
+    vec = _rmsnorm_vec(C)
+    grid = (min(blocks(N, _rows_per_block(vec)), GRID_CAP),)
     add, total = (), None
     if branch is not None:  # the residual connection fused in front: the kernel also writes x + branch
         total = cupy.empty_like(x)
         add = (cupy.ascontiguousarray(branch), total)
-    vec = _rmsnorm_vec(C)
     name = _FORWARD[bool(vec), branch is not None, bool(bf16_out)]
     if vec:
-        kernel = get_kernel("rmsnorm.cu", name, ROW_F4=vec)
+        kernel = get_kernel("rmsnorm.cu", name, **vec)
         kernel(grid, (THREADS,), (out, rstd, x, weight, *add, np.int32(N), np.float32(eps)))
     else:
         args = (out, rstd, x, weight, *add, np.int32(N), np.int32(C), np.float32(eps))
@@ -83,12 +94,12 @@ def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = No
     N = x.size // C
     dx = cupy.empty_like(x)
     dweight = cupy.zeros((C,), dtype=cupy.float32)
-    grid = (min(blocks(N, THREADS // 32), 132 * 2),)  # few blocks: each adds its dweight once
-    add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
     vec = _rmsnorm_vec(C)
+    grid = (min(blocks(N, _rows_per_block(vec)), 132 * 2),)  # few blocks: each adds its dweight once
+    add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
     name = _BACKWARD[bool(vec), dx_add is not None]
     if vec:
-        kernel = get_kernel("rmsnorm.cu", name, ROW_F4=vec)
+        kernel = get_kernel("rmsnorm.cu", name, **vec)
         kernel(grid, (THREADS,), (dx, dweight, dout, x, weight, rstd, *add, np.int32(N)))
         return dx, dweight
     args = (dx, dweight, dout, x, weight, rstd, *add, np.int32(N), np.int32(C))

@@ -6,6 +6,10 @@ step makes new gradient arrays every time, so old tables are evicted, least rece
 captured CUDA graph, though, holds the raw addresses of the tables it was captured with: `keep()` gives
 a dict that holds every table made or used inside the scope for as long as the caller keeps the dict, and
 inside the scope serves them from there even if the cache has evicted them meanwhile.
+
+Tables are uploaded with `upload`, which also works while a graph is being captured (the graph then
+re-copies the table from pinned host memory on each replay): a step whose gradients are new arrays in the
+capture can build their tables there.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
+
+import numpy as np
 
 
 class TableCache:
@@ -61,3 +67,36 @@ class TableCache:
             yield kept
         finally:
             self._scopes[:] = [s for s in self._scopes if s is not kept]
+
+
+class Uploaded(tuple):
+    """Device copies of host arrays (a tuple of CuPy arrays); `pinned` holds the page-locked host copies a
+    captured graph copies from on each replay, for as long as the table lives."""
+
+    pinned: list[Any]
+
+
+def upload(*arrays: np.ndarray) -> Uploaded:
+    """The host arrays as CuPy arrays on the current stream. Outside a capture: cupy.asarray. While the
+    current stream is being captured (where CuPy refuses host-to-device copies) each array goes through a
+    page-locked host buffer and cudaMemcpyAsync, which the graph records as a copy node."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    if not stream.is_capturing():
+        table = Uploaded(cupy.asarray(a) for a in arrays)
+        table.pinned = []
+        return table
+    devices, pinned = [], []
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        host = cupy.cuda.alloc_pinned_memory(max(a.nbytes, 1))
+        np.frombuffer(host, dtype=a.dtype, count=a.size)[...] = a.reshape(-1)
+        device = cupy.empty(a.shape, dtype=a.dtype)
+        kind = cupy.cuda.runtime.memcpyHostToDevice
+        cupy.cuda.runtime.memcpyAsync(device.data.ptr, host.ptr, a.nbytes, kind, stream.ptr)
+        devices.append(device)
+        pinned.append(host)
+    table = Uploaded(devices)
+    table.pinned = pinned
+    return table

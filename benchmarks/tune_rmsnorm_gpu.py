@@ -1,0 +1,62 @@
+"""RMSNorm's vectorised kernels (rmsnorm.cu, -D ROW_TEAM) with one, two and four warps per row, timed in one
+run: the residual-add forward with a bf16 output and the backward that adds the residual's gradient (the
+two the training step runs), at the widths of the presets.
+
+    python benchmarks/tune_rmsnorm_gpu.py
+
+Each line prints the device time per call (CUDA-event median of queued calls), the bytes moved per second,
+and the largest difference from one warp per row (the outputs' bf16 bit patterns, rstd, dx, dweight: only
+the order of the row's sums changes). The launcher's rule (cuda/rmsnorm.py `_rmsnorm_vec`) is what
+these figures chose.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy as cp
+from bench_kernels_gpu import queued_ms
+
+from euler_kernels.cuda import rmsnorm
+
+WIDTHS = [(768, 16384), (1024, 16384), (1152, 8192), (2048, 8192)]  # (C, rows): gpu, 350m, -, 1b
+
+
+def run_team(team: int, x, branch, dout, add, weight) -> tuple[float, float, list]:
+    """(forward ms, backward ms, outputs as float32) with `team` warps per row."""
+    chosen = rmsnorm._rmsnorm_vec
+    rmsnorm._rmsnorm_vec = lambda c: {"ROW_F4": c // 128, "ROW_TEAM": team}
+    try:
+        forward = functools.partial(rmsnorm.residual_rmsnorm_forward, x, branch, weight, 1e-5, bf16_out=True)
+        total, out, rstd = forward()
+        backward = functools.partial(rmsnorm.rmsnorm_backward, dout, total, weight, rstd, add)
+        dx, dweight = backward()
+        outs = [a.astype(cp.float32) for a in (out, rstd, dx, dweight)]
+        return queued_ms(forward), queued_ms(backward), outs
+    finally:
+        rmsnorm._rmsnorm_vec = chosen
+
+
+def main() -> None:
+    rule = ", ".join(f"C {c} -> {rmsnorm._rmsnorm_vec(c)['ROW_TEAM']} warps" for c, _ in WIDTHS)
+    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; the launcher's rule: {rule}")
+    for width, n in WIDTHS:
+        rng = cp.random.default_rng(0)
+        arrays = [rng.standard_normal((n, width), dtype=cp.float32) for _ in range(4)]  # x, branch, dout, add
+        weight = rng.standard_normal(width, dtype=cp.float32)
+        first = None
+        for team in (1, 2, 4):
+            fwd, bwd, outs = run_team(team, *arrays, weight)
+            first = first or outs
+            diff = ", ".join(f"{float(cp.abs(a - b).max()):.1e}" for a, b in zip(outs, first))
+            fwd_bytes, bwd_bytes = n * width * (4 + 4 + 4 + 2), n * width * 16  # reads and writes of each
+            print(
+                f"C {width:5} x {n:5} rows, {team} warp(s) a row: forward {1000 * fwd:6.1f} us "
+                f"({fwd_bytes / fwd / 1e9:5.0f} GB/s), backward {1000 * bwd:6.1f} us "
+                f"({bwd_bytes / bwd / 1e9:5.0f} GB/s); max difference from one warp "
+                f"(out bits, rstd, dx, dweight): {diff}"
+            )
+
+
+if __name__ == "__main__":
+    main()
