@@ -30,7 +30,7 @@ def run_team(team: int, x, branch, dout, add, weight) -> tuple[float, float, lis
         forward = functools.partial(rmsnorm.residual_rmsnorm_forward, x, branch, weight, 1e-5, bf16_out=True)
         total, out, rstd = forward()
         backward = functools.partial(rmsnorm.rmsnorm_backward, dout, total, weight, rstd, add)
-        dx, dweight = backward()
+        dx, dweight, _ = backward()
         outs = [a.astype(cp.float32) for a in (out, rstd, dx, dweight)]
         return queued_ms(forward), queued_ms(backward), outs
     finally:
@@ -52,8 +52,8 @@ def main() -> None:
             fwd_bytes, bwd_bytes = n * width * (4 + 4 + 4 + 2), n * width * 16  # reads and writes of each
             print(
                 f"C {width:5} x {n:5} rows, {team} warp(s) a row: forward {1000 * fwd:6.1f} us "
-                f"({fwd_bytes / fwd / 1e9:5.0f} GB/s), backward {1000 * bwd:6.1f} us "
-                f"({bwd_bytes / bwd / 1e9:5.0f} GB/s); max difference from one warp "
+                f"({fwd_bytes / fwd / 1e6:5.0f} GB/s), backward {1000 * bwd:6.1f} us "
+                f"({bwd_bytes / bwd / 1e6:5.0f} GB/s); max difference from one warp "
                 f"(out bits, rstd, dx, dweight): {diff}"
             )
 

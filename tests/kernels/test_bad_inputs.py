@@ -24,6 +24,8 @@ CASES = {
     "rmsnorm weight": (lambda: ek.rmsnorm_forward(z(2, 5), z(4)), r"rmsnorm_forward.*x\(2, 5\).*weight\(4,\)"),
     "rmsnorm dtype": (lambda: ek.rmsnorm_forward(z(2, 4, dtype=f32), z(4)), r"rmsnorm_forward.*float32.*float64"),
     "rmsnorm dout": (lambda: ek.rmsnorm_backward(z(2, 3), ek.rmsnorm_forward(z(2, 4), z(4))[1]), r"rmsnorm_backward.*dout\(2, 3\)"),
+    "rmsnorm bf16 copy on NumPy": (lambda: ek.rmsnorm_backward(z(2, 4), ek.rmsnorm_forward(z(2, 4), z(4))[1], bf16_copy=True),
+                                   r"rmsnorm_backward.*bf16_copy.*GPU"),
     "linear shapes": (lambda: ek.linear_forward(z(2, 5), z(3, 4)), r"linear_forward.*x\(2, 5\).*weight\(3, 4\)"),
     "linear int": (lambda: ek.linear_forward(np.zeros((2, 4), int), z(3, 4)), r"linear_forward.*int64"),
     "linear dout": (lambda: ek.linear_backward(z(2, 4), ek.linear_forward(z(2, 4), z(3, 4))[1]), r"linear_backward.*dout\(2, 4\)"),

@@ -41,7 +41,7 @@ def randn(rng, *shape, scale=1.0):
 
 
 rows = st.integers(1, 70)
-# C % 128 == 0 up to 2048: the float4 kernels (rows in registers up to 1024, read twice above); 2176: general
+# C % 128 == 0 up to 2048: the float4 kernels (a row shared by 1, 2 or 4 warps); 2176 and the rest: general
 cols = st.sampled_from([1, 7, 32, 128, 768, 1000, 1024, 1536, 2048, 2176])
 
 
@@ -53,7 +53,7 @@ def test_rmsnorm_matches_numpy(n, c, seed):
     out_ref, cache = ek.rmsnorm_forward(x.astype(np.float64), w.astype(np.float64))
     dx_ref, dw_ref = ek.rmsnorm_backward(g.astype(np.float64), cache)
     out, rstd = rmsnorm.rmsnorm_forward(cp.asarray(x), cp.asarray(w), 1e-5)
-    dx, dw = rmsnorm.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
+    dx, dw, _ = rmsnorm.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
     # dx = rstd * (g w - x rstd^2 mean(g w x)) cancels when C = 1: judge it against its O(1) terms
     assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref, floor=1.0) < 1e-5 and rel(dw, dw_ref) < 1e-5
 
@@ -88,6 +88,23 @@ def test_rmsnorm_backward_adds_the_residual_gradient_in_the_same_pass(n, c, seed
     np.testing.assert_allclose(dx_sum.get(), (add + dx).get(), rtol=1e-6, atol=1e-6)  # fma contraction
     np.testing.assert_array_equal(add.get(), before.get())
     np.testing.assert_allclose(dw_sum.get(), dw.get(), rtol=1e-5, atol=1e-5)  # atomics: order varies
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows, cols, st.booleans(), st.integers(0, 2**31))
+def test_rmsnorm_backward_bf16_copy_is_dx_rounded(n, c, with_add, seed):
+    """bf16_copy: the kernel's bf16 copy of dx is dx rounded by the cast kernel, bit for bit, and dx and
+    dweight are what the backward without the copy gives (the same rows, the same order of sums)."""
+    rng = np.random.default_rng(seed)
+    x, w, g, add = (cp.asarray(randn(rng, *shape)) for shape in ((n, c), (c,), (n, c), (n, c)))
+    _, cache = ek.rmsnorm_forward(x, w)
+    dx_add = add if with_add else None
+    dx, dw, dx16 = ek.rmsnorm_backward(g, cache, dx_add=dx_add, bf16_copy=True)
+    plain_dx, plain_dw = ek.rmsnorm_backward(g, cache, dx_add=dx_add)
+    assert dx16.dtype == cp.uint16 and dx16.shape == dx.shape
+    np.testing.assert_array_equal(dx16.get(), kc.cast.to_bf16(dx).get())
+    np.testing.assert_array_equal(dx.get(), plain_dx.get())
+    np.testing.assert_allclose(dw.get(), plain_dw.get(), rtol=1e-5, atol=1e-5)  # atomics: order varies
 
 
 @settings(max_examples=20, deadline=None)

@@ -39,6 +39,17 @@ def norm_in(config: ModelConfig, weight: Any, stream: tuple[Any, Any], bf16: boo
     return s, h, cache
 
 
+def norm_backward(ds: Any, dh: Any, cache: tuple, bf16: bool) -> tuple[tuple[Any, Any], Any]:
+    """Gradients of norm_in: ds, the gradient reaching s from the stream (or None), and dh that of h ->
+    ((dx, dx16), dweight), dx that of x and of branch; in bf16 mode dx16 is dx rounded to bf16 in the same
+    pass (the next block back feeds it to its output projection's bf16 products), else None."""
+    if bf16:
+        dx, dweight, dx16 = ek.residual_rmsnorm_backward(ds, dh, cache, bf16_copy=True)
+        return (dx, dx16), dweight
+    dx, dweight = ek.residual_rmsnorm_backward(ds, dh, cache)
+    return (dx, None), dweight
+
+
 def attention_block_forward(
     config: ModelConfig,
     p: dict[str, Any],
@@ -71,18 +82,21 @@ def attention_block_forward(
     return (s, o), (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16))
 
 
-def attention_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any, dict[str, Any]]:
-    """Gradients of attention_block_forward: dout (N, C) of s + o -> (that of x and of branch,
-    {name: dweight})."""
+def attention_block_backward(
+    dout: tuple[Any, Any], cache: tuple, prefix: str
+) -> tuple[tuple[Any, Any], dict[str, Any]]:
+    """Gradients of attention_block_forward: dout = (g, g16), g (N, C) that of s + o and g16 its bf16 copy
+    or None -> ((that of x and of branch, its bf16 copy or None), {name: dweight})."""
     c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16) = cache
-    da, dwo = ek.linear_backward(dout, c_o, bf16_dx=bf16)  # (N, Hq * D): o's gradient is dout
+    g, g16 = dout
+    da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16)  # (N, Hq * D): o's is g
     dq, dk, dv = ek.attention_backward(da.reshape(b, t, hq, d), c_att)
     dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
     dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
     dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v)
     dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh)  # h feeds three projections: their dh add up
     dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh)
-    dx, dnorm = ek.residual_rmsnorm_backward(dout, dh, c_norm)  # s reaches the output directly and via h
+    dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
     return dx, {prefix + k: g for k, g in grads.items()}
 
@@ -100,14 +114,18 @@ def ffn_block_forward(
     return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, bf16)
 
 
-def ffn_block_backward(dout: Any, cache: tuple, prefix: str) -> tuple[Any, dict[str, Any]]:
-    """Gradients of ffn_block_forward: dout (N, C) of s + o -> (that of x and of branch, {name: dweight})."""
+def ffn_block_backward(
+    dout: tuple[Any, Any], cache: tuple, prefix: str
+) -> tuple[tuple[Any, Any], dict[str, Any]]:
+    """Gradients of ffn_block_forward: dout = (g, g16) as in attention_block_backward -> ((that of x and of
+    branch, its bf16 copy or None), {name: dweight})."""
     c_norm, c_gate, c_up, c_swi, c_down, bf16 = cache
-    dgated, dw_down = ek.linear_backward(dout, c_down, bf16_dx=bf16)  # (N, F): o's gradient is dout
+    g, g16 = dout
+    dgated, dw_down = ek.linear_backward(g if g16 is None else g16, c_down, bf16_dx=bf16)  # (N, F): o's is g
     dg, du = ek.swiglu_backward(dgated, c_swi)
     dh, dw_up = ek.linear_backward(du, c_up)
     dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh)
-    dx, dnorm = ek.residual_rmsnorm_backward(dout, dh, c_norm)  # s reaches the output directly and via h
+    dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
     return dx, {prefix + k: g for k, g in grads.items()}
 
@@ -130,9 +148,9 @@ def layer_forward(
     return stream, (c_attn, c_ffn)
 
 
-def layer_backward(dout: Any, cache: tuple, i: int) -> tuple[Any, dict[str, Any]]:
-    """Gradients of layer_forward: dout (N, C) of the stream after layer i -> (that of the stream before
-    it, {name: dweight})."""
+def layer_backward(dout: tuple[Any, Any], cache: tuple, i: int) -> tuple[tuple[Any, Any], dict[str, Any]]:
+    """Gradients of layer_forward: dout = (g, g16), g (N, C) that of the stream after layer i and g16 its
+    bf16 copy or None -> (the same pair for the stream before it, {name: dweight})."""
     c_attn, c_ffn = cache
     dx, grads = ffn_block_backward(dout, c_ffn, f"layers.{i}.")
     dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")

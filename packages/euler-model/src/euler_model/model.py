@@ -13,7 +13,7 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_kernels.heap import keep_freed_memory
-from euler_model.blocks import layer_backward, layer_forward, norm_in
+from euler_model.blocks import layer_backward, layer_forward, norm_backward, norm_in
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import cpu_workers, one_blas_thread_for, run_parts
 from euler_model.recompute import LayerInput, layer_caches
@@ -75,20 +75,20 @@ def trunk_forward(
         kv.advance(t)
     # (N, C): the last block's branch added; float32 for conditioned heads, which add P_k e to it
     _, h, c_norm = norm_in(config, params["norm"], stream, bf16 and not config.mtp_conditioned)
-    caches.append((c_norm, (b, t)))
+    caches.append((c_norm, (b, t), bf16))
     return h.reshape(b, t, config.dim), caches
 
 
 def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
     """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order (a
     layer kept as its input is re-run first: one layer's caches at a time)."""
-    c_norm, (b, t) = caches[-1]
-    dx, dnorm = ek.residual_rmsnorm_backward(None, dh.reshape(b * t, config.dim), c_norm)  # (N, C)
+    c_norm, (b, t), bf16 = caches[-1]
+    dx, dnorm = norm_backward(None, dh.reshape(b * t, config.dim), c_norm, bf16)  # ((N, C), bf16 copy)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
         dx, g_layer = layer_backward(dx, layer_caches(caches[1 + i]), i)
         grads.update(g_layer)
-    grads["embed"] = ek.embedding_backward(dx.reshape(b, t, config.dim), caches[0])
+    grads["embed"] = ek.embedding_backward(dx[0].reshape(b, t, config.dim), caches[0])
     return grads
 
 

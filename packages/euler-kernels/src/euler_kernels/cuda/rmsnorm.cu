@@ -177,11 +177,12 @@ extern "C" __global__ void rmsnorm_forward_vec_add_bf16(unsigned short* out, flo
 }
 
 // dweight is summed in registers per thread over its team's rows, then over the block's teams in shared
-// memory, then added to global memory once per block (atomics: no update is lost).
-template <bool ADD>
-__device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dweight, const float* dout,
-                                                          const float* x, const float* weight, const float* rstd,
-                                                          const float* add, int N) {
+// memory, then added to global memory once per block (atomics: no update is lost). COPY16: dx is also
+// written rounded to bf16 (into dx16), for the bf16 products that take it next.
+template <bool ADD, bool COPY16>
+__device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned short* dx16, float* dweight,
+                                                          const float* dout, const float* x, const float* weight,
+                                                          const float* rstd, const float* add, int N) {
     __shared__ float dw_block[ROW_C];
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) dw_block[i] = 0.0f;
     const int t = threadIdx.x % ROW_THREADS, teams = blockDim.x / ROW_THREADS;
@@ -219,6 +220,7 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dwei
                 dj = make_float4(a.x + dj.x, a.y + dj.y, a.z + dj.z, a.w + dj.w);
             }
             reinterpret_cast<float4*>(dx)[i4] = dj;
+            if (COPY16) store4(dx16, i4, dj);
             dw[j].x += g4.x * x4.x * r;
             dw[j].y += g4.y * x4.y * r;
             dw[j].z += g4.z * x4.z * r;
@@ -241,11 +243,23 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, float* dwei
 
 extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const float* dout, const float* x,
                                                 const float* weight, const float* rstd, int N) {
-    rmsnorm_backward_vec_body<false>(dx, dweight, dout, x, weight, rstd, nullptr, N);
+    rmsnorm_backward_vec_body<false, false>(dx, nullptr, dweight, dout, x, weight, rstd, nullptr, N);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_add(float* dx, float* dweight, const float* dout, const float* x,
                                                     const float* weight, const float* rstd, const float* add, int N) {
-    rmsnorm_backward_vec_body<true>(dx, dweight, dout, x, weight, rstd, add, N);
+    rmsnorm_backward_vec_body<true, false>(dx, nullptr, dweight, dout, x, weight, rstd, add, N);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec_copy16(float* dx, unsigned short* dx16, float* dweight,
+                                                       const float* dout, const float* x, const float* weight,
+                                                       const float* rstd, int N) {
+    rmsnorm_backward_vec_body<false, true>(dx, dx16, dweight, dout, x, weight, rstd, nullptr, N);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec_add_copy16(float* dx, unsigned short* dx16, float* dweight,
+                                                           const float* dout, const float* x, const float* weight,
+                                                           const float* rstd, const float* add, int N) {
+    rmsnorm_backward_vec_body<true, true>(dx, dx16, dweight, dout, x, weight, rstd, add, N);
 }
 #endif

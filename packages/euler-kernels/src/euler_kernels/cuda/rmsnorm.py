@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.cuda import cast
 from euler_kernels.cuda._module import GRID_CAP, THREADS, blocks, contiguous, get_kernel
 
 # (vectorised, x + branch added in front, bf16 out) -> forward kernel
@@ -22,12 +23,14 @@ _FORWARD = {
     (True, True, False): "rmsnorm_forward_vec_add",
     (True, True, True): "rmsnorm_forward_vec_add_bf16",
 }
-# (vectorised, dx_add added) -> backward kernel
+# (vectorised, dx_add added, bf16 copy of dx written) -> backward kernel
 _BACKWARD = {
-    (False, False): "rmsnorm_backward",
-    (False, True): "rmsnorm_backward_add",
-    (True, False): "rmsnorm_backward_vec",
-    (True, True): "rmsnorm_backward_vec_add",
+    (False, False, False): "rmsnorm_backward",
+    (False, True, False): "rmsnorm_backward_add",
+    (True, False, False): "rmsnorm_backward_vec",
+    (True, True, False): "rmsnorm_backward_vec_add",
+    (True, False, True): "rmsnorm_backward_vec_copy16",
+    (True, True, True): "rmsnorm_backward_vec_add_copy16",
 }
 
 
@@ -85,8 +88,12 @@ def _rmsnorm_forward(x: Any, branch: Any, weight: Any, eps: float, bf16_out: boo
     return out, rstd, total
 
 
-def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = None) -> tuple[Any, Any]:
-    """(dx, dweight); dx_add (like x): a gradient added to dx in the same pass (the residual branch's)."""
+def rmsnorm_backward(
+    dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = None, bf16_copy: bool = False
+) -> tuple[Any, Any, Any]:
+    """(dx, dweight, dx16); dx_add (like x): a gradient added to dx in the same pass (the residual branch's);
+    bf16_copy: dx16 is dx rounded to bf16 (uint16 bit patterns; written by the same pass where the row is
+    vectorised, else cast afterwards), for bf16 products that take dx next; else dx16 is None."""
     import cupy
 
     dout, x = contiguous(dout, x)
@@ -97,11 +104,13 @@ def rmsnorm_backward(dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = No
     vec = _rmsnorm_vec(C)
     grid = (min(blocks(N, _rows_per_block(vec)), 132 * 2),)  # few blocks: each adds its dweight once
     add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
-    name = _BACKWARD[bool(vec), dx_add is not None]
     if vec:
-        kernel = get_kernel("rmsnorm.cu", name, **vec)
-        kernel(grid, (THREADS,), (dx, dweight, dout, x, weight, rstd, *add, np.int32(N)))
-        return dx, dweight
+        dx16 = cupy.empty(x.shape, dtype=cupy.uint16) if bf16_copy else None
+        kernel = get_kernel("rmsnorm.cu", _BACKWARD[True, dx_add is not None, bf16_copy], **vec)
+        outs = (dx, dx16) if bf16_copy else (dx,)
+        kernel(grid, (THREADS,), (*outs, dweight, dout, x, weight, rstd, *add, np.int32(N)))
+        return dx, dweight, dx16
     args = (dx, dweight, dout, x, weight, rstd, *add, np.int32(N), np.int32(C))
-    get_kernel("rmsnorm.cu", name)(grid, (THREADS,), args, shared_mem=4 * C)
-    return dx, dweight
+    kernel = get_kernel("rmsnorm.cu", _BACKWARD[False, dx_add is not None, False])
+    kernel(grid, (THREADS,), args, shared_mem=4 * C)
+    return dx, dweight, (cast.to_bf16(dx) if bf16_copy else None)

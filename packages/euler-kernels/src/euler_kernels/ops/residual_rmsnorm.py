@@ -43,9 +43,10 @@ def residual_rmsnorm_forward(
     return (s, out), cache
 
 
-def residual_rmsnorm_backward(ds: Any, dout: Any, cache: tuple) -> tuple[Any, Any]:
+def residual_rmsnorm_backward(ds: Any, dout: Any, cache: tuple, bf16_copy: bool = False) -> tuple:
     """(dx, dweight): dx = ds + d rmsnorm / ds, the gradient of both x and branch (one array, not copies).
 
     ds: the gradient reaching s from its other uses (the residual stream), or None if it has none.
+    bf16_copy (GPU only): (dx, dweight, dx16), dx16 = dx rounded to bf16 in the same pass (rmsnorm_backward).
     """
-    return rmsnorm_backward(dout, cache, dx_add=ds)
+    return rmsnorm_backward(dout, cache, dx_add=ds, bf16_copy=bf16_copy)

@@ -42,11 +42,13 @@ def rmsnorm_parts(xp: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any, A
     return xhat * weight, xhat, rstd
 
 
-def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple[Any, Any]:
+def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None, bf16_copy: bool = False) -> tuple:
     """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight.
 
     dx_add: a gradient of x's shape to add to dx (say, the residual branch's), in the same pass on the GPU;
     dx_add itself is left unchanged.
+    bf16_copy (GPU only): (dx, dweight, dx16) with dx16 dx rounded to bf16 in the same pass, for the bf16
+    products that take dx next (a residual stream's gradient: float32 for the stream, bf16 for the products).
 
     >>> import numpy as np
     >>> _, cache = rmsnorm_forward(np.array([[3.0, 4.0]]), np.ones(2))
@@ -58,7 +60,10 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple[Any, 
         _, x, weight, rstd = cache
         if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
             raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=x)
-        return rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add)
+        dx, dweight, dx16 = rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add, bf16_copy)
+        return (dx, dweight, dx16) if bf16_copy else (dx, dweight)
+    if bf16_copy:
+        raise ValueError("rmsnorm_backward: bf16_copy needs the fused GPU path (float32 CuPy arrays)")
     xhat, rstd, weight = cache
     xp = get_array_module(dout)
     if dout.shape != xhat.shape or (dx_add is not None and dx_add.shape != xhat.shape):
