@@ -15,8 +15,11 @@ same process on the same GPU. Before timing, the two losses on the same weights 
 twice: launched op by op from Python (eager), and captured once as a CUDA graph and replayed (euler-train's
 GraphStep, what `euler-train pretrain` uses on one GPU; its time includes copying each batch in and reading
 the loss back). PyTorch runs eagerly and under `torch.compile` (the reference; --no-compile skips it).
-Prints tokens/s, step ms, achieved TFLOP/s, MFU and peak GPU memory for each, then each of ours against
-each of PyTorch's: the throughput ratio and both MFUs.
+Prints tokens/s, step ms, achieved TFLOP/s, MFU and GPU memory for each, then each of ours against each
+of PyTorch's: the throughput ratio and both MFUs. Memory, two columns: "held" is what the step keeps from
+the GPU, free blocks of the caching allocators included (ours: weights, optimizer state and CuPy's pool;
+PyTorch: torch.cuda.max_memory_reserved), the like-for-like figure; "live" is PyTorch's peak of memory in
+use (max_memory_allocated), which CuPy's pool does not count.
 --recompute adds our graph step with train.recompute = true (activations re-made in the backward): its
 step time and memory against the same step without it.
 --muon adds our graph step with train.optimizer = "muon".
@@ -89,6 +92,11 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
         return loss
 
     return step, runner
+
+
+def torch_memory() -> tuple[int, int]:
+    """PyTorch's (held, live) peaks since the last reset: reserved by its caching allocator, and in use."""
+    return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
 
 
 def graph_bytes(runner) -> int:
@@ -293,7 +301,7 @@ def main() -> None:
     pool.free_all_blocks()  # the check's activations
     ours_step, _ = euler_step_fn(cfg, params, tokens, targets, train)
     sec = timed(ours_step, args.steps)
-    rows.append(("euler eager", sec, pool.total_bytes()))
+    rows.append(("euler eager", sec, pool.total_bytes(), None))
     if args.profile:
         profile_ops(ours_step)
     del ours_step
@@ -301,7 +309,7 @@ def main() -> None:
     graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True)
     sec_graph = timed(graph_step, args.steps)
     mem_graph = graph_bytes(graph)
-    rows.append(("euler CUDA graph", sec_graph, mem_graph))
+    rows.append(("euler CUDA graph", sec_graph, mem_graph, None))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
     del graph_step, graph
@@ -310,7 +318,7 @@ def main() -> None:
         step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, recompute=rerun)
         sec = timed(step, args.steps)
         mem = graph_bytes(runner)
-        rows.append((f"euler CUDA graph, recompute {'on' if rerun else 'off'}", sec, mem))
+        rows.append((f"euler CUDA graph, recompute {'on' if rerun else 'off'}", sec, mem, None))
         on, off = ((sec, mem), (sec_graph, mem_graph)) if rerun else ((sec_graph, mem_graph), (sec, mem))
         print(
             f"recompute's cost in the captured step: {100 * (on[0] / off[0] - 1):+.1f}% step time, "
@@ -320,35 +328,38 @@ def main() -> None:
     if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph
         step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, optimizer="muon")
         sec_muon = timed(step, args.steps)
-        rows.append(("euler CUDA graph, Muon", sec_muon, graph_bytes(runner)))
+        rows.append(("euler CUDA graph, Muon", sec_muon, graph_bytes(runner), None))
         print(f"Muon's overhead over the CUDA graph step: {100 * (sec_muon / sec_graph - 1):+.1f}%")
         del step, runner
     pool.free_all_blocks()
+    torch.cuda.empty_cache()  # the loss check's blocks: not the step's
     torch_step = torch_step_fn(cfg, params, tokens, targets, compile_=False, bf16=bf16)
     torch.cuda.reset_peak_memory_stats()
     sec = timed(torch_step, args.steps)
-    rows.append(("PyTorch eager", sec, torch.cuda.max_memory_allocated()))
+    rows.append(("PyTorch eager", sec, *torch_memory()))
     del torch_step
     if args.compile:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         compiled = torch_step_fn(cfg, params, tokens, targets, compile_=True, bf16=bf16)
         sec = timed(compiled, args.steps)
-        rows.append(("PyTorch compile", sec, torch.cuda.max_memory_allocated()))
+        rows.append(("PyTorch compile", sec, *torch_memory()))
         if args.kernels:
             kernel_table(compiled, "PyTorch compile")
     tokens_per_step = batch * cfg.context
-    mfu = {name: 100 * flops / sec / peak for name, sec, _ in rows}
-    print(f"{'':>34} {'tokens/s':>10} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}")
-    for name, sec, mem in rows:
+    mfu = {name: 100 * flops / sec / peak for name, sec, _, _ in rows}
+    print(f"{'':>34} {'tokens/s':>10} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6}", end="")
+    print(f" {'held GiB':>9} {'live GiB':>9}")
+    for name, sec, held, live in rows:
         tflops = flops / sec / 1e12
+        live_gib = "-" if live is None else f"{live / 2**30:.2f}"
         print(
             f"{name:>34} {tokens_per_step / sec:10.0f} {sec * 1e3:8.1f} {tflops:8.1f} "
-            f"{mfu[name]:5.1f}% {mem / 2**30:9.2f}"
+            f"{mfu[name]:5.1f}% {held / 2**30:9.2f} {live_gib:>9}"
         )
     ours_rows = [r for r in rows if r[0].startswith("euler")]
-    for ours_name, ours, _ in ours_rows:
-        for name, sec, _ in rows[len(ours_rows) :]:
+    for ours_name, ours, _, _ in ours_rows:
+        for name, sec, _, _ in rows[len(ours_rows) :]:
             print(
                 f"{ours_name} / {name}: {sec / ours:.2f}x the throughput "
                 f"(MFU {mfu[ours_name]:.1f}% vs {mfu[name]:.1f}%)"
