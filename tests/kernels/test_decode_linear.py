@@ -168,11 +168,12 @@ def test_each_of_several_rows_is_the_one_row_result_bit_for_bit(rows, use_norm, 
 @pytest.mark.gpu
 def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
     """129 rows (more than 16 launches of 8), a weight whose rows are not whole 16-byte pieces (K = 201
-    float32), a misaligned x, or rows whose staged h would not fit 48 KB (8 x 2048 float32) go to the
-    unfused ops, which give the same result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
+    float32), a misaligned x, or rows whose staged h would not fit beside the kernel's static shared memory
+    (8 x 2048 float32: 64 KB; 8 x 1536: 48 KB, the whole default) go to the unfused ops, which give the same
+    result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng(3)
-    for rows, k in [(129, 256), (2, 201), (2, 260), (8, 2048)]:
+    for rows, k in [(129, 256), (2, 201), (2, 260), (8, 2048), (8, 1536)]:
         x, w, norm, residual = inputs(rng, rows, k, 64, True, np.float32)
         gx, gw, gnorm = _gpu(cp, x, w, norm)
         if k == 260:  # x from an address 8 bytes past a 16-byte boundary

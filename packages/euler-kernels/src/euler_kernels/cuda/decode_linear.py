@@ -19,7 +19,7 @@ MAX_GROUPS = 16  # launches of MAX_ROWS rows at most (128: a batch of 32 verifyi
 ROW_LIMIT = MAX_ROWS * MAX_GROUPS  # rows whose bits do not depend on the rows beside them (the CPU's too)
 MAX_VEC_ITERS = 16  # 16-byte pieces of a weight row per lane (registers): K <= 4096 bf16, 2048 float32
 _THREADS = 256  # 8 warps, one output column each
-_SMEM_LIMIT = 48 * 1024  # bytes of shared memory a block gets without opting in
+_SMEM_LIMIT = 47 * 1024  # bytes of staged h a block gets without opting in (48 KB less the static rstd)
 
 
 def _staged_bytes(rows: int, weight: Any) -> int:
@@ -35,9 +35,9 @@ def _pieces(k: int, itemsize: int) -> int:
 
 def decode_linear_fits(x: Any, weight: Any, norm: Any = None) -> bool:
     """Whether the kernel takes x (R, K) against this (N, K) weight: at most ROW_LIMIT rows (a launch's
-    staged h fits a block's 48 KB), rows of the weight a whole number of 16-byte pieces, at most
-    MAX_VEC_ITERS of them per lane, and x, the weight and the norm's weight C-contiguous from 16-byte
-    aligned addresses (the kernel reads them in pieces)."""
+    staged h fits the 47 KB a block has beside the kernel's own shared memory), rows of the weight a whole
+    number of 16-byte pieces, at most MAX_VEC_ITERS of them per lane, and x, the weight and the norm's
+    weight C-contiguous from 16-byte aligned addresses (the kernel reads them in pieces)."""
     k, itemsize = weight.shape[1], weight.dtype.itemsize
     arrays = [a for a in (x, weight, norm) if a is not None]
     aligned = all(a.data.ptr % 16 == 0 and a.flags.c_contiguous for a in arrays)
