@@ -1,6 +1,7 @@
 // A micro-batch's gradient weighted by its share of the loss, into the step's sum: dst = share * src, or
 // dst += share * src. share is a device scalar (a captured step replays it with new values). One tensor
-// per launch: a table of pointers would have to be copied to the device while a step is being captured.
+// per launch (written when tables could not be uploaded inside a capture; tables.upload now can, so a
+// multi-tensor version over chunk_table's tables would take one launch: not done).
 // The product is rounded before the sum (no fma), as NumPy computes it.
 #include "common.cuh"
 

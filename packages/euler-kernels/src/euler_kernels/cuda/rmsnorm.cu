@@ -102,8 +102,9 @@ __device__ __forceinline__ bool piece_in_row(int t, int j) {
     return ROW_F4 % ROW_TEAM == 0 || t + ROW_THREADS * j < ROW_C / 4;
 }
 
-// The sum of v over the row's team. Two warps meet through shared memory, its slots alternating with the
-// parity of the team's row count, so one named barrier (id 1 + team, the team's threads) per row is enough.
+// The sum of v over the row's team. The team's warps meet through shared memory, its slots alternating
+// with the parity of the team's row count, so one named barrier (id 1 + team, the team's threads) per row
+// is enough.
 __device__ __forceinline__ float team_sum(float v, int parity) {
     v = warp_sum(v);
 #if ROW_TEAM > 1
