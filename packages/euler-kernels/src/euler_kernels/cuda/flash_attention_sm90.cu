@@ -309,6 +309,9 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 #define BQ 64                        // queries per backward tile
 #define BWD_NT 256
 #define BWD_STAGES 2                 // Q, dO, lse, delta buffers
+#ifndef BWD_HEAVY_FIRST
+#define BWD_HEAVY_FIRST 1            // 1: blocks ordered by work, heaviest first (see the kernel's start)
+#endif
 #ifndef BWD_ABLATE
 #define BWD_ABLATE 0                 // timing only: 1 leaves out the dQ reductions (wrong dq)
 #endif
@@ -372,7 +375,16 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
     const BackwardSmem sm = backward_smem((smem_u32(smem_raw) + 1023u) & ~1023u);
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const int n0 = blockIdx.x * BK, hk = blockIdx.y, b = blockIdx.z, G = Hq / Hkv, offset = S - T;
+    // blockIdx.x -> (key block kb, head hk, batch b): with BWD_HEAVY_FIRST the key block varies slowest, so
+    // the blocks that see the most query tiles (causal: the first keys) start first and the light ones
+    // fill the last wave; with 0 the key block varies fastest (each head's blocks, heaviest to lightest)
+    const int n_kb = (S + BK - 1) / BK, heads = gridDim.x / n_kb;  // heads = Hkv * B
+#if BWD_HEAVY_FIRST
+    const int kb = blockIdx.x / heads, hb = blockIdx.x % heads;
+#else
+    const int kb = blockIdx.x % n_kb, hb = blockIdx.x / n_kb;
+#endif
+    const int n0 = kb * BK, hk = hb % Hkv, b = hb / Hkv, G = Hq / Hkv, offset = S - T;
     const float sl2 = scale * LOG2E;
     // causal: query tiles before the first one whose last query sees key n0 see none of this block
     const int q_first = causal ? max(0, n0 - offset) / BQ * BQ : 0;

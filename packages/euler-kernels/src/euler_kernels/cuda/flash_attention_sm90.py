@@ -104,13 +104,13 @@ def _backward_smem(head_dim: int) -> int:
 def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuning: int) -> None:
     """float32 dq (zeroed: the kernel adds into it), dk, dv of contiguous, checked bf16 inputs, from the
     forward's lse and delta = rowsum(dout * out), written in place. `tuning`: extra -D defines (timing
-    experiments: BWD_ABLATE)."""
+    experiments: BWD_HEAVY_FIRST, BWD_ABLATE)."""
     B, _, _, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     smem = _backward_smem(D)
     kernel = get_kernel_sm90a(_SOURCE, "flash_attention_backward_sm90", HEAD_DIM=D, **tuning)
     function = loaded_function(kernel, smem)
-    grid = ((S + _BK - 1) // _BK, Hkv, B)
+    grid = ((S + _BK - 1) // _BK * Hkv * B, 1, 1)  # one block per (key block, kv head, batch), heaviest first
     maps = (head_rows_map(dq, _BQ), head_rows_map(q16, _BQ), head_rows_map(k16, _BK), head_rows_map(v16, _BK))
     args = (dk, dv, *maps, head_rows_map(dout16, _BQ), lse, delta, *kernel_sizes(q16, k16, causal))
     launch(function, grid, (256, 1, 1), args, smem)
