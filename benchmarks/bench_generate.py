@@ -72,13 +72,17 @@ def timed(fn, repeats: int) -> tuple[list[list[int]], float]:
     return out, best
 
 
-def euler_runs(cfg, params, prompts, n, gpu: bool, quick: bool, stats: GenerationStats) -> dict:
+def euler_runs(
+    cfg, params, prompts, n, gpu: bool, quick: bool, stats: GenerationStats, graph_stats: GenerationStats
+) -> dict:
     """name -> a function generating the rows' new tokens with euler-model (quick: no uncaptured GPU rows);
-    the speculative row adds its drafts to `stats`."""
+    the speculative row adds its drafts to `stats`, the graph row says in `graph_stats.decode` how its steps
+    ran (a capture that failed runs them eagerly)."""
 
     def batched(graph: bool, speculative: bool = False):
         def run():
             kw = {"speculative": True, "stats": stats} if speculative else {}
+            kw = {"stats": graph_stats} if graph and not speculative else kw
             out = generate_batch(cfg, params, prompts, n, temperature=0.0, cuda_graph=graph, **kw)
             return [c.tokens for c in out]
 
@@ -194,8 +198,9 @@ def main() -> None:
         for precision in precisions:
             os.environ["EULER_MATMUL_PRECISION"] = precision
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-            results, spec = {}, GenerationStats()
-            for name, fn in euler_runs(cfg, params, prompts, args.new_tokens, gpu, args.quick, spec).items():
+            results, spec, graph_stats = {}, GenerationStats(), GenerationStats()
+            runs = euler_runs(cfg, params, prompts, args.new_tokens, gpu, args.quick, spec, graph_stats)
+            for name, fn in runs.items():
                 results[name] = timed(fn, args.repeats)
             hf = hf_runs(folder, prompts, args.new_tokens, "cuda" if gpu else "cpu", dtype, args.hf_compile)
             for name, fn in hf.items():
@@ -209,6 +214,7 @@ def main() -> None:
                     f"batch {b:3d} {precision}  {name:12s} {tokens / seconds:10.0f} tok/s  ({seconds:.3f} s)"
                 )
             if gpu:
+                print(f"batch {b:3d} {precision}  euler graph decode steps ran as: {graph_stats.decode}")
                 steady_decode(cfg, params, prompts, args.new_tokens, results["euler graph"][1], args.repeats)
             if spec.drafted:
                 print(
