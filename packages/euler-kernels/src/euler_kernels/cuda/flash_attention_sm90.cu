@@ -291,11 +291,12 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 }
 
 // --- backward -------------------------------------------------------------------------------------------
-// One block per (BK-key tile, kv head, batch), two warpgroups; warpgroup w owns keys 64w .. 64w + 63 of the
-// tile and keeps their dK, dV accumulators in registers over every (query head of the group, BQ-query tile)
-// that sees them. Thread 128 copies K and V once and each query tile's Q and dO by TMA, and its warp each
-// tile's lse and delta by cp.async, into BWD_STAGES buffers counted by a "full" barrier; a tile's buffer is
-// refilled (tile it + BWD_STAGES) once both warpgroups are done with it. Per query tile:
+// One block per (BK-key tile, kv head, batch), started heaviest first (see the kernel), two warpgroups;
+// warpgroup w owns keys 64w .. 64w + 63 of the tile and keeps their dK, dV accumulators in registers over
+// every (query head of the group, BQ-query tile) that sees them. Thread 128 copies K and V once and each
+// query tile's Q and dO by TMA, and its warp each tile's lse and delta by cp.async, into BWD_STAGES buffers
+// counted by a "full" barrier; a tile's buffer is refilled (tile it + BWD_STAGES) once both warpgroups are
+// done with it. Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; A and B K-major from shared memory)
 //   P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)                   (registers, fp32, then bf16)
 //   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
