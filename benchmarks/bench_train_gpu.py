@@ -18,8 +18,9 @@ the loss back). PyTorch runs eagerly and under `torch.compile` (the reference; -
 Prints tokens/s, step ms, achieved TFLOP/s, MFU and GPU memory for each, then each of ours against each
 of PyTorch's: the throughput ratio and both MFUs. Memory, two columns: "held" is what the step keeps from
 the GPU, free blocks of the caching allocators included (ours: weights, optimizer state and CuPy's pool;
-PyTorch: torch.cuda.max_memory_reserved), the like-for-like figure; "live" is PyTorch's peak of memory in
-use (max_memory_allocated), which CuPy's pool does not count.
+PyTorch: torch.cuda.max_memory_reserved), the like-for-like figure; "live" is the peak of memory in use
+(PyTorch: max_memory_allocated; our captured step: weights, optimizer state and the most its pool had in
+use at once while the graph was recorded, from a CuPy memory hook).
 --recompute adds our graph step with train.recompute = true (activations re-made in the backward): its
 step time and memory against the same step without it.
 --muon adds our graph step with train.optimizer = "muon".
@@ -92,6 +93,20 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
         return loss
 
     return step, runner
+
+
+class PoolPeak(cp.cuda.MemoryHook):
+    """The most bytes `pool` had in use at once while the hook was on (its used_bytes after every
+    allocation): for the captured step's pool, what the step needed at its peak, where total_bytes is what
+    the pool holds, free blocks included."""
+
+    name = "PoolPeak"
+
+    def __init__(self, pool) -> None:
+        self.pool, self.peak = pool, 0
+
+    def malloc_postprocess(self, **kwargs) -> None:
+        self.peak = max(self.peak, self.pool.used_bytes())
 
 
 def torch_memory() -> tuple[int, int]:
@@ -307,9 +322,12 @@ def main() -> None:
     del ours_step
     pool.free_all_blocks()  # the eager step's activations are not the graph's
     graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True)
+    with PoolPeak(graph.pool) as pool_peak:  # the first step records the graph: every allocation of its pool
+        graph_step()
     sec_graph = timed(graph_step, args.steps)
     mem_graph = graph_bytes(graph)
-    rows.append(("euler CUDA graph", sec_graph, mem_graph, None))
+    live_graph = mem_graph - graph.memory_bytes() + pool_peak.peak  # weights, optimizer state, pool's peak
+    rows.append(("euler CUDA graph", sec_graph, mem_graph, live_graph))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
     del graph_step, graph
