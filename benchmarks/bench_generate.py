@@ -81,8 +81,10 @@ def euler_runs(
 
     def batched(graph: bool, speculative: bool = False):
         def run():
-            kw = {"speculative": True, "stats": stats} if speculative else {}
-            kw = {"stats": graph_stats} if graph and not speculative else kw
+            if speculative:
+                kw = {"speculative": True, "stats": stats}
+            else:
+                kw = {"stats": graph_stats} if graph else {}
             out = generate_batch(cfg, params, prompts, n, temperature=0.0, cuda_graph=graph, **kw)
             return [c.tokens for c in out]
 

@@ -114,11 +114,15 @@ def torch_memory() -> tuple[int, int]:
     return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
 
 
+def state_bytes(runner) -> int:
+    """Device memory of a step's weights and optimizer state."""
+    return sum(a.nbytes for a in (*runner.params.values(), *runner.opt.state_tensors().values()))
+
+
 def graph_bytes(runner) -> int:
     """Device memory a captured step holds: weights, optimizer state, and the graph's pool (the step's
     buffers and gradients, activations, temporaries)."""
-    state = (*runner.params.values(), *runner.opt.state_tensors().values())
-    return sum(a.nbytes for a in state) + runner.memory_bytes()
+    return state_bytes(runner) + runner.memory_bytes()
 
 
 def profile_ops(step, steps: int = 3) -> None:
@@ -326,8 +330,7 @@ def main() -> None:
         graph_step()
     sec_graph = timed(graph_step, args.steps)
     mem_graph = graph_bytes(graph)
-    live_graph = mem_graph - graph.memory_bytes() + pool_peak.peak  # weights, optimizer state, pool's peak
-    rows.append(("euler CUDA graph", sec_graph, mem_graph, live_graph))
+    rows.append(("euler CUDA graph", sec_graph, mem_graph, state_bytes(graph) + pool_peak.peak))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
     del graph_step, graph
