@@ -80,6 +80,16 @@ __device__ __forceinline__ void store_act8(unsigned short* p, size_t i, const fl
     *reinterpret_cast<uint4*>(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// c (16 x 8) += a (16 x 16) b (16 x 8) on the bf16 tensor cores, fp32 accumulation (mma.sync m16n8k16,
+// sm_80 on; fragment layouts in flash_attention_bf16.cu's header)
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // One rotate-half pair (x1, x2) rotated by the angle whose cosine and sine are c and s: (y1, y2). Every kernel
 // that applies RoPE (prefill, training, decode) rounds through this one expression, so a key rotated by one
 // equals, bit for bit, the same key rotated by another (speculative decoding relies on it in bf16).

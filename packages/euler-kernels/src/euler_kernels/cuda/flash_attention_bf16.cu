@@ -65,15 +65,6 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned* r, const bf16_t* p) {
                  : "r"(smem_u32(p)));
 }
 
-// c (16 x 8) += a (16 x 16) b (16 x 8) on the bf16 tensor cores
-__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Four C fragments (n-tiles 2j, 2j + 1 for j = 0, 1 ... ) -> the A fragment of k-step j (see the header)
 __device__ __forceinline__ void c_to_a(unsigned* a, const float* c0, const float* c1) {
     a[0] = pack_bf16(c0[0], c0[1]);
@@ -180,8 +171,8 @@ flash_attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf1
             for (int np = 0; np < BN / 16; np++) {
                 unsigned kf[4];  // B(d, key) = K[key][d] for keys np * 16 .. + 15, dims kk * 16 .. + 15
                 ldsm_x4(kf, bt_addr(Kt, LD, np * 16, kk * 16, lane));
-                mma(s[2 * np], qf[kk], kf[0], kf[1]);
-                mma(s[2 * np + 1], qf[kk], kf[2], kf[3]);
+                mma_bf16(s[2 * np], qf[kk], kf[0], kf[1]);
+                mma_bf16(s[2 * np + 1], qf[kk], kf[2], kf[3]);
             }
         // mask only tiles that reach past S or past this warp's first position (warp-uniform branch)
         if (k0 + BN > S || (causal && k0 + BN - 1 > offset + q0 + row0)) {
@@ -223,8 +214,8 @@ flash_attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf1
             for (int np = 0; np < DT / 2; np++) {
                 unsigned vf[4];  // B(key, d) = V[key][d] for dims np * 16 .. + 15
                 ldsm_x4_t(vf, b_addr(Vt, LD, kk * 16, np * 16, lane));
-                mma(o[2 * np], pf, vf[0], vf[1]);
-                mma(o[2 * np + 1], pf, vf[2], vf[3]);
+                mma_bf16(o[2 * np], pf, vf[0], vf[1]);
+                mma_bf16(o[2 * np + 1], pf, vf[2], vf[3]);
             }
         }
         __syncthreads();  // every warp is done with this buffer before the next prefetch overwrites it
@@ -359,8 +350,8 @@ flash_attention_backward_bf16(float* dq, float* dk, float* dv, const bf16_t* q, 
             for (int np = 0; np < BQ / 16; np++) {
                 unsigned qf[4];  // B(d, query) = Q[query][d]
                 ldsm_x4(qf, bt_addr(Qt, LD, np * 16, kk * 16, lane));
-                mma(st[2 * np], kf, qf[0], qf[1]);
-                mma(st[2 * np + 1], kf, qf[2], qf[3]);
+                mma_bf16(st[2 * np], kf, qf[0], qf[1]);
+                mma_bf16(st[2 * np + 1], kf, qf[2], qf[3]);
             }
         }
         // P^T = exp(S^T scale - lse), zero where masked: keys past S, padding queries, causal
@@ -388,8 +379,8 @@ flash_attention_backward_bf16(float* dq, float* dk, float* dv, const bf16_t* q, 
             for (int np = 0; np < DT / 2; np++) {
                 unsigned df[4];  // B(query, d) = dO[query][d]
                 ldsm_x4_t(df, b_addr(dOt, LD, kq * 16, np * 16, lane));
-                mma(dv_acc[2 * np], pt[kq], df[0], df[1]);
-                mma(dv_acc[2 * np + 1], pt[kq], df[2], df[3]);
+                mma_bf16(dv_acc[2 * np], pt[kq], df[0], df[1]);
+                mma_bf16(dv_acc[2 * np + 1], pt[kq], df[2], df[3]);
             }
 
         // dP^T = V dO^T, same layout as S^T
@@ -404,8 +395,8 @@ flash_attention_backward_bf16(float* dq, float* dk, float* dv, const bf16_t* q, 
             for (int np = 0; np < BQ / 16; np++) {
                 unsigned df[4];  // B(d, query) = dO[query][d]
                 ldsm_x4(df, bt_addr(dOt, LD, np * 16, kk * 16, lane));
-                mma(dpt[2 * np], vf, df[0], df[1]);
-                mma(dpt[2 * np + 1], vf, df[2], df[3]);
+                mma_bf16(dpt[2 * np], vf, df[0], df[1]);
+                mma_bf16(dpt[2 * np + 1], vf, df[2], df[3]);
             }
         }
         // dS^T = P^T (dP^T - delta), from the bf16 P^T of the dV product; into registers and into dSt
@@ -433,8 +424,8 @@ flash_attention_backward_bf16(float* dq, float* dk, float* dv, const bf16_t* q, 
             for (int np = 0; np < DT / 2; np++) {
                 unsigned qf[4];  // B(query, d) = Q[query][d]
                 ldsm_x4_t(qf, b_addr(Qt, LD, kq * 16, np * 16, lane));
-                mma(dk_acc[2 * np], dst_f[kq], qf[0], qf[1]);
-                mma(dk_acc[2 * np + 1], dst_f[kq], qf[2], qf[3]);
+                mma_bf16(dk_acc[2 * np], dst_f[kq], qf[0], qf[1]);
+                mma_bf16(dk_acc[2 * np + 1], dst_f[kq], qf[2], qf[3]);
             }
         __syncthreads();  // dSt holds every warp's keys
 
@@ -454,8 +445,8 @@ flash_attention_backward_bf16(float* dq, float* dk, float* dv, const bf16_t* q, 
                 for (int kk = 0; kk < BN / 16; kk++) {
                     unsigned kf[4];  // B(key, d) = K[key][d]
                     ldsm_x4_t(kf, b_addr(Ks, LD, kk * 16, d0 + np * 16, lane));
-                    mma(acc[0], dsf[kk], kf[0], kf[1]);
-                    mma(acc[1], dsf[kk], kf[2], kf[3]);
+                    mma_bf16(acc[0], dsf[kk], kf[0], kf[1]);
+                    mma_bf16(acc[1], dsf[kk], kf[2], kf[3]);
                 }
 #pragma unroll
                 for (int j = 0; j < 2; j++) {  // n-tile 2 np + j: dims np * 16 + j * 8 + 2t, + 1

@@ -5,9 +5,10 @@
 each part optional: `norm` the RMSNorm weight in front of the product (eps its epsilon), `swiglu` a weight
 (2F, K) of gate rows then up rows giving silu(gate) * up (R, F), `residual` the stream the block's output
 is added to. A decode step is a few rows (one per sequence), so its products are matrix-vector products
-bound by reading the weights, and the step by the number of launches: on the GPU one kernel does all of it
-(cuda/decode_linear.cu, one warp per output column, 8 rows a launch, up to 128 rows), where the unfused
-ops take three. A row's bits never depend on the rows beside it, up to those 128 rows, on the GPU and the
+bound by reading the weights, and the step by the number of launches: on the GPU one kernel does all of it,
+where the unfused ops take three: bf16 weights on the tensor cores (cuda/decode_linear_mma.cu, up to 32
+rows a launch), float32 weights on the CUDA cores (cuda/decode_linear.cu, 8 rows a launch), up to 128
+rows. A row's bits never depend on the rows beside it, up to those 128 rows, on the GPU and the
 CPU alike: a speculative step's rows then give exactly what plain steps' single rows give.
 Inference only: there is no backward.
 
@@ -57,7 +58,7 @@ def decode_linear_forward(
     _check(x, weight, norm, residual, swiglu)
     if _lean_takes(x, weight, norm):  # NumPy arrays, never the kernel's
         return _lean_forward(x, weight, norm, eps, residual, swiglu)
-    if _kernel_takes(x, weight, norm, residual):
+    if _kernel_takes(x, weight, norm, residual, swiglu):
         return decode_linear_cuda.decode_linear(x, weight, norm, eps, residual, swiglu)
     bf16 = is_bf16(weight)
     h = x if norm is None else rmsnorm_forward(x, norm, eps, bf16_out=bf16)[0]  # (R, K)
@@ -109,9 +110,9 @@ def _unfused_tail(y: Any, swiglu: bool) -> Any:
     return swiglu_parts(np, y[..., :f], y[..., f:])[0]
 
 
-def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any) -> bool:
-    """Whether decode_linear.cu runs: CuPy arrays (fused kernels on), x float32 or bf16, the weight bf16,
-    or float32 outside the bf16 matmul modes, of a shape and alignment the kernel takes."""
+def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool) -> bool:
+    """Whether a decode kernel (cuda/decode_linear.py) runs: CuPy arrays (fused kernels on), x float32 or
+    bf16, the weight bf16, or float32 outside the bf16 matmul modes, of a shape and alignment it takes."""
     if isinstance(x, np.ndarray) or not cuda.kernels_on():
         return False
     floats = [a for a in (norm, residual) if a is not None]
@@ -119,7 +120,8 @@ def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any) -> bool:
     storage_ok = storage_ok and (not floats or cuda.fused(*floats))
     exact = is_bf16(weight) or gemm.matmul_precision() not in ("bf16", "bf16fast")
     contiguous = residual is None or residual.flags.c_contiguous
-    return storage_ok and exact and contiguous and decode_linear_cuda.decode_linear_fits(x, weight, norm)
+    fits = decode_linear_cuda.decode_linear_fits(x, weight, norm, swiglu)
+    return storage_ok and exact and contiguous and fits
 
 
 def _check(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool) -> None:
