@@ -29,6 +29,8 @@
 #include "common.cuh"
 
 #define WARPS 8
+// pieces of h a lane loads before it stores any (x and g: 16 registers each), fewer beside many weights
+#define STAGE_GROUP (SWIGLU || CHUNKS > 8 ? 2 : 4)
 #define NT ((ROWS + 7) / 8)  // n-tiles of 8 rows of h
 #define RS (8 * NT)          // staged rows, the last n-tile zero-padded
 #if SWIGLU
@@ -43,49 +45,65 @@ typedef float x_t;
 #endif
 
 // h (RS, K) into shared memory as bf16: (x rstd) g rounded (NORM), x rounded otherwise; rows past R zero.
-// Warp w takes rows w, w + 8, ... (NT of them), lane l the pieces of 8 at l * 8 + 256 i (i < CHUNKS): every
-// load of the pass is issued before any is used, and a row's rstd stays in its warp (no barrier). The sum
-// of squares of a row runs in the same order in whichever warp takes it: each lane over its pieces in
-// order, then the warp's lanes (warp_sum).
+// Warp w takes rows w, w + 8, ... (NT of them), lane l the pieces of 8 at l * 8 + 256 i (i < CHUNKS), so
+// a row's rstd stays in its warp (no barrier). The norm's pass loads a piece of every row before it sums
+// any; a row's sum of squares runs in the same order in whichever warp takes it: each lane over its pieces
+// in order, then the warp's lanes (warp_sum). The loads are what a launch waits on: issued one after the
+// other, 32 rows cost ~10 us (the first version of this kernel, 2026-12-04).
 __device__ __forceinline__ void stage_rows(unsigned short* hs, const x_t* x, const float* g, int K, float eps) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float rstd[NT];
 #if NORM
+    float rstd[NT], ss[NT];
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int r = warp + WARPS * j;
-        float ss = 0.0f;
+    for (int j = 0; j < NT; j++) ss[j] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < CHUNKS; i++) {
-            const int k = lane * 8 + 256 * i;
+    for (int i = 0; i < CHUNKS; i++) {  // a piece of every row in flight at once; each row's sum in order of i
+        const int k = lane * 8 + 256 * i;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int r = warp + WARPS * j;
             if (r < ROWS && k < K) {
                 float f[8];
                 load_act8(x, (size_t)r * K + k, f);
 #pragma unroll
-                for (int q = 0; q < 8; q++) ss = fmaf(f[q], f[q], ss);
+                for (int q = 0; q < 8; q++) ss[j] = fmaf(f[q], f[q], ss[j]);
             }
         }
-        rstd[j] = rsqrtf(warp_sum(ss) / K + eps);
     }
+#pragma unroll
+    for (int j = 0; j < NT; j++) rstd[j] = rsqrtf(warp_sum(ss[j]) / K + eps);
+#endif
+    // the lane's NT CHUNKS pieces (row j = p / CHUNKS, chunk i = p % CHUNKS) in groups of STAGE_GROUP:
+    // a group's loads are all issued before its stores
+#pragma unroll
+    for (int p0 = 0; p0 < NT * CHUNKS; p0 += STAGE_GROUP) {
+        float f[STAGE_GROUP][8];
+#if NORM
+        float gf[STAGE_GROUP][8];
 #endif
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int r = warp + WARPS * j;
+        for (int q = 0; q < STAGE_GROUP; q++) {
+            const int p = p0 + q, r = warp + WARPS * (p / CHUNKS), k = lane * 8 + 256 * (p % CHUNKS);
 #pragma unroll
-        for (int i = 0; i < CHUNKS; i++) {
-            const int k = lane * 8 + 256 * i;
-            if (k >= K) continue;
-            float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            if (r < ROWS) {
-                load_act8(x, (size_t)r * K + k, f);  // again: from L1, where the norm's pass left it
+            for (int e = 0; e < 8; e++) f[q][e] = 0.0f;
+            if (p < NT * CHUNKS && r < ROWS && k < K) {
+                load_act8(x, (size_t)r * K + k, f[q]);  // again: from L1, where the norm's pass left it
 #if NORM
-                float gf[8];
-                load_act8(g, k, gf);
-#pragma unroll
-                for (int q = 0; q < 8; q++) f[q] = f[q] * rstd[j] * gf[q];
+                load_act8(g, k, gf[q]);
 #endif
             }
-            store_act8(hs, (size_t)r * HS + k, f);
+        }
+#pragma unroll
+        for (int q = 0; q < STAGE_GROUP; q++) {
+            const int p = p0 + q, j = p / CHUNKS, r = warp + WARPS * j, k = lane * 8 + 256 * (p % CHUNKS);
+            if (p >= NT * CHUNKS || k >= K) continue;
+#if NORM
+            if (r < ROWS) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[q][e] = f[q][e] * rstd[j] * gf[q][e];
+            }
+#endif
+            store_act8(hs, (size_t)r * HS + k, f[q]);
         }
     }
     __syncthreads();
