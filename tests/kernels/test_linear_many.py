@@ -49,3 +49,20 @@ def test_dx_into_of_the_wrong_shape_is_a_clear_error():
 def test_forward_many_checks_every_weight():
     with pytest.raises(ValueError, match="C_in"):
         ek.linear_forward_many(np.ones((2, 3)), [np.ones((4, 3)), np.ones((4, 2))])
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_cache_without_its_input_gives_the_same_gradients_from_the_input_handed_back(many):
+    """keep_input=False (activation recomputation): the cache holds no x, and linear_backward with x given
+    back gives the kept cache's gradients bit for bit; without x it says what to pass."""
+    rng = np.random.default_rng(3)
+    x, w, dout = rng.standard_normal((2, 5, 8)), rng.standard_normal((4, 8)), rng.standard_normal((2, 5, 4))
+    forward = (lambda keep: ek.linear_forward_many(x, [w], keep_input=keep)[0]) if many else None
+    forward = forward or (lambda keep: ek.linear_forward(x, w, keep_input=keep))
+    (out, kept), (out_lean, lean) = forward(True), forward(False)
+    np.testing.assert_array_equal(out, out_lean)
+    assert not any(a is x for a in lean)
+    for got, want in zip(ek.linear_backward(dout, lean, x=x.copy()), ek.linear_backward(dout, kept)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"kept no input.*pass it as x"):
+        ek.linear_backward(dout, lean)

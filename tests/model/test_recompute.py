@@ -137,7 +137,7 @@ def test_the_estimate_with_recompute_keeps_streams_in_float32() -> None:
     assert step_memory(cfg, 8, activation_bytes=2, recompute=True)["activations"] == 8 * one
     kept = step_memory(cfg, 1, activation_bytes=2)["activations"]
     streams = cfg.context * cfg.n_layers * 2 * cfg.dim * 4
-    assert streams < one < kept / 2, (streams, one, kept)  # the heads' logits are in both
+    assert streams < one < 0.6 * kept, (streams, one, kept)  # the heads' logits are in both
 
 
 def test_recompute_with_a_kv_cache_is_refused() -> None:

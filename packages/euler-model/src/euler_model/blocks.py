@@ -17,7 +17,11 @@ which is that of x and of branch alike; the block's weight gradients). The strea
 bf16 (the GPU bf16 path, see euler_kernels.cuda.bf16_activations): every activation between the norm and
 the block's output projection is stored as bf16 (h, q, k, v, the attention output, gate, up, their
 SwiGLU product) and so are the gradients that only feed bf16 products; the residual stream x, its
-gradient, the norms' statistics and every weight gradient stay float32.
+gradient, the norms' statistics and every weight gradient stay float32. The caches of the bf16 path do
+not keep the two cheapest activations to make again, each norm's output h and the SwiGLU product: the
+backward re-makes them (one norm or SwiGLU pass each, the same bits, as torch.compile's default
+recomputes them) right before the products that need them, so a step holds 2C + F fewer bf16 values per
+token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens).
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ def norm_backward(ds: Any, dh: Any, cache: tuple, bf16: bool) -> tuple[tuple[Any
     return (dx, None), dweight
 
 
+def norm_again(remake: Any) -> Any:
+    """A norm's bf16 output h made again from remake = (s, weight, eps), or None for None: rmsnorm_forward
+    on s is the very arithmetic norm_in ran on x + branch (the same kernel body), so h has the same bits."""
+    if remake is None:
+        return None
+    s, weight, eps = remake
+    return ek.rmsnorm_forward(s, weight, eps, bf16_out=True)[0]
+
+
 def attention_block_forward(
     config: ModelConfig,
     p: dict[str, Any],
@@ -70,7 +83,8 @@ def attention_block_forward(
     hq, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
     offset = 0 if kv is None else kv[0].length
     s, h, c_norm = norm_in(config, p[prefix + "attn_norm"], stream, bf16)  # (N, C) each
-    qkv = ek.linear_forward_many(h, [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]], bf16_out=bf16)
+    projections = [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]]
+    qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
     (q, c_q), (k, c_k), (v, c_v) = qkv  # (N, Hq * D), (N, Hkv * D), (N, Hkv * D)
     q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
     k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
@@ -79,7 +93,8 @@ def attention_block_forward(
         k, v = kv[0].append(kv[1], k, v)  # (B, S, Hkv, D) with S = offset + T
     a, c_att = ek.attention_forward(q, k, v, causal=True)  # (B, T, Hq, D)
     o, c_o = ek.linear_forward(a.reshape(b * t, hq * d), p[prefix + "wo"])  # (N, C)
-    return (s, o), (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16))
+    remake = (s, p[prefix + "attn_norm"], config.norm_eps) if bf16 else None  # what re-makes h
+    return (s, o), (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16), remake)
 
 
 def attention_block_backward(
@@ -87,15 +102,17 @@ def attention_block_backward(
 ) -> tuple[tuple[Any, Any], dict[str, Any]]:
     """Gradients of attention_block_forward: dout = (g, g16), g (N, C) that of s + o and g16 its bf16 copy
     or None -> ((that of x and of branch, its bf16 copy or None), {name: dweight})."""
-    c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16) = cache
+    c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16), remake = cache
     g, g16 = dout
     da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16)  # (N, Hq * D): o's is g
     dq, dk, dv = ek.attention_backward(da.reshape(b, t, hq, d), c_att)
     dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
     dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
-    dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v)
-    dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh)  # h feeds three projections: their dh add up
-    dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh)
+    h = norm_again(remake)  # (N, C) or None (kept by the caches)
+    dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h)
+    dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)  # h feeds three projections: their dh add up
+    dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h)
+    del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
     return dx, {prefix + k: g for k, g in grads.items()}
@@ -107,11 +124,13 @@ def ffn_block_forward(
     """stream (x, branch) (N, C) -> (s, o): s = x + branch, o = w_down(silu(w_gate h) * w_up h) with
     h = rmsnorm(s); the stream after the block is s + o."""
     s, h, c_norm = norm_in(config, p[prefix + "ffn_norm"], stream, bf16)  # (N, C) each
-    gate_up = ek.linear_forward_many(h, [p[prefix + "w_gate"], p[prefix + "w_up"]], bf16_out=bf16)
+    weights = [p[prefix + "w_gate"], p[prefix + "w_up"]]
+    gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
     (g, c_gate), (u, c_up) = gate_up  # (N, F) each
     gated, c_swi = ek.swiglu_forward(g, u)  # (N, F)
-    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"])  # (N, C)
-    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, bf16)
+    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=not bf16)  # (N, C)
+    remake = ((s, p[prefix + "ffn_norm"], config.norm_eps), (g, u)) if bf16 else None  # h's, gated's
+    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, bf16, remake)
 
 
 def ffn_block_backward(
@@ -119,12 +138,16 @@ def ffn_block_backward(
 ) -> tuple[tuple[Any, Any], dict[str, Any]]:
     """Gradients of ffn_block_forward: dout = (g, g16) as in attention_block_backward -> ((that of x and of
     branch, its bf16 copy or None), {name: dweight})."""
-    c_norm, c_gate, c_up, c_swi, c_down, bf16 = cache
+    c_norm, c_gate, c_up, c_swi, c_down, bf16, remake = cache
     g, g16 = dout
-    dgated, dw_down = ek.linear_backward(g if g16 is None else g16, c_down, bf16_dx=bf16)  # (N, F): o's is g
+    gated = None if remake is None else ek.swiglu_forward(*remake[1])[0]  # (N, F): the forward's, again
+    dgated, dw_down = ek.linear_backward(g if g16 is None else g16, c_down, bf16_dx=bf16, x=gated)  # o's is g
+    del gated
     dg, du = ek.swiglu_backward(dgated, c_swi)
-    dh, dw_up = ek.linear_backward(du, c_up)
-    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh)
+    h = norm_again(None if remake is None else remake[0])  # (N, C) or None (kept by the caches)
+    dh, dw_up = ek.linear_backward(du, c_up, x=h)
+    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h)
+    del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
     return dx, {prefix + k: g for k, g in grads.items()}

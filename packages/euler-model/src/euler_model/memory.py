@@ -2,11 +2,12 @@
 
 The estimate counts what the forward pass caches for its backward (blocks.py: per layer and token
 6C + 2Ckv + Hq floats in the attention block, q and out also in the grouped layout; 2C + 3F in the FFN
-block), the heads' logits (one head's (N, V) logits and gradient at a time in training, all K heads'
-stacked at evaluation), the largest backward temporaries, and the weights, their gradients and AdamW's
-two moments. With activation recomputation (recompute.py) the step keeps the float32 stream entering
-each layer (2C per token and layer) and one layer's caches at a time instead of every layer's; an
-evaluation forward keeps no caches either way. Attention is blockwise on every path, so nothing grows
+block; with bf16 activations each norm's output h and the SwiGLU product are re-made in the backward
+instead, 2C + F fewer), the heads' logits (one head's (N, V) logits and gradient at a time in training,
+all K heads' stacked at evaluation), the largest backward temporaries, and the weights, their gradients
+and AdamW's two moments. With activation recomputation (recompute.py) the step keeps the float32 stream
+entering each layer (2C per token and layer) and one layer's caches at a time instead of every layer's;
+an evaluation forward keeps no caches either way. Attention is blockwise on every path, so nothing grows
 with T * T. tests/model/test_memory.py and test_recompute.py hold it against the measured peak.
 
 >>> from euler_model import preset
@@ -26,12 +27,13 @@ FIXED_BYTES = 32 << 20  # attention score tiles, RoPE tables, mask tiles and all
 MARGIN = 1.25  # the estimate is kept above the measured peak by this factor
 
 
-def _layer_floats(config: ModelConfig) -> int:
-    """Floats per token of one layer's caches."""
+def _layer_floats(config: ModelConfig, bf16: bool = False) -> int:
+    """Floats per token of one layer's caches (bf16: without the two norms' h and the SwiGLU product,
+    which the bf16 backward re-makes)."""
     c, f = config.dim, config.ffn_dim
     attn = 6 * c + 2 * config.kv_dim + config.n_heads  # s, h, q, k, v, out, lse + grouped copies of q, out
     ffn = 2 * c + 3 * f  # s, h, gate, up, their SwiGLU product
-    return attn + ffn
+    return attn + ffn - (2 * c + f if bf16 else 0)
 
 
 def _stream_floats(config: ModelConfig) -> int:
@@ -43,9 +45,10 @@ def _train_bytes_per_token(config: ModelConfig, activation_bytes: int, recompute
     """Activation bytes per token alive at the training step's peak."""
     c, f, v = config.dim, config.ffn_dim, config.vocab_size
     heads_and_temporaries = 3 * v + 3 * f + 4 * c  # one head's logits + backward temporaries
+    layer = _layer_floats(config, bf16=activation_bytes == 2)
     if recompute:  # the streams, then one layer's caches at a time
-        return 4 * _stream_floats(config) + activation_bytes * (_layer_floats(config) + heads_and_temporaries)
-    return activation_bytes * (config.n_layers * _layer_floats(config) + heads_and_temporaries)
+        return 4 * _stream_floats(config) + activation_bytes * (layer + heads_and_temporaries)
+    return activation_bytes * (config.n_layers * layer + heads_and_temporaries)
 
 
 def _eval_bytes_per_token(config: ModelConfig) -> int:

@@ -9,12 +9,14 @@ from euler_kernels.backend import check_float, is_bf16, shape_error
 from euler_kernels.cuda import cast, gemm
 
 
-def linear_forward(x: Any, weight: Any, bf16_out: bool = False) -> tuple[Any, tuple]:
+def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool = True) -> tuple[Any, tuple]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
 
     On the GPU x, or the weight (a bf16 copy made once per step, e.g. by to_bf16_many), may be bf16
     (backend.is_bf16): the product then runs on the bf16 tensor cores whatever the matmul precision, and
     dweight is still float32. bf16_out (GPU, bf16 products only): out is a bf16 activation.
+    keep_input=False: the cache does not hold x (activation recomputation: the caller re-makes x and
+    hands it to linear_backward, which then gives the same gradients bit for bit).
 
     >>> import numpy as np
     >>> out, _ = linear_forward(np.array([[1.0, 2.0]]), np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]))
@@ -23,17 +25,20 @@ def linear_forward(x: Any, weight: Any, bf16_out: bool = False) -> tuple[Any, tu
     """
     _check(x, weight)
     if _bf16_product(x, weight):  # round x and weight once; the backward reuses both
-        return _forward_bf16(x, [weight], bf16_out)[0]
+        return _forward_bf16(x, [weight], bf16_out, keep_input)[0]
     if bf16_out:
         raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, EULER_MATMUL_PRECISION=bf16)")
+    kept = x if keep_input else None
     if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
         out = gemm.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
-        return out.reshape(*x.shape[:-1], weight.shape[0]), (x, weight)
+        return out.reshape(*x.shape[:-1], weight.shape[0]), (kept, weight)
     out = x @ weight.T  # (..., C_out)
-    return out, (x, weight)
+    return out, (kept, weight)
 
 
-def linear_forward_many(x: Any, weights: list[Any], bf16_out: bool = False) -> list[tuple[Any, tuple]]:
+def linear_forward_many(
+    x: Any, weights: list[Any], bf16_out: bool = False, keep_input: bool = True
+) -> list[tuple[Any, tuple]]:
     """[linear_forward(x, w) for w in weights], with x rounded to bf16 once for all of them in bf16 mode
     on the GPU (and that one copy shared by their caches), e.g. the q, k and v projections of one h.
 
@@ -42,10 +47,10 @@ def linear_forward_many(x: Any, weights: list[Any], bf16_out: bool = False) -> l
     [[[1.0, 2.0]], [[2.0, 4.0]]]
     """
     if not (weights and all(_bf16_product(x, w) for w in weights)):
-        return [linear_forward(x, w, bf16_out) for w in weights]  # each call checks its weight
+        return [linear_forward(x, w, bf16_out, keep_input) for w in weights]  # each call checks its weight
     for w in weights:
         _check(x, w)
-    return _forward_bf16(x, weights, bf16_out)
+    return _forward_bf16(x, weights, bf16_out, keep_input)
 
 
 def _bf16_product(x: Any, weight: Any) -> bool:
@@ -67,15 +72,15 @@ def _check(x: Any, weight: Any) -> None:
         )
 
 
-def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool) -> list[tuple[Any, tuple]]:
+def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool, keep_input: bool) -> list[tuple[Any, tuple]]:
     """GPU bf16 mode: x rounded once (unless it is bf16 already), each weight once; the caches keep the
-    bf16 copies for backward."""
+    bf16 copies for backward (x's unless keep_input is False)."""
     x16 = cast.as_bf16(x.reshape(-1, x.shape[-1]))  # (N, C_in)
     results = []
     for w in weights:
         w16 = cast.as_bf16(w)
         out = gemm.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
-        results.append((out, ("bf16", x16, w16, x.shape, w.shape)))
+        results.append((out, ("bf16", x16 if keep_input else None, w16, x.shape, w.shape)))
     return results
 
 
@@ -83,8 +88,13 @@ def _c(a: Any) -> Any:
     return a if a.flags.c_contiguous else a.copy()
 
 
-def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool = False) -> tuple[Any, Any]:
+def linear_backward(
+    dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool = False, x: Any = None
+) -> tuple[Any, Any]:
     """Gradients (dx (..., C_in), dweight (C_out, C_in)).
+
+    x: the forward's input, re-made, when the forward did not keep it (keep_input=False); the same array
+    the forward took gives the same gradients bit for bit.
 
     dx_into: an earlier dx of the same shape (say, of another projection of the same input): this dx is
     added into it in place and it is returned, so the sum costs no extra pass (on the GPU cuBLAS adds the
@@ -97,6 +107,8 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool 
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
         _, x16, w16, x_shape, w_shape = cache
+        if x16 is None:  # rounded as the forward rounded it (a bf16 x is taken as it is)
+            x16 = cast.as_bf16(_input_again(x, x_shape).reshape(-1, x_shape[-1]))
         if dout.shape != (*x_shape[:-1], w_shape[0]):
             raise ValueError(
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
@@ -106,7 +118,8 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool 
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
         dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx).reshape(x_shape)
         return (dx if dx_into is None else dx_into), gemm.gemm_bf16(d16, x16, trans_a=True)
-    x, weight = cache
+    kept, weight = cache
+    x = kept if kept is not None else _input_again(x, None)  # dout's check below holds x's shape
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(
             "linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, x=x, weight=weight
@@ -125,6 +138,16 @@ def linear_backward(dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool 
         dx = dx_into
     dweight = d2.T @ x2  # (C_out, C_in)
     return dx, dweight
+
+
+def _input_again(x: Any, x_shape: Any) -> Any:
+    """The forward's input handed back to linear_backward for a cache that does not hold it (x_shape: the
+    shape it must have, where the cache knows it)."""
+    if x is None:
+        raise ValueError("linear_backward: the forward kept no input (keep_input=False): pass it as x")
+    if x_shape is not None and tuple(x.shape) != tuple(x_shape):
+        raise ValueError(f"linear_backward: x{tuple(x.shape)} must be the forward's input, {tuple(x_shape)}")
+    return x
 
 
 def _check_into(dx_into: Any, x_shape: tuple) -> None:
