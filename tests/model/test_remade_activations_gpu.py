@@ -39,8 +39,10 @@ def test_the_bf16_ffn_block_gradients_equal_those_of_kept_activations():
     rng = np.random.default_rng(0)
     cfg = preset("tiny")
     c, f, n = cfg.dim, cfg.ffn_dim, 48
-    p = {name: cp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-1]), dtype=cp.float32)
-         for name, shape in [("w_gate", (f, c)), ("w_up", (f, c)), ("w_down", (c, f))]}
+    p = {
+        name: cp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-1]), dtype=cp.float32)
+        for name, shape in [("w_gate", (f, c)), ("w_up", (f, c)), ("w_down", (c, f))]
+    }
     p["ffn_norm"] = cp.asarray(1.0 + 0.3 * rng.standard_normal(c), dtype=cp.float32)
     p = {"layers.0." + k: (cast.to_bf16(v) if k.startswith("w") else v) for k, v in p.items()}
     stream = _stream(rng, n, c, True)
