@@ -36,6 +36,17 @@ __device__ __forceinline__ unsigned short float_to_bf16(float x) {
     return (unsigned short)(u >> 16);
 }
 
+// The storage type of an activation or weight chosen by a compile-time switch: bf16 bit patterns
+// (storage<1>::type, unsigned short) or float32 (storage<0>::type).
+template <bool BF16>
+struct storage {
+    typedef float type;
+};
+template <>
+struct storage<true> {
+    typedef unsigned short type;
+};
+
 // Overloads so one template body reads and writes float32 or bf16 storage.
 __device__ __forceinline__ float load_act(const float* p, size_t i) { return p[i]; }
 __device__ __forceinline__ float load_act(const unsigned short* p, size_t i) { return bf16_to_float(p[i]); }

@@ -14,18 +14,9 @@
 // ceil(columns / 8).
 #include "common.cuh"
 
-#if W_BF16
-typedef unsigned short w_t;
-#define W_PER_VEC 8  // bf16 weights in 16 bytes
-#else
-typedef float w_t;
-#define W_PER_VEC 4
-#endif
-#if X_BF16
-typedef unsigned short x_t;
-#else
-typedef float x_t;
-#endif
+typedef storage<W_BF16>::type w_t;
+typedef storage<X_BF16>::type x_t;
+#define W_PER_VEC (W_BF16 ? 8 : 4)  // weights in 16 bytes
 
 // The W_PER_VEC weights of one 16-byte piece as floats.
 __device__ __forceinline__ void unpack(const uint4 v, float* f) {
@@ -123,11 +114,7 @@ __device__ __forceinline__ void dot_rows(const uint4* w, const x_t* x, const flo
 }
 
 #if STAGED
-#if W_BF16
-typedef unsigned short h_t;  // the operand rounded to bf16 is exact in bf16 storage
-#else
-typedef float h_t;
-#endif
+typedef storage<W_BF16>::type h_t;  // bf16 weights: the operand, rounded to bf16, is exact in bf16
 
 // Four activations of x at `at` (a multiple of 4) as floats.
 __device__ __forceinline__ void load_x4(const x_t* x, size_t at, float* f) {

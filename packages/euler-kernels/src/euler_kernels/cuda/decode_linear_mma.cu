@@ -25,7 +25,8 @@
 // Defines: ROWS (R <= 32), CHUNKS (chunks per warp, ceil(K / 256)), HS (row stride of staged h in bf16:
 // K, padded by 32 when K is a multiple of 64 so that the 8 rows one load phase reads fall in distinct
 // banks), X_BF16, NORM, SWIGLU, RESIDUAL. K a multiple of 32; x, W, g 16-byte aligned.
-// Shared memory: 8 NT HS bf16 (h) + 8 PARTS 16 8 NT float32 (the warps' sums). Launch: blockDim 256.
+// Shared memory: 8 NT HS bf16 (h) + 8 PARTS 16 8 NT float32 (the warps' sums; PARTS: 2 with SWIGLU, gate
+// and up, else 1). Launch: blockDim 256.
 #include "common.cuh"
 
 #define WARPS 8
@@ -33,16 +34,7 @@
 #define STAGE_GROUP (SWIGLU || CHUNKS > 8 ? 2 : 4)
 #define NT ((ROWS + 7) / 8)  // n-tiles of 8 rows of h
 #define RS (8 * NT)          // staged rows, the last n-tile zero-padded
-#if SWIGLU
-#define PARTS 2  // gate and up
-#else
-#define PARTS 1
-#endif
-#if X_BF16
-typedef unsigned short x_t;
-#else
-typedef float x_t;
-#endif
+typedef storage<X_BF16>::type x_t;
 
 // h (RS, K) into shared memory as bf16: (x rstd) g rounded (NORM), x rounded otherwise; rows past R zero.
 // Warp w takes rows w, w + 8, ... (NT of them), lane l the pieces of 8 at l * 8 + 256 i (i < CHUNKS), so
