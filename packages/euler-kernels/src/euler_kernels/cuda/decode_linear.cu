@@ -13,6 +13,7 @@
 // are read in aligned 16-byte (or 8-byte) pieces. Launch: blockDim 256 (8 warps, 8 columns), grid
 // ceil(columns / 8).
 #include "common.cuh"
+#include "decode_linear.cuh"
 
 typedef storage<W_BF16>::type w_t;
 typedef storage<X_BF16>::type x_t;
@@ -252,14 +253,12 @@ extern "C" __global__ void __launch_bounds__(256) decode_linear(float* out, cons
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (r != lane) continue;
-        float y = acc[r];
 #if SWIGLU
-        const float gate = operand(y), u = operand(up[r]);
-        y = gate / (1.0f + __expf(-gate)) * u;
+        const float u = up[r];
+#else
+        const float u = 0.0f;
 #endif
-#if RESIDUAL
-        y += res[(size_t)r * columns + n];
-#endif
-        out[(size_t)r * columns + n] = y;
+        const size_t at = (size_t)r * columns + n;
+        out[at] = decode_output<W_BF16>(acc[r], u, res, at);
     }
 }

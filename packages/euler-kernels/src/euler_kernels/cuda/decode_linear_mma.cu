@@ -28,6 +28,7 @@
 // Shared memory: 8 NT HS bf16 (h) + 8 PARTS 16 8 NT float32 (the warps' sums; PARTS: 2 with SWIGLU, gate
 // and up, else 1). Launch: blockDim 256.
 #include "common.cuh"
+#include "decode_linear.cuh"
 
 #define WARPS 8
 // pieces of h a lane loads before it stores any (x and g: 16 registers each), fewer beside many weights
@@ -197,16 +198,9 @@ extern "C" __global__ void __launch_bounds__(256) decode_linear_mma(float* out, 
         for (int i = threadIdx.x; i < 16 * ROWS; i += blockDim.x) {
             const int r = i / 16, m = i % 16, n = n0 + m;  // consecutive threads: consecutive columns
             if (n >= columns) continue;
-            float y = total(sums, 0, m, r);
-#if SWIGLU
-            const float gate = bf16_to_float(float_to_bf16(y));
-            const float up = bf16_to_float(float_to_bf16(total(sums, 1, m, r)));
-            y = gate / (1.0f + __expf(-gate)) * up;
-#endif
-#if RESIDUAL
-            y += res[(size_t)r * columns + n];
-#endif
-            out[(size_t)r * columns + n] = y;
+            const float up = SWIGLU ? total(sums, 1, m, r) : 0.0f;
+            const size_t at = (size_t)r * columns + n;
+            out[at] = decode_output<true>(total(sums, 0, m, r), up, res, at);
         }
         __syncthreads();  // the sums are free for the next tile
     }
