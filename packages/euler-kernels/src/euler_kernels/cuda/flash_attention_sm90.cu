@@ -300,8 +300,9 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 //   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; A and B K-major from shared memory)
 //   P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)                   (registers, fp32, then bf16)
 //   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
-//   dQ = dS K                          (dS^T through shared memory, read M-major; warpgroup w computes
-//                                       head-dimension half w over all BK keys)
+//   dQ = dS K                          (dS^T through shared memory, read M-major, over all BK keys; at
+//                                       D 128 warpgroup w computes head-dimension half w, at D 64 warpgroup
+//                                       it % 2 all of it: DQ_ONE_WG)
 // and dQ, scaled, goes through a 128-byte-swizzled float32 staging tile (two, alternating) that thread 128
 // adds into dq with TMA reductions, whole tiles in the L2, while the block goes on.
 // delta = rowsum(dout * out) comes from flash_attention_delta_bf16 (flash_attention_bf16.cu). The scores'
@@ -312,6 +313,15 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 #define BWD_STAGES 2                 // Q, dO, lse, delta buffers
 #ifndef BWD_HEAVY_FIRST
 #define BWD_HEAVY_FIRST 1            // 1: blocks ordered by work, heaviest first (see the kernel's start)
+#endif
+#ifndef BWD_OVERLAP
+#define BWD_OVERLAP (HEAD_DIM == 128)  // 1: P's exponentials under dP^T's product, dS under dV's (see the loop)
+#endif
+#ifndef DQ_ONE_WG
+#define DQ_ONE_WG (HEAD_DIM == 64)  // 1: one warpgroup a tile, in turn, computes all of dQ (see the loop)
+#endif
+#if DQ_ONE_WG && HEAD_DIM != 64
+#error "DQ_ONE_WG needs HEAD_DIM 64 (at 128 the accumulators do not fit beside dK and dV)"
 #endif
 #ifndef BWD_ABLATE
 #define BWD_ABLATE 0                 // timing only: 1 leaves out the dQ reductions (wrong dq)
@@ -421,6 +431,8 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         const float* lse_t = reinterpret_cast<const float*>(smem_raw + (sm.lse - smem_u32(smem_raw))) + st * BQ;
         const float* delta_t = reinterpret_cast<const float*>(smem_raw + (sm.delta - smem_u32(smem_raw))) + st * BQ;
 
+        // BWD_OVERLAP 1: S^T, then dP^T while P's exponentials run; dV while dS is formed; dK. 0: S^T and
+        // dP^T; P and dS; dV, dK (faster at D 64, 2026-12-04).
         float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
         wgmma_fence();
 #pragma unroll
@@ -429,6 +441,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
             wgmma_ss_n64(s, smem_desc(sm.k + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
         }
+        if (BWD_OVERLAP) wgmma_commit();  // S^T and dP^T in two groups: P's exponentials need only the first
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
@@ -436,84 +449,110 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             wgmma_ss_n64(dp, smem_desc(sm.v + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        if (BWD_OVERLAP)
+            wgmma_wait<1>();  // S^T
+        else
+            wgmma_wait<0>();
         fence_regs<BQ / 2>(s);
-        fence_regs<BQ / 2>(dp);
 
         // a causal tile needs the mask where this warp's last key is later than the tile's first query
         const bool masked = causal && n0 + wg * 64 + warp * 16 + 15 > offset + i0;
         unsigned pf[BQ / 16][4], df[BQ / 16][4];  // P^T, dS^T as A operands (k = queries 16j .. 16j + 15)
 #pragma unroll
-        for (int i = 0; i < BQ / 2; i += 2) {
-            const int c = (i / 4) * 8 + 2 * t, row = (i & 2) ? 8 : 0, kr = kr0 + row;
+        for (int i = 0; i < BQ / 2; i += 2) {  // s becomes P^T (float32)
+            const int c = (i / 4) * 8 + 2 * t, kr = kr0 + ((i & 2) ? 8 : 0);
             float p0 = fast_exp2(fmaf(s[i], sl2, -lse_t[c] * LOG2E));
             float p1 = fast_exp2(fmaf(s[i + 1], sl2, -lse_t[c + 1] * LOG2E));
             if (masked) {
                 if (kr > offset + i0 + c) p0 = 0.0f;
                 if (kr > offset + i0 + c + 1) p1 = 0.0f;
             }
-            const unsigned ds = pack_bf16(p0 * (dp[i] - delta_t[c]), p1 * (dp[i + 1] - delta_t[c + 1]));
+            s[i] = p0;
+            s[i + 1] = p1;
             pf[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
-            df[i / 8][(i / 2) % 4] = ds;
-            const int lr = lr0 + row;  // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
-            const unsigned at = sm.dst + swizzled(lr, 2 * c);
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(ds));
         }
-
+        // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15 (dk: false for dV's products, true for dK's)
+        auto add_dkv = [&](bool dk) {
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                const u64 b = smem_desc((dk ? qt : dot) + kk * 16 * 128, BQ * 128, 1024);
+#if HEAD_DIM == 64
+                wgmma_rs_n64(dk ? dk_acc : dv_acc, dk ? df[kk] : pf[kk], b, 1);
+#else
+                wgmma_rs_n128(dk ? dk_acc : dv_acc, dk ? df[kk] : pf[kk], b, 1);
+#endif
+            }
+        };
+        if (BWD_OVERLAP) {  // dV's products run while dS is formed below
+            fence_regs<HEAD_DIM / 2>(dv_acc);
+            fence_regs<BQ / 16>(pf);
+            wgmma_fence();
+            add_dkv(false);
+            wgmma_commit();
+            wgmma_wait<1>();  // dP^T
+        }
+        fence_regs<BQ / 2>(dp);
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i += 2) {  // dS^T = P^T (dP^T - delta)
+            const int c = (i / 4) * 8 + 2 * t, lr = lr0 + ((i & 2) ? 8 : 0);
+            const unsigned ds = pack_bf16(s[i] * (dp[i] - delta_t[c]), s[i + 1] * (dp[i + 1] - delta_t[c + 1]));
+            df[i / 8][(i / 2) % 4] = ds;
+            // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sm.dst + swizzled(lr, 2 * c)), "r"(ds));
+        }
         fence_regs<HEAD_DIM / 2>(dv_acc);
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {  // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15
-            const u64 bo = smem_desc(dot + kk * 16 * 128, BQ * 128, 1024);
-            const u64 bq = smem_desc(qt + kk * 16 * 128, BQ * 128, 1024);
-#if HEAD_DIM == 64
-            wgmma_rs_n64(dv_acc, pf[kk], bo, 1);
-            wgmma_rs_n64(dk_acc, df[kk], bq, 1);
-#else
-            wgmma_rs_n128(dv_acc, pf[kk], bo, 1);
-            wgmma_rs_n128(dk_acc, df[kk], bq, 1);
-#endif
-        }
+        if (!BWD_OVERLAP) add_dkv(false);
+        add_dkv(true);
         wgmma_commit();
 
         fence_proxy_async();  // this thread's dS^T stores, for the tensor cores
         __syncthreads();      // ... and every thread's
-        float dq_acc[HEAD_DIM / 4];  // dQ (BQ queries, head-dimension half wg): rows g, g + 8 of this warp
-        wgmma_fence();
+        // dQ = dS K over all BK keys: with DQ_ONE_WG warpgroup it % 2 computes every column (m64 x D), else
+        // each warpgroup its half of the head dimension (fewer registers, more shared-memory reads)
+        constexpr int dq_cols = DQ_ONE_WG ? HEAD_DIM : HEAD_DIM / 2;
+        const bool dq_here = !DQ_ONE_WG || wg == it % 2;
+        float dq_acc[dq_cols / 2];  // dQ (BQ queries, dq_cols columns from col0): rows g, g + 8 of this warp
+        const int col0 = DQ_ONE_WG ? 0 : wg * (HEAD_DIM / 2);
+        if (dq_here) {
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
-            const u64 a = smem_desc(sm.dst + kk * 16 * 128, BQ * 128, 1024);
-#if HEAD_DIM == 64
-            const u64 bk = smem_desc(sm.k + kk * 16 * 128 + wg * 64, BK * 128, 1024);  // columns 32 wg ..
-            wgmma_ss_tt_n32(dq_acc, a, bk, kk > 0);
+            for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
+                const u64 a = smem_desc(sm.dst + kk * 16 * 128, BQ * 128, 1024);
+                const unsigned k_cols = sm.k + (col0 / 64) * (BK * 128) + 2 * (col0 % 64);  // K's columns col0 ..
+                const u64 bk = smem_desc(k_cols + kk * 16 * 128, BK * 128, 1024);
+#if DQ_ONE_WG || HEAD_DIM == 128
+                wgmma_ss_tt_n64(dq_acc, a, bk, kk > 0);
 #else
-            const u64 bk = smem_desc(sm.k + wg * (BK * 128) + kk * 16 * 128, BK * 128, 1024);  // panel wg
-            wgmma_ss_tt_n64(dq_acc, a, bk, kk > 0);
+                wgmma_ss_tt_n32(dq_acc, a, bk, kk > 0);
 #endif
+            }
+            wgmma_commit();
         }
-        wgmma_commit();
         wgmma_wait<0>();
-        fence_regs<HEAD_DIM / 4>(dq_acc);
+        fence_regs<dq_cols / 2>(dq_acc);
         fence_regs<HEAD_DIM / 2>(dv_acc);
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
 
-        // dQ (scaled) -> staging tile it % 2: this warpgroup's columns are panels wg * HEAD_DIM / 64 ..;
+        // dQ (scaled) -> staging tile it % 2: columns col0 .. (float32 panels of 32 columns);
         // 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the TMA map's swizzle)
         const unsigned stage_dq = sm.dq + (it % 2) * DQ_BYTES;
+        if (dq_here) {
 #pragma unroll
-        for (int j = 0; j < HEAD_DIM / 16; j++) {
-            const int col = wg * (HEAD_DIM / 2) + 8 * j + 2 * t, panel = col / 32, c = col % 32;
+            for (int j = 0; j < dq_cols / 8; j++) {
+                const int col = col0 + 8 * j + 2 * t, panel = col / 32, c = col % 32;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = warp * 16 + g + 8 * r;
-                const unsigned at = stage_dq + panel * (BQ * 128) + swizzled(row, 4 * c);
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq_acc[4 * j + 2 * r] * scale),
-                             "f"(dq_acc[4 * j + 2 * r + 1] * scale));
+                for (int r = 0; r < 2; r++) {
+                    const int row = warp * 16 + g + 8 * r;
+                    const unsigned at = stage_dq + panel * (BQ * 128) + swizzled(row, 4 * c);
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq_acc[4 * j + 2 * r] * scale),
+                                 "f"(dq_acc[4 * j + 2 * r + 1] * scale));
+                }
             }
         }
         fence_proxy_async();  // the staging stores, for the copy engine
