@@ -93,13 +93,14 @@ def test_rmsnorm_backward_adds_the_residual_gradient_in_the_same_pass(n, c, seed
 @settings(max_examples=10, deadline=None)
 @given(rows, cols, st.booleans(), st.integers(0, 2**31))
 def test_rmsnorm_backward_bf16_copy_is_dx_rounded(n, c, with_add, seed):
-    """bf16_copy: the kernel's bf16 copy of dx is dx rounded by the cast kernel, bit for bit, and dx and
-    dweight are what the backward without the copy gives (the same rows, the same order of sums)."""
+    """rmsnorm_backward_bf16_copy: the kernel's bf16 copy of dx is dx rounded by the cast kernel, bit for
+    bit, and dx and dweight are what the backward without the copy gives (the same rows, the same order of
+    sums)."""
     rng = np.random.default_rng(seed)
     x, w, g, add = (cp.asarray(randn(rng, *shape)) for shape in ((n, c), (c,), (n, c), (n, c)))
     _, cache = ek.rmsnorm_forward(x, w)
     dx_add = add if with_add else None
-    dx, dw, dx16 = ek.rmsnorm_backward(g, cache, dx_add=dx_add, bf16_copy=True)
+    dx, dw, dx16 = ek.rmsnorm_backward_bf16_copy(g, cache, dx_add=dx_add)
     plain_dx, plain_dw = ek.rmsnorm_backward(g, cache, dx_add=dx_add)
     assert dx16.dtype == cp.uint16 and dx16.shape == dx.shape
     np.testing.assert_array_equal(dx16.get(), kc.cast.to_bf16(dx).get())
@@ -238,6 +239,31 @@ def test_accumulate_scaled_many_equals_numpy_bit_for_bit():
         ek.accumulate_scaled_many(ref, grads, share, accumulate=i > 0)
         ek.accumulate_scaled_many(dev, [cp.asarray(g) for g in grads], cp.asarray(share), accumulate=i > 0)
     for r, d in zip(ref, dev):
+        np.testing.assert_array_equal(d.get(), r)
+
+
+def test_accumulate_scaled_many_replays_in_a_graph_with_new_shares():
+    """The accumulation as a captured step runs it: one launch over sources made inside the capture, share
+    read from the device, so each replay uses the share written before it; the sums are NumPy's."""
+    rng = np.random.default_rng(9)
+    shapes = [(3, 5), (9000,), (1,)]
+    values = [randn(rng, *s) for s in shapes]
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    share = cp.zeros((1,), cp.float32)
+    dst = [cp.zeros(s, cp.float32) for s in shapes]
+    on_device = [cp.asarray(v) for v in values]
+    with ek.keep_tables(), cp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        src = [v.copy() for v in on_device]  # new arrays, as a captured backward's gradients are
+        ek.accumulate_scaled_many(dst, src, share, accumulate=True)
+        graph = stream.end_capture()
+        ref = [np.zeros(s, np.float32) for s in shapes]
+        for weight in (0.25, 1.5):
+            share[...] = weight
+            graph.launch(stream=stream)
+            ek.accumulate_scaled_many(ref, values, np.float32(weight), accumulate=True)
+        stream.synchronize()
+    for r, d in zip(ref, dst):
         np.testing.assert_array_equal(d.get(), r)
 
 

@@ -40,8 +40,12 @@ from euler_kernels.ops.linear import linear_backward, linear_forward, linear_for
 from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
 from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
 from euler_kernels.ops.residual import residual_backward, residual_forward
-from euler_kernels.ops.residual_rmsnorm import residual_rmsnorm_backward, residual_rmsnorm_forward
-from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from euler_kernels.ops.residual_rmsnorm import (
+    residual_rmsnorm_backward,
+    residual_rmsnorm_backward_bf16_copy,
+    residual_rmsnorm_forward,
+)
+from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_backward_bf16_copy, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
 from euler_kernels.ops.step_control import step_control
 from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
@@ -94,8 +98,10 @@ __all__ = [
     "residual_backward",
     "residual_forward",
     "residual_rmsnorm_backward",
+    "residual_rmsnorm_backward_bf16_copy",
     "residual_rmsnorm_forward",
     "rmsnorm_backward",
+    "rmsnorm_backward_bf16_copy",
     "rmsnorm_forward",
     "rope_backward",
     "rope_forward",

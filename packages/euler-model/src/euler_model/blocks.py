@@ -48,7 +48,7 @@ def norm_backward(ds: Any, dh: Any, cache: tuple, bf16: bool) -> tuple[tuple[Any
     ((dx, dx16), dweight), dx that of x and of branch; in bf16 mode dx16 is dx rounded to bf16 in the same
     pass (the next block back feeds it to its output projection's bf16 products), else None."""
     if bf16:
-        dx, dweight, dx16 = ek.residual_rmsnorm_backward(ds, dh, cache, bf16_copy=True)
+        dx, dweight, dx16 = ek.residual_rmsnorm_backward_bf16_copy(ds, dh, cache)
         return (dx, dx16), dweight
     dx, dweight = ek.residual_rmsnorm_backward(ds, dh, cache)
     return (dx, None), dweight

@@ -1,18 +1,20 @@
-// A micro-batch's gradient weighted by its share of the loss, into the step's sum: dst = share * src, or
-// dst += share * src. share is a device scalar (a captured step replays it with new values). One tensor
-// per launch (written when tables could not be uploaded inside a capture; tables.upload now can, so a
-// multi-tensor version over chunk_table's tables would take one launch: not done).
-// The product is rounded before the sum (no fma), as NumPy computes it.
+// A micro-batch's gradients weighted by its share of the loss, into the step's sums: dst = share * src, or
+// dst += share * src, over every tensor of the list in one launch (chunking: chunk_range in common.cuh;
+// dst and src have the same sizes, so one chunk table serves both). share is a device scalar (a captured
+// step replays it with new values). The product is rounded before the sum (no fma), as NumPy computes it.
 #include "common.cuh"
 
-extern "C" __global__ void scale_into(float* dst, const float* src, const float* share, long long n) {
+extern "C" __global__ void scale_into_multi(float* const* dst, const float* const* src, const int* chunk_tensor,
+                                            const long long* chunk_start, const long long* sizes,
+                                            const float* share, int accumulate) {
+    int t;
+    long long begin, end;
+    chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
     const float w = share[0];
-    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < n; j += (long long)gridDim.x * blockDim.x)
-        dst[j] = __fmul_rn(w, src[j]);
-}
-
-extern "C" __global__ void scale_add_into(float* dst, const float* src, const float* share, long long n) {
-    const float w = share[0];
-    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < n; j += (long long)gridDim.x * blockDim.x)
-        dst[j] = __fadd_rn(dst[j], __fmul_rn(w, src[j]));
+    float* d = dst[t];
+    const float* s = src[t];
+    if (accumulate)
+        for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) d[j] = __fadd_rn(d[j], __fmul_rn(w, s[j]));
+    else
+        for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) d[j] = __fmul_rn(w, s[j]);
 }

@@ -10,8 +10,9 @@ from euler_kernels.cuda import grad_accumulate
 
 def accumulate_scaled_many(dst: list[Any], src: list[Any], share: Any, accumulate: bool) -> None:
     """dst[i] = share * src[i], or dst[i] += share * src[i] when accumulate, in place; share is a 0-d or
-    (1,) array where the arrays live (no host value enters a captured step). Float32 CuPy arrays: one pass
-    over each (not a multiply, then a copy or an add); the product is rounded before the sum either way.
+    (1,) array where the arrays live (no host value enters a captured step). Float32 contiguous CuPy
+    arrays: one launch over the whole list, one pass over each array (not a multiply, then a copy or an
+    add); the product is rounded before the sum either way.
 
     >>> import numpy as np
     >>> d, s = [np.zeros(2, np.float32)], [np.array([1.0, 2.0], np.float32)]
@@ -22,10 +23,14 @@ def accumulate_scaled_many(dst: list[Any], src: list[Any], share: Any, accumulat
     """
     if len(dst) != len(src) or any(d.shape != s.shape for d, s in zip(dst, src)):
         raise ValueError("accumulate_scaled_many: dst and src must be lists of arrays of the same shapes")
+    if not dst:
+        return
+    on_device = all(cuda.fused(d, s, share) for d, s in zip(dst, src))
+    if on_device and all(d.flags.c_contiguous and s.flags.c_contiguous for d, s in zip(dst, src)):
+        grad_accumulate.scale_into_many(dst, src, share, accumulate)
+        return
     for d, s in zip(dst, src):
-        if cuda.fused(d, s, share) and d.flags.c_contiguous and s.flags.c_contiguous:
-            grad_accumulate.scale_into(d, s, share, accumulate)
-        elif accumulate:
+        if accumulate:
             d += s * share
         else:
             d[...] = s * share

@@ -13,7 +13,7 @@ from typing import Any
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, shape_error
 from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
-from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_backward_bf16_copy, rmsnorm_forward
 
 
 def residual_rmsnorm_forward(
@@ -43,10 +43,15 @@ def residual_rmsnorm_forward(
     return (s, out), cache
 
 
-def residual_rmsnorm_backward(ds: Any, dout: Any, cache: tuple, bf16_copy: bool = False) -> tuple:
+def residual_rmsnorm_backward(ds: Any, dout: Any, cache: tuple) -> tuple:
     """(dx, dweight): dx = ds + d rmsnorm / ds, the gradient of both x and branch (one array, not copies).
 
     ds: the gradient reaching s from its other uses (the residual stream), or None if it has none.
-    bf16_copy (GPU only): (dx, dweight, dx16), dx16 = dx rounded to bf16 in the same pass (rmsnorm_backward).
     """
-    return rmsnorm_backward(dout, cache, dx_add=ds, bf16_copy=bf16_copy)
+    return rmsnorm_backward(dout, cache, dx_add=ds)
+
+
+def residual_rmsnorm_backward_bf16_copy(ds: Any, dout: Any, cache: tuple) -> tuple:
+    """(dx, dweight, dx16): residual_rmsnorm_backward's gradients and dx16, dx rounded to bf16 in the same
+    pass (rmsnorm_backward_bf16_copy). GPU only."""
+    return rmsnorm_backward_bf16_copy(dout, cache, dx_add=ds)

@@ -42,13 +42,11 @@ def rmsnorm_parts(xp: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any, A
     return xhat * weight, xhat, rstd
 
 
-def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None, bf16_copy: bool = False) -> tuple:
+def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
     """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight.
 
     dx_add: a gradient of x's shape to add to dx (say, the residual branch's), in the same pass on the GPU;
     dx_add itself is left unchanged.
-    bf16_copy (GPU only): (dx, dweight, dx16) with dx16 dx rounded to bf16 in the same pass, for the bf16
-    products that take dx next (a residual stream's gradient: float32 for the stream, bf16 for the products).
 
     >>> import numpy as np
     >>> _, cache = rmsnorm_forward(np.array([[3.0, 4.0]]), np.ones(2))
@@ -57,13 +55,8 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None, bf16_copy: boo
     [[10.0, 10.0]]
     """
     if cuda.fused_cache(cache):
-        _, x, weight, rstd = cache
-        if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
-            raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=x)
-        dx, dweight, dx16 = rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add, bf16_copy)
-        return (dx, dweight, dx16) if bf16_copy else (dx, dweight)
-    if bf16_copy:
-        raise ValueError("rmsnorm_backward: bf16_copy needs the fused GPU path (float32 CuPy arrays)")
+        dx, dweight, _ = _fused_backward("rmsnorm_backward", dout, cache, dx_add, bf16_copy=False)
+        return dx, dweight
     xhat, rstd, weight = cache
     xp = get_array_module(dout)
     if dout.shape != xhat.shape or (dx_add is not None and dx_add.shape != xhat.shape):
@@ -77,3 +70,20 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None, bf16_copy: boo
     if dx_add is not None:
         g += dx_add
     return g, dweight.astype(weight.dtype, copy=False)
+
+
+def rmsnorm_backward_bf16_copy(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
+    """(dx, dweight, dx16): rmsnorm_backward's gradients and dx16, dx rounded to bf16 in the same pass, for
+    the bf16 products that take dx next (a residual stream's gradient: float32 for the stream, bf16 for the
+    products). GPU only: the cache of a fused rmsnorm_forward."""
+    if not cuda.fused_cache(cache):
+        raise ValueError("rmsnorm_backward_bf16_copy needs the fused GPU path (float32 CuPy arrays)")
+    return _fused_backward("rmsnorm_backward_bf16_copy", dout, cache, dx_add, bf16_copy=True)
+
+
+def _fused_backward(fn: str, dout: Any, cache: tuple, dx_add: Any, bf16_copy: bool) -> tuple:
+    """(dx, dweight, dx16 or None) from the fused kernels, for a fused forward's cache, shapes checked."""
+    _, x, weight, rstd = cache
+    if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
+        raise shape_error(fn, "dout and dx_add must match x", dout=dout, x=x)
+    return rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add, bf16_copy)
