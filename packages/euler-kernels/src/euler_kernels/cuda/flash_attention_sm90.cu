@@ -297,7 +297,9 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 // query tile's Q and dO by TMA, and its warp each tile's lse and delta by cp.async, into BWD_STAGES buffers
 // counted by a "full" barrier; a tile's buffer is refilled (tile it + BWD_STAGES) once both warpgroups are
 // done with it. Per query tile:
-//   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; A and B K-major from shared memory)
+//   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; B K-major from shared memory, A too at
+//                                       D 128; at D 64 (BWD_RS_KV) A is K's and V's rows in registers,
+//                                       read once per block)
 //   P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)                   (registers, fp32, then bf16)
 //   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
 //   dQ = dS K                          (dS^T through shared memory, read M-major, over all BK keys; at
@@ -319,6 +321,12 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
 #endif
 #ifndef DQ_ONE_WG
 #define DQ_ONE_WG (HEAD_DIM == 64)  // 1: one warpgroup a tile, in turn, computes all of dQ (see the loop)
+#endif
+#ifndef BWD_RS_KV
+#define BWD_RS_KV (HEAD_DIM == 64)  // 1: K and V as register A operands of S^T and dP^T (read from smem once)
+#endif
+#if BWD_RS_KV && HEAD_DIM != 64
+#error "BWD_RS_KV needs HEAD_DIM 64 (at 128 the fragments do not fit beside dK and dV)"
 #endif
 #if DQ_ONE_WG && HEAD_DIM != 64
 #error "DQ_ONE_WG needs HEAD_DIM 64 (at 128 the accumulators do not fit beside dK and dV)"
@@ -423,6 +431,23 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
     mbar_wait(sm.kv_full, 0);
+#if BWD_RS_KV
+    // this warp's 16 keys of K and V as A fragments, k-step kk = head dimensions 16kk .. + 15: ldmatrix.x4,
+    // lane l gives row l % 16, 16-byte chunk 2 (kk % 4) + l / 16 of panel kk / 4 (matrices (rows +0, k +0),
+    // (rows +8, k +0), (rows +0, k +8), (rows +8, k +8) -> a[0 .. 3], the layout wgmma.cuh describes)
+    unsigned kf[HEAD_DIM / 16][4], vf[HEAD_DIM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+        const int row = wg * 64 + warp * 16 + (lane & 15);
+        const unsigned at = (kk / 4) * (BK * 128) + swizzled(row, (kk % 4) * 32 + (lane >> 4) * 16);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(kf[kk][0]), "=r"(kf[kk][1]), "=r"(kf[kk][2]), "=r"(kf[kk][3])
+                     : "r"(sm.k + at));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(vf[kk][0]), "=r"(vf[kk][1]), "=r"(vf[kk][2]), "=r"(vf[kk][3])
+                     : "r"(sm.v + at));
+    }
+#endif
 
     for (int it = 0; it < total; it++) {
         const int st = it % BWD_STAGES, h = hk * G + it / n_q, i0 = q_first + (it % n_q) * BQ;
@@ -437,16 +462,24 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
-            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
+#if BWD_RS_KV
+            wgmma_rs_n64_kmajor(s, kf[kk], smem_desc(qt + qstep, 16, 1024), kk > 0);
+#else
+            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             wgmma_ss_n64(s, smem_desc(sm.k + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
+#endif
         }
         if (BWD_OVERLAP) wgmma_commit();  // S^T and dP^T in two groups: P's exponentials need only the first
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
-            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
+#if BWD_RS_KV
+            wgmma_rs_n64_kmajor(dp, vf[kk], smem_desc(dot + qstep, 16, 1024), kk > 0);
+#else
+            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             wgmma_ss_n64(dp, smem_desc(sm.v + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
+#endif
         }
         wgmma_commit();
         if (BWD_OVERLAP)
