@@ -24,7 +24,14 @@ from euler_kernels.testing import relative_error
 ROWS = [(64, 12, 4, 32, 512), (64, 12, 4, 8, 2048), (64, 12, 4, 2, 8192)]
 ROWS += [(128, 16, 4, 32, 512), (128, 16, 4, 8, 2048), (128, 16, 4, 2, 8192)]
 BACKWARD = {  # per head dimension: the default first
-    64: [{}, {"BWD_RS_KV": 0}, {"DQ_ONE_WG": 0}, {"BWD_OVERLAP": 1}, {"BWD_HEAVY_FIRST": 0}, {"BWD_ABLATE": 1}],
+    64: [
+        {},
+        {"BWD_RS_KV": 0},
+        {"DQ_ONE_WG": 0},
+        {"BWD_OVERLAP": 1},
+        {"BWD_HEAVY_FIRST": 0},
+        {"BWD_ABLATE": 1},
+    ],
     128: [{}, {"BWD_OVERLAP": 0}, {"BWD_HEAVY_FIRST": 0}, {"BWD_ABLATE": 1}],
 }
 ROUNDS = 3
