@@ -9,7 +9,9 @@ tensor-core math (`matmul_precision()`): "fp32" exact float32 products; "tf32" o
 (10-bit mantissa; CUPY_TF32=1, the switch CuPy's matmul follows); "bf16" operands rounded to bfloat16
 (7-bit mantissa) by our cast kernel (cast.cu), then a bf16 x bf16 -> float32 GEMM on the bf16 tensor
 cores; "bf16fast" hands float32 operands to cuBLAS with COMPUTE_32F_FAST_16BF and lets it down-convert
-them itself (to bf16 or TF32, its choice). EULER_MATMUL_PRECISION picks bf16 or bf16fast.
+them itself (to bf16 or TF32, its choice); "fp8" multiplies as "bf16" here, and the linear op sends the
+products whose weight is an FP8 copy (the MLP's and the heads', see model.py) to gemm_fp8.py.
+EULER_MATMUL_PRECISION picks bf16, bf16fast or fp8.
 
 Row-major arrays are column-major transposes, so C = op(A) @ op(B) (M x N) is computed as
 C^T = op(B)^T @ op(A)^T: cuBLAS gets B first, then A, with m = N and n = M.
@@ -33,6 +35,7 @@ COMPUTE_TYPES = {
     "tf32": CUBLAS_COMPUTE_32F_FAST_TF32,
     "bf16": CUBLAS_COMPUTE_32F,  # on bf16 operands (rounded by us): the bf16 tensor cores
     "bf16fast": CUBLAS_COMPUTE_32F_FAST_16BF,
+    "fp8": CUBLAS_COMPUTE_32F,  # the products that are not FP8 ones: as bf16
 }
 CUBLAS_GEMM_DEFAULT = -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
@@ -45,30 +48,32 @@ _lib: Any = None
 _handles: dict[int, _Handle] = {}
 
 
+def load_cuda_library(sonames: tuple[str, ...], wheel_name: str) -> Any:
+    """A CUDA library CuPy loads too (libcublas, libcublasLt), by soname, or where CuPy's loader finds the
+    pip wheel's copy (cuda.pathfinder's name for it: `wheel_name`)."""
+    import cupy
+
+    cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas (and its libcublasLt) into the process
+    errors = []
+    for name in sonames:
+        try:
+            return ctypes.CDLL(name)
+        except OSError as err:
+            errors.append(str(err))
+    try:  # CUDA from pip wheels: ask where CuPy's loader found it
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return ctypes.CDLL(load_nvidia_dynamic_lib(wheel_name).abs_path)
+    except Exception as err:
+        errors.append(str(err))
+        raise RuntimeError(f"euler_kernels: cannot load {sonames[-1]} ({'; '.join(errors)})") from err
+
+
 def _cublas() -> Any:
     """The libcublas that CuPy loaded (same process, same library), with argument types declared."""
     global _lib
     if _lib is None:
-        import cupy
-
-        cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas into the process
-        lib, errors = None, []
-        for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError as err:
-                errors.append(str(err))
-        if lib is None:  # CUDA from pip wheels: ask where CuPy's loader found it
-            try:
-                from cuda.pathfinder import load_nvidia_dynamic_lib
-
-                lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
-            except Exception as err:
-                errors.append(str(err))
-                raise RuntimeError(
-                    f"euler_kernels.gemm: cannot load libcublas ({'; '.join(errors)})"
-                ) from err
+        lib = load_cuda_library(("libcublas.so.13", "libcublas.so.12", "libcublas.so"), "cublas")
         p, i = ctypes.c_void_p, ctypes.c_int
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(p)]
         lib.cublasSetStream_v2.argtypes = [p, p]
@@ -113,11 +118,12 @@ def _check(status: int, what: str) -> None:
 
 
 def matmul_precision() -> str:
-    """EULER_MATMUL_PRECISION (fp32, tf32, bf16, bf16fast) if set, else tf32 when CUPY_TF32=1, else fp32."""
+    """EULER_MATMUL_PRECISION (fp32, tf32, bf16, bf16fast, fp8) if set, else tf32 when CUPY_TF32=1, else
+    fp32."""
     default = "tf32" if os.environ.get("CUPY_TF32") == "1" else "fp32"
     mode = os.environ.get("EULER_MATMUL_PRECISION") or default
     if mode not in COMPUTE_TYPES:
-        raise ValueError(f"EULER_MATMUL_PRECISION must be fp32, tf32, bf16 or bf16fast, got {mode!r}")
+        raise ValueError(f"EULER_MATMUL_PRECISION must be fp32, tf32, bf16, bf16fast or fp8, got {mode!r}")
     return mode
 
 
@@ -132,11 +138,12 @@ def gemm(
     """op(a) @ op(b) for C-contiguous float32 CuPy matrices; op transposes when asked. Returns a new array,
     or adds the product into `out` (C-contiguous float32 of the product's shape) and returns it.
 
-    precision: "fp32", "tf32", "bf16" or "bf16fast" (float32 in and out); None: `matmul_precision()`.
+    precision: "fp32", "tf32", "bf16", "bf16fast" or "fp8" (as bf16) (float32 in and out); None:
+    `matmul_precision()`.
     """
     _check_operands(a, b)
     precision = matmul_precision() if precision is None else precision
-    if precision == "bf16":  # round both operands to bf16 (16-bit patterns), multiply on bf16 tensor cores
+    if precision in ("bf16", "fp8"):  # both operands rounded to bf16 (16-bit patterns), bf16 tensor cores
         return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b, out)
     return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision], out)
 
