@@ -129,6 +129,17 @@ def test_bf16_trains_like_fp32(tmp_path, dataset, capsys, monkeypatch, mode) -> 
     assert bf16[-1]["loss"] != fp32[-1]["loss"]  # the bf16 path really rounded something
 
 
+def test_fp8_trains_like_bf16(tmp_path, dataset, capsys) -> None:
+    """--precision fp8 (the MLP's and the heads' products in FP8) follows the bf16 run's losses within FP8's
+    rounding, and the step is still captured as a CUDA graph."""
+    train(dataset, tmp_path / "fp8", "--device", "gpu", "--precision", "fp8", *HEAD_DIM_64)
+    assert "captured as a CUDA graph" in capsys.readouterr().err
+    train(dataset, tmp_path / "bf16", "--device", "gpu", "--precision", "bf16", *HEAD_DIM_64)
+    fp8, bf16 = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("fp8", "bf16"))
+    np.testing.assert_allclose([r["loss"] for r in fp8], [r["loss"] for r in bf16], rtol=3e-2)
+    assert fp8[-1]["loss"] != bf16[-1]["loss"]  # the FP8 products really ran
+
+
 def test_tf32_runs(tmp_path, dataset) -> None:
     train(dataset, tmp_path / "tf32", "--device", "gpu", "--precision", "tf32")
     assert (tmp_path / "tf32" / "checkpoints" / "step_6").is_dir()

@@ -8,7 +8,7 @@ separately so that this package does not need hypothesis at run time.
 
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
-from euler_kernels.cuda import bf16_activations, kernel_settings
+from euler_kernels.cuda import bf16_activations, fp8_products, kernel_settings
 from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
 from euler_kernels.cuda.flash_attention_sm90 import flash_kernel_choice
@@ -37,6 +37,7 @@ from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_accumulate import accumulate_scaled_many
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
+from euler_kernels.ops.linear_fp8 import fp8_weights, is_fp8
 from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
 from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
 from euler_kernels.ops.residual import residual_backward, residual_forward
@@ -77,6 +78,8 @@ __all__ = [
     "embedding_forward",
     "flash_attention_supports",
     "flash_kernel_choice",
+    "fp8_products",
+    "fp8_weights",
     "get_array_module",
     "global_grad_norm",
     "gradcheck",
@@ -84,6 +87,7 @@ __all__ = [
     "gradcheck_ops",
     "gradcheck_scalar",
     "is_bf16",
+    "is_fp8",
     "judged",
     "keep_tables",
     "kernel_settings",

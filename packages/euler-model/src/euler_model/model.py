@@ -19,6 +19,7 @@ from euler_model.cpu_threads import cpu_workers, one_blas_thread_for, run_parts
 from euler_model.recompute import LayerInput, layer_caches
 
 _ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
+FP8_MATRICES = (".w_gate", ".w_up", ".w_down")  # multiplied in FP8 in the fp8 mode, with the heads
 
 
 def rope_for(config: ModelConfig, like: Any, positions: int | None = None) -> tuple[Any, Any]:
@@ -59,9 +60,10 @@ def trunk_forward(
     b, t = tokens.shape
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
     if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
-        params = _with_bf16_copies(
-            params, [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
-        )
+        matrices = [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
+        fp8 = [k for k in matrices if k.endswith(FP8_MATRICES) and _fp8_fits(params, k)]
+        params = _with_bf16_copies(params, [k for k in matrices if k not in fp8])
+        params = _with_fp8_copies(params, fp8)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
     caches: list = [c_emb]
@@ -92,10 +94,22 @@ def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]
     return grads
 
 
+def _fp8_fits(params: dict[str, Any], name: str) -> bool:
+    """Whether a matrix is multiplied in FP8: the fp8 mode is on and both its sizes are multiples of 16
+    (what FP8 products need; the others stay bf16)."""
+    return ek.fp8_products(params["embed"]) and all(size % 16 == 0 for size in params[name].shape)
+
+
+def _with_fp8_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """params with the named float32 GPU matrices replaced by their e4m3 copies (ek.fp8_weights): the
+    linear op then multiplies them in FP8 (EULER_MATMUL_PRECISION=fp8; weight gradients stay float32)."""
+    return {**params, **dict(zip(names, ek.fp8_weights([params[n] for n in names])))} if names else params
+
+
 def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """params with the named float32 GPU matrices replaced by bf16 copies, all made in one launch (the
     copies are rewritten by the next call with the same weights; weight gradients stay float32)."""
-    return {**params, **dict(zip(names, ek.to_bf16_many([params[n] for n in names])))}
+    return {**params, **dict(zip(names, ek.to_bf16_many([params[n] for n in names])))} if names else params
 
 
 def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:
@@ -188,9 +202,13 @@ def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tup
 
 
 def _head_params(config: ModelConfig, params: dict[str, Any], h: Any) -> dict[str, Any]:
-    """The heads' weights, as bf16 copies made in one launch when h is a bf16 activation."""
+    """The heads' weights, as bf16 copies made in one launch when h is a bf16 activation (e4m3 copies in
+    the fp8 mode)."""
     names = [f"heads.{k}" for k in range(config.n_mtp_heads)]
-    return _with_bf16_copies(params, names) if ek.is_bf16(h) else params
+    if not ek.is_bf16(h):
+        return params
+    fp8 = [n for n in names if _fp8_fits(params, n)]
+    return _with_bf16_copies(_with_fp8_copies(params, fp8), [n for n in names if n not in fp8])
 
 
 def _heads_loss(config, params, h, targets, loss_mask) -> Any:

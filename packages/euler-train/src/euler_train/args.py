@@ -56,8 +56,8 @@ def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
     p.add_argument("--device", choices=["cpu", "gpu", "auto"], help="auto: the GPU when CuPy sees one")
     p.add_argument(
         "--precision",
-        choices=["fp32", "tf32", "bf16"],
-        help="GPU only: tf32 or bf16 matmuls (float32 storage)",
+        choices=["fp32", "tf32", "bf16", "fp8"],
+        help="GPU only: tf32 or bf16 matmuls (float32 storage); fp8: bf16 with the MLP and heads in FP8",
     )
     p.add_argument("--gpus", type=int, metavar="N", help="data-parallel processes, one per GPU (NCCL)")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")

@@ -72,7 +72,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "run": {
         "device": "cpu",  # cpu | gpu | auto
-        "precision": "fp32",  # fp32 | tf32 | bf16 (GPU only for tf32 / bf16)
+        "precision": "fp32",  # fp32 | tf32 | bf16 | fp8 (GPU only for tf32 / bf16 / fp8)
         "gpus": 1,  # data-parallel processes, one per GPU
         "memory_check": True,  # refuse a step whose estimated memory exceeds what is available
     },
@@ -121,7 +121,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.optimizer": ("adamw", "muon"),
     "train.zero": (0, 1),
     "run.device": ("cpu", "gpu", "auto"),
-    "run.precision": ("fp32", "tf32", "bf16"),
+    "run.precision": ("fp32", "tf32", "bf16", "fp8"),
 }
 POSITIVE = ("train.steps", "train.batch_size", "train.grad_accum", "run.gpus", "eval.batches")
 NON_NEGATIVE = (

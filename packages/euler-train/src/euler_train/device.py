@@ -1,4 +1,4 @@
-"""Devices and precision: `--device cpu|gpu|auto`, `--precision fp32|tf32|bf16`, and MFU.
+"""Devices and precision: `--device cpu|gpu|auto`, `--precision fp32|tf32|bf16|fp8`, and MFU.
 
 >>> resolve_device("cpu").xp.__name__
 'numpy'
@@ -68,10 +68,11 @@ def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
     projections, RoPE, SwiGLU and attention store their outputs as bf16 (`ek.cuda.bf16_activations`),
     while the residual stream, weights, gradients of weights, moments, softmax statistics and the loss
     stay float32. EULER_MATMUL_PRECISION=bf16fast, set beforehand, lets cuBLAS down-convert float32
-    operands itself instead.
+    operands itself instead. fp8: bf16, except that the MLP's and the heads' products run on the FP8
+    tensor cores (e4m3 activations and weights, e5m2 gradients, one scale per tensor; sm_89 or later).
     """
-    if precision not in ("fp32", "tf32", "bf16"):
-        raise ValueError(f"setup_device: precision must be fp32, tf32 or bf16, got {precision!r}")
+    if precision not in ("fp32", "tf32", "bf16", "fp8"):
+        raise ValueError(f"setup_device: precision must be fp32, tf32, bf16 or fp8, got {precision!r}")
     try:
         ek.flash_kernel_choice()
     except ValueError as err:  # a bad EULER_FLASH_KERNEL: one line and exit 2 (ConfigError), before any work
@@ -83,14 +84,20 @@ def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
     dev = resolve_device(device, local_rank)
     if dev.kind == "cpu" and precision != "fp32":
         raise ValueError(f"--precision {precision} needs a GPU; the CPU path is fp32")
+    if precision == "fp8" and int(dev.xp.cuda.Device(local_rank).compute_capability) < 89:
+        raise ValueError(
+            f"--precision fp8 needs FP8 tensor cores (sm_89 or later: Ada, Hopper); {dev.name} has none: "
+            "use --precision bf16"
+        )
     return dev
 
 
 def peak_flops(device: Device, precision: str) -> float | None:
-    """Dense peak FLOP/s of the device at this precision, or None when unknown (CPU, other GPUs)."""
+    """Dense peak FLOP/s of the device at this precision, or None when unknown (CPU, other GPUs); fp8's
+    MFU is counted against the bf16 peak, so that the two modes compare."""
     for key, table in PEAK_FLOPS.items():
         if device.kind == "gpu" and key in device.name:
-            return table[precision]
+            return table["bf16" if precision == "fp8" else precision]
     return None
 
 

@@ -59,7 +59,7 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
     """ConfigError when the estimated step (times `processes` sharing this host's RAM) exceeds what is
     available; returns the estimate otherwise."""
     train = cfg["train"]
-    act = 2 if cfg["run"]["precision"] == "bf16" else 4
+    act = 2 if cfg["run"]["precision"] in ("bf16", "fp8") else 4
     need = _estimate(mcfg, train["batch_size"], train, act)
     if not cfg["run"]["memory_check"]:
         return need

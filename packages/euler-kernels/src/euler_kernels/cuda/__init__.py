@@ -45,10 +45,17 @@ def kernel_settings() -> tuple:
 
 def bf16_activations(*arrays: Any) -> bool:
     """Whether the bf16 path is on for a model on these arrays: float32 CuPy arrays (see `fused`) and
-    EULER_MATMUL_PRECISION=bf16. Then norms, projections, RoPE, SwiGLU and attention store their outputs
-    as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights, softmax
+    EULER_MATMUL_PRECISION=bf16 or fp8. Then norms, projections, RoPE, SwiGLU and attention store their
+    outputs as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights, softmax
     statistics and the loss stay float32."""
-    return fused(*arrays) and matmul_precision() == "bf16"
+    return fused(*arrays) and matmul_precision() in ("bf16", "fp8")
+
+
+def fp8_products(*arrays: Any) -> bool:
+    """Whether a model on these arrays multiplies its MLP and heads in FP8 (e4m3 activations and weights,
+    e5m2 gradients; see ops/linear_fp8.py): float32 CuPy arrays and EULER_MATMUL_PRECISION=fp8. The rest
+    is the bf16 path (`bf16_activations` holds too)."""
+    return fused(*arrays) and matmul_precision() == "fp8"
 
 
 def fused_cache(cache: tuple) -> bool:
@@ -56,4 +63,4 @@ def fused_cache(cache: tuple) -> bool:
     return isinstance(cache[0], str) and cache[0] == "cuda"
 
 
-__all__ = ["bf16_activations", "fused", "fused_cache", "kernel_settings", "kernels_on"]
+__all__ = ["bf16_activations", "fp8_products", "fused", "fused_cache", "kernel_settings", "kernels_on"]

@@ -7,6 +7,7 @@ from typing import Any
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, is_bf16, shape_error
 from euler_kernels.cuda import cast, gemm
+from euler_kernels.ops.linear_fp8 import backward_fp8, forward_fp8, is_fp8
 
 
 def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool = True) -> tuple[Any, tuple]:
@@ -17,12 +18,16 @@ def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool
     dweight is still float32. bf16_out (GPU, bf16 products only): out is a bf16 activation.
     keep_input=False: the cache does not hold x (activation recomputation: the caller re-makes x and
     hands it to linear_backward, which then gives the same gradients bit for bit).
+    An FP8 weight copy (linear_fp8.fp8_weights) runs the FP8 path (ops/linear_fp8.py): its cache keeps
+    x's FP8 copy, or with keep_input=False only x's absolute maximum.
 
     >>> import numpy as np
     >>> out, _ = linear_forward(np.array([[1.0, 2.0]]), np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]))
     >>> out.tolist()
     [[1.0, 3.0, 4.0]]
     """
+    if is_fp8(weight):
+        return forward_fp8(x, [weight], bf16_out, keep_input)[0]
     _check(x, weight)
     if _bf16_product(x, weight):  # round x and weight once; the backward reuses both
         return _forward_bf16(x, [weight], bf16_out, keep_input)[0]
@@ -46,7 +51,9 @@ def linear_forward_many(
     >>> [out.tolist() for out, _ in linear_forward_many(np.array([[1.0, 2.0]]), [np.eye(2), 2 * np.eye(2)])]
     [[[1.0, 2.0]], [[2.0, 4.0]]]
     """
-    if not (weights and all(_bf16_product(x, w) for w in weights)):
+    if weights and all(is_fp8(w) for w in weights):  # x cast to FP8 once for all of them
+        return forward_fp8(x, weights, bf16_out, keep_input)
+    if not (weights and all(not is_fp8(w) and _bf16_product(x, w) for w in weights)):
         return [linear_forward(x, w, bf16_out, keep_input) for w in weights]  # each call checks its weight
     for w in weights:
         _check(x, w)
@@ -56,7 +63,8 @@ def linear_forward_many(
 def _bf16_product(x: Any, weight: Any) -> bool:
     """Whether x @ weight.T runs on the bf16 tensor cores: x or weight is bf16, or both are float32 CuPy
     arrays in bf16 mode."""
-    return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and gemm.matmul_precision() == "bf16")
+    bf16_mode = gemm.matmul_precision() in ("bf16", "fp8")  # fp8: the products without an FP8 weight
+    return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and bf16_mode)
 
 
 def _check(x: Any, weight: Any) -> None:
@@ -105,6 +113,11 @@ def linear_backward(
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
     if bf16_dx and (dx_into is not None or not isinstance(cache[0], str)):
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
+    if isinstance(cache[0], str) and cache[0] == "fp8":
+        x_shape = cache[4]
+        _check_into(dx_into, x_shape)
+        x_again = None if cache[1] is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
+        return backward_fp8(dout, cache, dx_into, bf16_dx, x_again)
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
         _, x16, w16, x_shape, w_shape = cache
         if x16 is None:  # rounded as the forward rounded it (a bf16 x is taken as it is)

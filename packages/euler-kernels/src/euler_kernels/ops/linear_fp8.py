@@ -1,0 +1,101 @@
+"""The FP8 path of the linear op (GPU, a weight given as an FP8 copy, made once a step by `fp8_weights`):
+out = x @ weight.T with x rounded to e4m3, the gradient of out to e5m2, each with one power-of-two scale
+per tensor (ops/fp8.py), and every product on the FP8 tensor cores (cuda/gemm_fp8.py), summed in float32.
+
+Hopper's FP8 products sum over a contiguous dimension of both operands, so each tensor is cast once into
+a row-major and a transposed FP8 copy: the forward uses x and the weight as they are, dx the gradient and
+the weight's transpose, dweight the transposes of the gradient and of x. The cache keeps x's transposed
+FP8 copy (one byte a value) in place of x, or with keep_input=False only x's absolute maximum: the
+backward then casts the re-made x it is handed with that maximum, which gives the forward's copy bit for
+bit. Token counts that are not a multiple of 16 (what the FP8
+products need) are padded with zero rows, which add nothing to the weight gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from euler_kernels.cuda.fp8 import Fp8Tensor, amax_bits, to_fp8
+from euler_kernels.cuda.gemm_fp8 import gemm_fp8, transposed
+
+ROWS = 16  # FP8 products need every dimension a multiple of 16
+
+
+def is_fp8(weight: Any) -> bool:
+    """Whether a linear op's weight is an FP8 copy (then the op runs the FP8 path)."""
+    return isinstance(weight, Fp8Tensor)
+
+
+def fp8_weights(weights: list[Any]) -> list[Fp8Tensor]:
+    """e4m3 copies of float32 CuPy weights (C_out, C_in), row-major (the forward's) and transposed (dx's),
+    each scaled by its own power of two; C_out and C_in must be multiples of 16."""
+    for w in weights:
+        if w.ndim != 2 or w.shape[0] % ROWS or w.shape[1] % ROWS:
+            raise ValueError(f"fp8_weights: FP8 products need (C_out, C_in) multiples of 16, got {w.shape}")
+    return [to_fp8(w, "e4m3", rows=True, cols=True) for w in weights]
+
+
+def _pad_rows(a2: Any) -> Any:
+    """a2 (n, c) with zero rows appended up to a multiple of 16 (itself when n already is one)."""
+    import cupy
+
+    n = a2.shape[0]
+    if n % ROWS == 0:
+        return a2
+    padded = cupy.zeros((n + ROWS - n % ROWS, a2.shape[1]), dtype=a2.dtype)
+    padded[:n] = a2
+    return padded
+
+
+def forward_fp8(
+    x: Any, weights: list[Fp8Tensor], bf16_out: bool, keep_input: bool
+) -> list[tuple[Any, tuple]]:
+    """[(x @ w.T, cache) for w in weights], x (..., C_in) float32 or bf16 cast to e4m3 once for all of
+    them; outputs bf16 with bf16_out, else float32; keep_input as in linear_forward."""
+    import cupy
+
+    for w in weights:
+        if not isinstance(x, cupy.ndarray) or x.dtype not in (cupy.float32, cupy.uint16):
+            raise ValueError("linear_forward: an FP8 weight needs x as a float32 or bf16 CuPy array")
+        if x.ndim < 1 or x.shape[-1] != w.shape[1]:
+            raise ValueError(f"linear_forward: x{tuple(x.shape)} must end in C_in = {w.shape[1]} (FP8)")
+    x2 = x.reshape(-1, x.shape[-1])  # (N, C_in)
+    n = x2.shape[0]
+    padded = _pad_rows(cupy.ascontiguousarray(x2))
+    amax = amax_bits(padded)
+    x8 = to_fp8(padded, "e4m3", rows=True, cols=keep_input, amax=amax)
+    kept = Fp8Tensor(x8.fmt, x8.shape, None, x8.cols, x8.scale_inv) if keep_input else None  # dweight's
+    results = []
+    for w in weights:
+        out = gemm_fp8(x8, w, bf16_out=bf16_out)[:n].reshape(*x.shape[:-1], w.shape[0])
+        results.append((out, ("fp8", kept, amax, w, x.shape)))
+    return results
+
+
+def backward_fp8(dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any) -> tuple[Any, Any]:
+    """(dx, dweight) of forward_fp8: dout (..., C_out) float32 or bf16 cast to e5m2; dx bf16 with bf16_dx,
+    else float32, or added into dx_into; dweight float32 (C_out, C_in). x: the forward's input, re-made,
+    when the cache does not keep its FP8 copy (keep_input=False)."""
+    import cupy
+
+    _, x8, amax, w8, x_shape = cache
+    if x8 is None:  # cast as the forward cast it: the same values and maximum give the same bits
+        x2 = cupy.ascontiguousarray(x.reshape(-1, x_shape[-1]))
+        x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
+    c_out, c_in = w8.shape
+    if tuple(dout.shape) != (*x_shape[:-1], c_out):
+        raise ValueError(f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({c_out},)")
+    d2 = cupy.ascontiguousarray(dout.reshape(-1, c_out))  # (N, C_out)
+    n = d2.shape[0]
+    d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True)
+    padded = n % ROWS != 0
+    if dx_into is not None and not padded:  # cuBLASLt adds the product into it
+        gemm_fp8(d8, transposed(w8), out=dx_into.reshape(-1, c_in))
+        dx = dx_into
+    else:
+        dx = gemm_fp8(d8, transposed(w8), bf16_out=bf16_dx)[:n].reshape(x_shape)
+        if dx_into is not None:
+            dx_into += dx
+            dx = dx_into
+    dweight = gemm_fp8(transposed(d8), transposed(x8), bf16_out=False)  # (C_out, C_in): sums over tokens
+    return dx, dweight

@@ -1,0 +1,42 @@
+"""The model in the fp8 mode (EULER_MATMUL_PRECISION=fp8): the MLP's and the heads' matrices whose sizes
+are multiples of 16 are multiplied in FP8, the rest as in bf16; the loss and every gradient stay close to
+the bf16 mode's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import euler_kernels as ek
+from euler_model import init_params, loss_and_grads, preset
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+
+def run(monkeypatch, mode, cfg, params, tokens, targets):
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", mode)
+    loss, grads = loss_and_grads(cfg, params, tokens, targets)
+    return float(loss), {k: g.get() for k, g in grads.items()}
+
+
+@pytest.mark.parametrize("vocab", [512, 500])  # 500: the heads stay bf16
+def test_fp8_mode_follows_bf16(monkeypatch, vocab):
+    cfg = preset("small", vocab_size=vocab, context=64, n_heads=2, n_kv_heads=1)  # heads of 64
+    params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
+    rng = np.random.default_rng(0)
+    tokens = cp.asarray(rng.integers(0, vocab, (4, 64)))
+    targets = cp.asarray(rng.integers(0, vocab, (4, 64 + cfg.n_mtp_heads - 1)))
+    made = []
+    real = ek.fp8_weights
+    monkeypatch.setattr(ek, "fp8_weights", lambda ws: made.extend(w.shape for w in ws) or real(ws))
+    loss8, g8 = run(monkeypatch, "fp8", cfg, params, tokens, targets)
+    heads = cfg.n_mtp_heads if vocab % 16 == 0 else 0
+    assert made.count((cfg.ffn_dim, cfg.dim)) == 2 * cfg.n_layers  # gate and up of every layer
+    assert made.count((cfg.dim, cfg.ffn_dim)) == cfg.n_layers
+    assert made.count((vocab, cfg.dim)) == heads
+    loss16, g16 = run(monkeypatch, "bf16", cfg, params, tokens, targets)
+    assert abs(loss8 - loss16) < 1e-2 * loss16
+    diffs = {n: float(np.linalg.norm(g8[n] - g16[n]) / np.linalg.norm(g16[n])) for n in g16}
+    assert max(diffs.values()) < 0.2, diffs  # FP8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits
+    assert np.linalg.norm(g8["layers.0.w_up"] - g16["layers.0.w_up"]) > 0  # FP8 really ran
