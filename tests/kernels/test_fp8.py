@@ -1,4 +1,4 @@
-"""The NumPy reference of the FP8 operands (ops/fp8.py): the bit patterns' values, rounding to nearest even
+"""The NumPy reference of the FP8 operands (fp8_format.py): the bit patterns' values, rounding to nearest even
 with saturation, and the power-of-two scale; checked against PyTorch's float8 types (a test oracle) and
 against the formats' definitions."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from euler_kernels.ops import fp8
+from euler_kernels import fp8_format as fp8
 
 torch = pytest.importorskip("torch")
 TORCH_TYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from euler_kernels.ops import fp8 as ref
+from euler_kernels import fp8_format as ref
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")

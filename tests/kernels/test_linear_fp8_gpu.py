@@ -1,7 +1,8 @@
 """The linear op's FP8 path (ops/linear_fp8.py): with an FP8 weight copy, out, dx and dweight equal the
-float64 products of the operands' FP8 values (x and the weight e4m3, the output gradient e5m2, one power-of-
-two scale per tensor, as ops/fp8.py's reference rounds them) within float32-summation error, for float32 and
-bf16 inputs, token counts that are not multiples of 16 (padded), dx_into and bf16 outputs."""
+float64 products of the operands' FP8 values (x and the weight e4m3, the output gradient e5m2, one
+power-of-two scale per tensor, as fp8_format.py's reference rounds them) within float32-summation error,
+for float32 and bf16 inputs, token counts that are not multiples of 16 (padded), dx_into and bf16
+outputs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
-from euler_kernels.ops import fp8 as ref
+from euler_kernels import fp8_format as ref
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")

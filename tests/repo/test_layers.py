@@ -232,7 +232,7 @@ def test_the_allowed_lazy_imports_still_exist() -> None:
 # --- euler-kernels: the route ops/X.py -> cuda/X.py -> cuda/X.cu (DESIGN.md, "Layout of an op") ---------
 KERNELS_SRC = PACKAGES / "euler-kernels" / "src" / "euler_kernels"
 CUDA_DIR = KERNELS_SRC / "cuda"
-SHARED_GPU = {"_module", "tables", "multi_tensor", "cast", "gemm"}  # GPU plumbing several ops use
+SHARED_GPU = {"_module", "tables", "multi_tensor", "cast", "gemm", "fp8", "gemm_fp8"}  # GPU plumbing
 LAUNCHER_OF = {"attention": "flash_attention", "residual_rmsnorm": "rmsnorm"}  # else the op's own name
 KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(')
 

@@ -5,7 +5,7 @@
 // Scale: 2^k with k the largest integer such that amax * 2^k <= the format's largest value, from the
 // exponents alone (frexp), so the scaled value x * 2^k is exact and only the fp8 rounding errs;
 // scale_inv = 2^-k is what the product multiplies back. amax 0, inf or NaN gives k 0.
-// ops/fp8.py holds the NumPy reference of the same rule, bit for bit.
+// fp8_format.py holds the NumPy reference of the same rule, bit for bit.
 #include "common.cuh"
 
 #ifndef FP8_E5M2
@@ -44,7 +44,7 @@ extern "C" __global__ void amax_bf16(const unsigned short* x, long long n, int a
     amax_body(x, n, aligned, amax_bits);
 }
 
-// k of the scale 2^k for this amax (see the header); the same rule as ops/fp8.py's scale_exponent.
+// k of the scale 2^k for this amax (see the header); the same rule as fp8_format.py's scale_exponent.
 __device__ __forceinline__ int scale_exponent(unsigned amax_bits) {
     const float amax = __uint_as_float(amax_bits);
     if (!(amax > 0.0f) || amax_bits >= 0x7f800000u) return 0;  // 0, inf or NaN

@@ -1,5 +1,5 @@
 """Launchers of fp8.cu: a tensor's absolute maximum, and its FP8 copy (e4m3 or e5m2, one power-of-two scale
-per tensor; the rule and its NumPy reference are in ops/fp8.py) row-major, transposed, or both, the
+per tensor; the rule and its NumPy reference are in fp8_format.py) row-major, transposed, or both, the
 operands of gemm_fp8 (which wants the summed dimension contiguous in both operands)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, get_kernel, grid
-from euler_kernels.ops.fp8 import FORMATS
+from euler_kernels.fp8_format import FORMATS
 
 CAST_TILE = 64  # fp8.cu's TILE: a block casts 64 x 64 values
 

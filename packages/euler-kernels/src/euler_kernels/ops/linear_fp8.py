@@ -1,6 +1,6 @@
 """The FP8 path of the linear op (GPU, a weight given as an FP8 copy, made once a step by `fp8_weights`):
 out = x @ weight.T with x rounded to e4m3, the gradient of out to e5m2, each with one power-of-two scale
-per tensor (ops/fp8.py), and every product on the FP8 tensor cores (cuda/gemm_fp8.py), summed in float32.
+per tensor (fp8_format.py), and every product on the FP8 tensor cores (cuda/gemm_fp8.py), summed in float32.
 
 Hopper's FP8 products sum over a contiguous dimension of both operands, so each tensor is cast once into
 a row-major and a transposed FP8 copy: the forward uses x and the weight as they are, dx the gradient and
