@@ -22,6 +22,9 @@ not keep the two cheapest activations to make again, each norm's output h and th
 backward re-makes them (one norm or SwiGLU pass each, the same bits, as torch.compile's default
 recomputes them) right before the products that need them, so a step holds 2C + F fewer bf16 values per
 token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens).
+
+fp8 (EULER_MATMUL_PRECISION=fp8): the bf16 path, with the MLP's weights handed in as FP8 copies
+(model.py); the same code runs, the linear op multiplying those in FP8 (euler_kernels' linear_fp8).
 """
 
 from __future__ import annotations
