@@ -1,7 +1,7 @@
 """FP8 (e4m3 activations and weights, e5m2 gradients, cuBLASLt) against bf16 (cuBLAS) for one SwiGLU MLP
 block's matrix products and for the output head, forward and backward, at a preset's shapes, on one GPU.
 
-    python benchmarks/bench_fp8_gpu.py [--preset 1b --context 1024 --batch 8]
+    python benchmarks/bench_fp8_gpu.py [--preset 1b --context 1024 --batch 8] [--pieces]
 
 Each path is captured once as a CUDA graph and replayed, so the figures are device time. The FP8 path
 includes every cast it needs (each activation and gradient: its absolute maximum, then its FP8 copy,
@@ -9,6 +9,8 @@ row-major and transposed for the weight gradients; the weights' FP8 copies are c
 step). Variants: "amax given" leaves the absolute-maximum passes out (what fusing them into the kernels
 that make the tensors would save), and "fwd+dgrad" keeps the weight gradients in bf16. Prints ms per
 block, the step's total over the blocks and the head, and how far the FP8 outputs are from bf16's.
+--pieces also times each piece of the FP8 path alone (each tensor's absolute maximum, its cast, each
+product) against the bytes it moves, to see which of them is below the memory's or the tensor cores' rate.
 """
 
 from __future__ import annotations
@@ -126,6 +128,36 @@ def head_paths(n: int, c: int, v: int, rng) -> dict:
     return {"bf16": run_bf16, "fp8": run_fp8}
 
 
+def pieces(n: int, c: int, f: int, rng) -> None:
+    """Each piece of one MLP block's FP8 path timed alone (a graph per piece): GB/s for the absolute
+    maximum and the casts (bytes read and written), TFLOP/s for the products."""
+    copy = cp.empty(256 * 2**20, dtype=cp.uint8)
+    dest = cp.empty_like(copy)
+    copy_gbs = 2 * copy.nbytes / graph_ms(lambda: dest.__setitem__(slice(None), copy)) / 1e6
+    print(f"\npieces of one MLP block (device-to-device copy: {copy_gbs:.0f} GB/s, read + written):")
+    tensors = {"h": bf16(rng, n, c), "s": bf16(rng, n, f), "g": bf16(rng, n, f, scale=1e-3)}
+    for name, x in tensors.items():
+        amax = fp8.amax_bits(x)
+        rows = {"rows": (True, False), "rows+cols": (True, True)}
+        ms = graph_ms(lambda x=x: fp8.amax_bits(x))
+        print(f"  amax {name} {x.shape}: {ms * 1e3:7.1f} us, {x.nbytes / ms / 1e6:6.0f} GB/s")
+        for label, (r, k) in rows.items():
+            ms = graph_ms(lambda x=x, r=r, k=k, a=amax: fp8.to_fp8(x, "e4m3", rows=r, cols=k, amax=a))
+            moved = x.nbytes + x.size * (int(r) + int(k))
+            print(f"  cast {name} {label:9s}: {ms * 1e3:7.1f} us, {moved / ms / 1e6:6.0f} GB/s")
+    h8 = fp8.to_fp8(tensors["h"], "e4m3", cols=True)
+    g8 = fp8.to_fp8(tensors["g"], "e5m2", cols=True)
+    w8 = fp8.to_fp8(cp.asarray(rng.standard_normal((f, c)).astype(np.float32)), "e4m3", cols=True)
+    products = {
+        "gate (h W^T)": lambda: gemm_fp8(h8, w8),
+        "gate dx (g W)": lambda: gemm_fp8(g8, transposed(w8), bf16_out=False),
+        "gate dW (g^T h)": lambda: gemm_fp8(transposed(g8), transposed(h8), bf16_out=False),
+    }
+    for name, fn in products.items():
+        ms = graph_ms(fn)
+        print(f"  {name:16s}: {ms * 1e3:7.1f} us, {2 * n * c * f / ms / 1e9:6.0f} TFLOP/s")
+
+
 def relative(a, b) -> float:
     a = cast.from_bf16(a) if a.dtype == cp.uint16 else a
     b = cast.from_bf16(b) if b.dtype == cp.uint16 else b
@@ -137,6 +169,7 @@ def main() -> None:
     parser.add_argument("--preset", default="1b")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--pieces", action="store_true", help="also time each piece of the FP8 path")
     args = parser.parse_args()
     cfg = preset(args.preset)
     n = args.batch * args.context
@@ -172,6 +205,8 @@ def main() -> None:
             f"step saving, MLP {variant:16s}: {saved:6.2f} ms (weights' copies {saved_w:+.2f} ms), "
             f"with the fp8 head {saved + saved_w + head_times['bf16'] - head_times['fp8']:6.2f} ms"
         )
+    if args.pieces:
+        pieces(n, cfg.dim, cfg.ffn_dim, rng)
 
 
 if __name__ == "__main__":
