@@ -464,7 +464,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
 #if BWD_RS_KV
-            wgmma_rs_n64_kmajor(s, kf[kk], smem_desc(qt + qstep, 16, 1024), kk > 0);
+            wgmma_rs_n64<0>(s, kf[kk], smem_desc(qt + qstep, 16, 1024), kk > 0);
 #else
             const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             wgmma_ss_n64(s, smem_desc(sm.k + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
@@ -475,7 +475,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
 #if BWD_RS_KV
-            wgmma_rs_n64_kmajor(dp, vf[kk], smem_desc(dot + qstep, 16, 1024), kk > 0);
+            wgmma_rs_n64<0>(dp, vf[kk], smem_desc(dot + qstep, 16, 1024), kk > 0);
 #else
             const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
             wgmma_ss_n64(dp, smem_desc(sm.v + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
