@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda.gemm import matmul_precision
+from euler_kernels.cuda.gemm import BF16_MODES, matmul_precision
 
 
 def fused(*arrays: Any) -> bool:
@@ -48,7 +48,7 @@ def bf16_activations(*arrays: Any) -> bool:
     EULER_MATMUL_PRECISION=bf16 or fp8. Then norms, projections, RoPE, SwiGLU and attention store their
     outputs as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights, softmax
     statistics and the loss stay float32."""
-    return fused(*arrays) and matmul_precision() in ("bf16", "fp8")
+    return fused(*arrays) and matmul_precision() in BF16_MODES
 
 
 def fp8_products(*arrays: Any) -> bool:

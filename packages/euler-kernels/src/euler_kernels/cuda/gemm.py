@@ -37,6 +37,7 @@ COMPUTE_TYPES = {
     "bf16fast": CUBLAS_COMPUTE_32F_FAST_16BF,
     "fp8": CUBLAS_COMPUTE_32F,  # the products that are not FP8 ones: as bf16
 }
+BF16_MODES = ("bf16", "fp8")  # the modes whose float32 operands are rounded to bf16 by us
 CUBLAS_GEMM_DEFAULT = -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 # Without this cuBLAS may reduce split-K partial sums in the output type (bf16): the sums must be float32
@@ -143,7 +144,7 @@ def gemm(
     """
     _check_operands(a, b)
     precision = matmul_precision() if precision is None else precision
-    if precision in ("bf16", "fp8"):  # both operands rounded to bf16 (16-bit patterns), bf16 tensor cores
+    if precision in BF16_MODES:  # both operands rounded to bf16 (16-bit patterns), bf16 tensor cores
         return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b, out)
     return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision], out)
 

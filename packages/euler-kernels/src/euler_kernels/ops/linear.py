@@ -63,7 +63,7 @@ def linear_forward_many(
 def _bf16_product(x: Any, weight: Any) -> bool:
     """Whether x @ weight.T runs on the bf16 tensor cores: x or weight is bf16, or both are float32 CuPy
     arrays in bf16 mode."""
-    bf16_mode = gemm.matmul_precision() in ("bf16", "fp8")  # fp8: the products without an FP8 weight
+    bf16_mode = gemm.matmul_precision() in gemm.BF16_MODES  # fp8: the products without an FP8 weight
     return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and bf16_mode)
 
 
