@@ -95,21 +95,26 @@ def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]
 
 
 def _fp8_fits(params: dict[str, Any], name: str) -> bool:
-    """Whether a matrix is multiplied in FP8: the fp8 mode is on and both its sizes are multiples of 16
-    (what FP8 products need; the others stay bf16)."""
-    return ek.fp8_products(params["embed"]) and all(size % 16 == 0 for size in params[name].shape)
+    """Whether a matrix is multiplied in FP8: the fp8 mode is on and its sizes fit FP8 products
+    (ek.fp8_fits; the others stay bf16)."""
+    return ek.fp8_products(params["embed"]) and ek.fp8_fits(params[name])
 
 
 def _with_fp8_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """params with the named float32 GPU matrices replaced by their e4m3 copies (ek.fp8_weights): the
     linear op then multiplies them in FP8 (EULER_MATMUL_PRECISION=fp8; weight gradients stay float32)."""
-    return {**params, **dict(zip(names, ek.fp8_weights([params[n] for n in names])))} if names else params
+    return _with_copies(params, names, ek.fp8_weights)
 
 
 def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """params with the named float32 GPU matrices replaced by bf16 copies, all made in one launch (the
     copies are rewritten by the next call with the same weights; weight gradients stay float32)."""
-    return {**params, **dict(zip(names, ek.to_bf16_many([params[n] for n in names])))} if names else params
+    return _with_copies(params, names, ek.to_bf16_many)
+
+
+def _with_copies(params: dict[str, Any], names: list[str], make: Any) -> dict[str, Any]:
+    """params with the named matrices replaced by make([those matrices]) (params itself for no names)."""
+    return {**params, **dict(zip(names, make([params[n] for n in names])))} if names else params
 
 
 def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:

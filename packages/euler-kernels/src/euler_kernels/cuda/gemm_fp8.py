@@ -34,6 +34,7 @@ DESC_TRANSA, DESC_TRANSB = 3, 4
 DESC_A_SCALE_POINTER, DESC_B_SCALE_POINTER = 17, 18
 PREF_MAX_WORKSPACE_BYTES = 1
 PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
+FP8_MULTIPLE = 16  # every dimension of an FP8 product (its operands' rows are multiples of 16 bytes)
 HEURISTIC_RESULT_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo (64 bytes), workspaceSize, state, ...
 
 _lib: Any = None
@@ -134,8 +135,8 @@ def gemm_fp8(a: Fp8Tensor, b: Fp8Tensor, out: Any = None, bf16_out: bool = True)
         raise ValueError(f"gemm_fp8: a is ({m}, {k}) and b is ({n}, {k_b}): the summed sizes differ")
     if a.fmt == "e5m2" and b.fmt == "e5m2":
         raise ValueError("gemm_fp8: e5m2 x e5m2 has no FP8 product; make one operand e4m3")
-    if k % 16 or n % 16 or m % 16:  # FP8 operands' leading dimensions must be multiples of 16 bytes
-        raise ValueError(f"gemm_fp8: M, N and K must be multiples of 16, got M {m}, N {n}, K {k}")
+    if k % FP8_MULTIPLE or n % FP8_MULTIPLE or m % FP8_MULTIPLE:
+        raise ValueError(f"gemm_fp8: M, N and K must be multiples of {FP8_MULTIPLE}, got M {m}, N {n}, K {k}")
     accumulate = out is not None
     out_dtype = (cupy.uint16 if bf16_out else cupy.float32) if out is None else out.dtype
     kinds = (cupy.float32, cupy.uint16)

@@ -7,18 +7,17 @@ a row-major and a transposed FP8 copy: the forward uses x and the weight as they
 the weight's transpose, dweight the transposes of the gradient and of x. The cache keeps x's transposed
 FP8 copy (one byte a value) in place of x, or with keep_input=False only x's absolute maximum: the
 backward then casts the re-made x it is handed with that maximum, which gives the forward's copy bit for
-bit. Token counts that are not a multiple of 16 (what the FP8
-products need) are padded with zero rows, which add nothing to the weight gradient.
+bit. Token counts that are not a multiple of 16 (what the FP8 products need) are padded with zero rows,
+which add nothing to the weight gradient.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from euler_kernels.cuda.fp8 import Fp8Tensor, amax_bits, to_fp8
-from euler_kernels.cuda.gemm_fp8 import gemm_fp8, transposed
-
-ROWS = 16  # FP8 products need every dimension a multiple of 16
+from euler_kernels.cuda.gemm_fp8 import FP8_MULTIPLE, gemm_fp8, transposed
 
 
 def is_fp8(weight: Any) -> bool:
@@ -26,12 +25,24 @@ def is_fp8(weight: Any) -> bool:
     return isinstance(weight, Fp8Tensor)
 
 
+def fp8_fits(weight: Any) -> bool:
+    """Whether a weight (C_out, C_in) can be multiplied in FP8: both sizes multiples of 16.
+
+    >>> import numpy as np
+    >>> fp8_fits(np.zeros((32, 48))), fp8_fits(np.zeros((32, 40)))
+    (True, False)
+    """
+    return weight.ndim == 2 and weight.shape[0] % FP8_MULTIPLE == 0 and weight.shape[1] % FP8_MULTIPLE == 0
+
+
 def fp8_weights(weights: list[Any]) -> list[Fp8Tensor]:
     """e4m3 copies of float32 CuPy weights (C_out, C_in), row-major (the forward's) and transposed (dx's),
-    each scaled by its own power of two; C_out and C_in must be multiples of 16."""
+    each scaled by its own power of two; each must pass `fp8_fits`."""
     for w in weights:
-        if w.ndim != 2 or w.shape[0] % ROWS or w.shape[1] % ROWS:
-            raise ValueError(f"fp8_weights: FP8 products need (C_out, C_in) multiples of 16, got {w.shape}")
+        if not fp8_fits(w):
+            raise ValueError(
+                f"fp8_weights: FP8 products need (C_out, C_in) multiples of {FP8_MULTIPLE}, got {w.shape}"
+            )
     return [to_fp8(w, "e4m3", rows=True, cols=True) for w in weights]
 
 
@@ -40,9 +51,9 @@ def _pad_rows(a2: Any) -> Any:
     import cupy
 
     n = a2.shape[0]
-    if n % ROWS == 0:
+    if n % FP8_MULTIPLE == 0:
         return a2
-    padded = cupy.zeros((n + ROWS - n % ROWS, a2.shape[1]), dtype=a2.dtype)
+    padded = cupy.zeros((n + FP8_MULTIPLE - n % FP8_MULTIPLE, a2.shape[1]), dtype=a2.dtype)
     padded[:n] = a2
     return padded
 
@@ -54,9 +65,9 @@ def forward_fp8(
     them; outputs bf16 with bf16_out, else float32; keep_input as in linear_forward."""
     import cupy
 
+    if not isinstance(x, cupy.ndarray) or x.dtype not in (cupy.float32, cupy.uint16):
+        raise ValueError("linear_forward: an FP8 weight needs x as a float32 or bf16 CuPy array")
     for w in weights:
-        if not isinstance(x, cupy.ndarray) or x.dtype not in (cupy.float32, cupy.uint16):
-            raise ValueError("linear_forward: an FP8 weight needs x as a float32 or bf16 CuPy array")
         if x.ndim < 1 or x.shape[-1] != w.shape[1]:
             raise ValueError(f"linear_forward: x{tuple(x.shape)} must end in C_in = {w.shape[1]} (FP8)")
     x2 = x.reshape(-1, x.shape[-1])  # (N, C_in)
@@ -64,7 +75,7 @@ def forward_fp8(
     padded = _pad_rows(cupy.ascontiguousarray(x2))
     amax = amax_bits(padded)
     x8 = to_fp8(padded, "e4m3", rows=True, cols=keep_input, amax=amax)
-    kept = Fp8Tensor(x8.fmt, x8.shape, None, x8.cols, x8.scale_inv) if keep_input else None  # dweight's
+    kept = dataclasses.replace(x8, rows=None) if keep_input else None  # dweight's operand only
     results = []
     for w in weights:
         out = gemm_fp8(x8, w, bf16_out=bf16_out)[:n].reshape(*x.shape[:-1], w.shape[0])
@@ -79,16 +90,16 @@ def backward_fp8(dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any) -
     import cupy
 
     _, x8, amax, w8, x_shape = cache
-    if x8 is None:  # cast as the forward cast it: the same values and maximum give the same bits
-        x2 = cupy.ascontiguousarray(x.reshape(-1, x_shape[-1]))
-        x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
     c_out, c_in = w8.shape
     if tuple(dout.shape) != (*x_shape[:-1], c_out):
         raise ValueError(f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({c_out},)")
+    if x8 is None:  # cast as the forward cast it: the same values and maximum give the same bits
+        x2 = cupy.ascontiguousarray(x.reshape(-1, x_shape[-1]))
+        x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
     d2 = cupy.ascontiguousarray(dout.reshape(-1, c_out))  # (N, C_out)
     n = d2.shape[0]
     d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True)
-    padded = n % ROWS != 0
+    padded = n % FP8_MULTIPLE != 0
     if dx_into is not None and not padded:  # cuBLASLt adds the product into it
         gemm_fp8(d8, transposed(w8), out=dx_into.reshape(-1, c_in))
         dx = dx_into
