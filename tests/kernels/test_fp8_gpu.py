@@ -137,3 +137,23 @@ def test_bad_operands_are_refused():
         gemm_fp8(a, b)
     with pytest.raises(ValueError, match="float32 or bf16"):
         fp8.to_fp8(cp.ones((4, 4), dtype=cp.float64), "e4m3")
+
+
+@pytest.mark.parametrize("n", [4096, 1001])  # the 8-wide bf16 kernels, and the one-value ones
+@pytest.mark.parametrize("bf16", [True, False])
+def test_swiglu_measures_the_maxima_its_outputs_have(n, bf16):
+    """swiglu's amax outputs equal amax_bits of what it stored (bf16: after rounding), NaN included."""
+    import euler_kernels as ek
+
+    rng = np.random.default_rng(n)
+    gate, up, dout = (source(rng, 1, n, 2.0, bf16)[0].reshape(-1) for _ in range(3))
+    if not bf16:
+        up[7] = np.nan  # a NaN reaches out and dgate: their maxima are NaN
+    amax = ek.fp8_amax()
+    out, cache = ek.swiglu_forward(gate, up, amax=amax)
+    assert int(amax.get()) == int(fp8.amax_bits(out).get())
+    pair = (ek.fp8_amax(), ek.fp8_amax())
+    dgate, dup = ek.swiglu_backward(dout, cache, amax=pair)
+    assert [int(a.get()) for a in pair] == [int(fp8.amax_bits(t).get()) for t in (dgate, dup)]
+    plain = ek.swiglu_forward(gate, up)[0]  # the outputs do not depend on the measuring
+    np.testing.assert_array_equal(plain.get(), out.get())

@@ -37,7 +37,7 @@ from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_accumulate import accumulate_scaled_many
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
 from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
-from euler_kernels.ops.linear_fp8 import fp8_fits, fp8_weights, is_fp8
+from euler_kernels.ops.linear_fp8 import fp8_amax, fp8_fits, fp8_weights, is_fp8
 from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
 from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
 from euler_kernels.ops.residual import residual_backward, residual_forward
@@ -78,6 +78,7 @@ __all__ = [
     "embedding_forward",
     "flash_attention_supports",
     "flash_kernel_choice",
+    "fp8_amax",
     "fp8_fits",
     "fp8_products",
     "fp8_weights",

@@ -130,10 +130,12 @@ def ffn_block_forward(
     weights = [p[prefix + "w_gate"], p[prefix + "w_up"]]
     gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
     (g, c_gate), (u, c_up) = gate_up  # (N, F) each
-    gated, c_swi = ek.swiglu_forward(g, u)  # (N, F)
-    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=not bf16)  # (N, C)
+    fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: SwiGLU measures its outputs' maxima for the casts
+    a_gated = ek.fp8_amax() if fp8 else None
+    gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
+    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=not bf16, x_amax=a_gated)  # (N, C)
     remake = ((s, p[prefix + "ffn_norm"], config.norm_eps), (g, u)) if bf16 else None  # h's, gated's
-    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, bf16, remake)
+    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8), remake)
 
 
 def ffn_block_backward(
@@ -141,15 +143,16 @@ def ffn_block_backward(
 ) -> tuple[tuple[Any, Any], dict[str, Any]]:
     """Gradients of ffn_block_forward: dout = (g, g16) as in attention_block_backward -> ((that of x and of
     branch, its bf16 copy or None), {name: dweight})."""
-    c_norm, c_gate, c_up, c_swi, c_down, bf16, remake = cache
+    c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8), remake = cache
     g, g16 = dout
     gated = None if remake is None else ek.swiglu_forward(*remake[1])[0]  # (N, F): the forward's, again
     dgated, dw_down = ek.linear_backward(g if g16 is None else g16, c_down, bf16_dx=bf16, x=gated)  # o's is g
     del gated
-    dg, du = ek.swiglu_backward(dgated, c_swi)
+    a_dg, a_du = (ek.fp8_amax(), ek.fp8_amax()) if fp8 else (None, None)
+    dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
     h = norm_again(None if remake is None else remake[0])  # (N, C) or None (kept by the caches)
-    dh, dw_up = ek.linear_backward(du, c_up, x=h)
-    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h)
+    dh, dw_up = ek.linear_backward(du, c_up, x=h, dout_amax=a_du)
+    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}

@@ -25,6 +25,24 @@ __device__ __forceinline__ double block_sum_double(double v) {
     return s;
 }
 
+// The bit pattern of |v| for a running absolute maximum: non-negative floats order as unsigned integers,
+// and a NaN's pattern (sign cleared) is above inf's, so a NaN makes the maximum NaN.
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// Raise *amax (a float's pattern, see abs_bits) to the largest of every thread's `bits` in the block: a warp
+// maximum, then one over the warps in shared memory, then one atomicMax a block. Every thread of the block
+// must call it (it synchronises); a second call needs a __syncthreads() before it (the scratch is shared).
+__device__ __forceinline__ void block_amax(unsigned bits, unsigned* amax) {
+    __shared__ unsigned scratch[32];
+    for (int offset = 16; offset > 0; offset >>= 1) bits = max(bits, __shfl_xor_sync(FULL_MASK, bits, offset));
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = bits;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) bits = max(bits, scratch[w]);
+        if (bits) atomicMax(amax, bits);
+    }
+}
+
 // bfloat16 activations are stored as their 16-bit patterns (unsigned short): the top half of a float32.
 __device__ __forceinline__ float bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 

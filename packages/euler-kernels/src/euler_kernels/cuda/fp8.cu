@@ -17,24 +17,21 @@
 #define FP8_MAX_EXPONENT 9
 #endif
 
-// amax is kept as the bit pattern of a non-negative float: such patterns order as unsigned integers, so one
-// atomicMax merges the blocks (a NaN's pattern is above inf's, so a NaN anywhere makes amax NaN).
+// amax is kept as the bit pattern of a non-negative float (common.cuh's abs_bits and block_amax).
 template <typename T>
 __device__ void amax_body(const T* x, long long n, int aligned, unsigned* amax_bits) {
-    unsigned bits = 0;  // the largest |value|'s pattern (an integer max of patterns with the sign cleared)
+    unsigned bits = 0;  // the largest |value|'s pattern
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long n8 = aligned ? n / 8 : 0;  // 8 values a 16-byte (bf16) or two 16-byte (float32) loads
     float v[8];
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += stride) {
         load_act8(x, (size_t)i * 8, v);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) bits = max(bits, __float_as_uint(v[j]) & 0x7fffffffu);
+        for (int j = 0; j < 8; ++j) bits = max(bits, abs_bits(v[j]));
     }
     for (long long i = n8 * 8 + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        bits = max(bits, __float_as_uint(load_act(x, (size_t)i)) & 0x7fffffffu);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) bits = max(bits, __shfl_xor_sync(FULL_MASK, bits, off));
-    if ((threadIdx.x & 31) == 0 && bits) atomicMax(amax_bits, bits);
+        bits = max(bits, abs_bits(load_act(x, (size_t)i)));
+    block_amax(bits, amax_bits);  // one atomic a block: thousands of warps' atomics on one address queue
 }
 
 extern "C" __global__ void amax_f32(const float* x, long long n, int aligned, unsigned* amax_bits) {

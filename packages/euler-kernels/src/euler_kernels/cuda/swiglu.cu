@@ -1,48 +1,69 @@
 // SwiGLU gate: out = silu(gate) * up, with silu(g) = g * sigmoid(g).
 // Each body is a template over the storage type (float32, or bf16 as unsigned short); math is float32.
+// amax pointers (null: not wanted) are raised to the largest |value| each output holds as stored (bf16:
+// rounded), as fp8.cu's amax kernels would measure it: the FP8 path's casts take them instead of a pass.
 #include "common.cuh"
 
+// The value as the output stores it: itself for float32, rounded to bf16 for bf16.
+__device__ __forceinline__ float as_stored(const float*, float v) { return v; }
+__device__ __forceinline__ float as_stored(const unsigned short*, float v) { return bf16_to_float(float_to_bf16(v)); }
+
 template <typename T>
-__device__ __forceinline__ void swiglu_forward_body(T* out, const T* gate, const T* up, long long n) {
+__device__ __forceinline__ void swiglu_forward_body(T* out, const T* gate, const T* up, long long n, unsigned* amax) {
+    unsigned bits = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         const float g = load_act(gate, i);
-        store_act(out, i, g / (1.0f + __expf(-g)) * load_act(up, i));
+        const float o = g / (1.0f + __expf(-g)) * load_act(up, i);
+        store_act(out, i, o);
+        if (amax) bits = max(bits, abs_bits(as_stored(out, o)));
     }
+    if (amax) block_amax(bits, amax);
 }
 
 // dgate = dout * up * sigmoid(g) * (1 + g * (1 - sigmoid(g))); dup = dout * silu(g)
 template <typename T>
 __device__ __forceinline__ void swiglu_backward_body(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
-                                                     long long n) {
+                                                     long long n, unsigned* amax_dgate, unsigned* amax_dup) {
+    unsigned bits_g = 0, bits_u = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         const float g = load_act(gate, i), d = load_act(dout, i), sig = 1.0f / (1.0f + __expf(-g));
-        store_act(dgate, i, d * load_act(up, i) * sig * (1.0f + g * (1.0f - sig)));
-        store_act(dup, i, d * g * sig);
+        const float dg = d * load_act(up, i) * sig * (1.0f + g * (1.0f - sig)), du = d * g * sig;
+        store_act(dgate, i, dg);
+        store_act(dup, i, du);
+        bits_g = max(bits_g, abs_bits(as_stored(dgate, dg)));
+        bits_u = max(bits_u, abs_bits(as_stored(dup, du)));
+    }
+    if (amax_dgate) {  // both or neither (the launcher's rule)
+        block_amax(bits_g, amax_dgate);
+        __syncthreads();  // block_amax's scratch is used again
+        block_amax(bits_u, amax_dup);
     }
 }
 
-extern "C" __global__ void swiglu_forward(float* out, const float* gate, const float* up, long long n) {
-    swiglu_forward_body(out, gate, up, n);
+extern "C" __global__ void swiglu_forward(float* out, const float* gate, const float* up, long long n,
+                                          unsigned* amax) {
+    swiglu_forward_body(out, gate, up, n, amax);
 }
 
 extern "C" __global__ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                                           const float* up, long long n) {
-    swiglu_backward_body(dgate, dup, dout, gate, up, n);
+                                           const float* up, long long n, unsigned* amax_dgate, unsigned* amax_dup) {
+    swiglu_backward_body(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup);
 }
 
 // bf16 storage: gate and up as the bf16 GEMMs wrote them, out and the gradients rounded to bf16 (they
 // are the next bf16 GEMM's operands); 2 bytes per element each way instead of 4.
 extern "C" __global__ void swiglu_forward_bf16(unsigned short* out, const unsigned short* gate,
-                                               const unsigned short* up, long long n) {
-    swiglu_forward_body(out, gate, up, n);
+                                               const unsigned short* up, long long n, unsigned* amax) {
+    swiglu_forward_body(out, gate, up, n, amax);
 }
 
 extern "C" __global__ void swiglu_backward_bf16(unsigned short* dgate, unsigned short* dup,
                                                 const unsigned short* dout, const unsigned short* gate,
-                                                const unsigned short* up, long long n) {
-    swiglu_backward_body(dgate, dup, dout, gate, up, n);
+                                                const unsigned short* up, long long n, unsigned* amax_dgate,
+                                                unsigned* amax_dup) {
+    swiglu_backward_body(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup);
 }
 
 // bf16 with n % 8 == 0 and 16-byte aligned arrays: 8 elements per 16-byte load and store.
@@ -54,14 +75,21 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
         f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
 }
-__device__ __forceinline__ uint4 pack8(const float* f) {
+// Eight floats rounded to bf16 and packed; *bits raised to the largest rounded |value|'s pattern.
+__device__ __forceinline__ uint4 pack8(const float* f, unsigned* bits) {
     unsigned w[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) w[j] = float_to_bf16(f[2 * j]) | ((unsigned)float_to_bf16(f[2 * j + 1]) << 16);
+    for (int j = 0; j < 4; j++) {
+        const unsigned lo = float_to_bf16(f[2 * j]), hi = float_to_bf16(f[2 * j + 1]);
+        w[j] = lo | (hi << 16);
+        *bits = max(*bits, max((lo & 0x7fffu) << 16, (hi & 0x7fffu) << 16));
+    }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, const uint4* up, long long n8) {
+extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, const uint4* up, long long n8,
+                                                 unsigned* amax) {
+    unsigned bits = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8;
          i += (long long)gridDim.x * blockDim.x) {
         float g[8], u[8], o[8];
@@ -69,12 +97,15 @@ extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, 
         unpack8(up[i], u);
 #pragma unroll
         for (int j = 0; j < 8; j++) o[j] = g[j] / (1.0f + __expf(-g[j])) * u[j];
-        out[i] = pack8(o);
+        out[i] = pack8(o, &bits);
     }
+    if (amax) block_amax(bits, amax);
 }
 
 extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, const uint4* dout, const uint4* gate,
-                                                  const uint4* up, long long n8) {
+                                                  const uint4* up, long long n8, unsigned* amax_dgate,
+                                                  unsigned* amax_dup) {
+    unsigned bits_g = 0, bits_u = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8;
          i += (long long)gridDim.x * blockDim.x) {
         float g[8], u[8], d[8], dg[8], du[8];
@@ -87,7 +118,12 @@ extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, cons
             dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
             du[j] = d[j] * g[j] * sig;
         }
-        dgate[i] = pack8(dg);
-        dup[i] = pack8(du);
+        dgate[i] = pack8(dg, &bits_g);
+        dup[i] = pack8(du, &bits_u);
+    }
+    if (amax_dgate) {
+        block_amax(bits_g, amax_dgate);
+        __syncthreads();
+        block_amax(bits_u, amax_dup);
     }
 }

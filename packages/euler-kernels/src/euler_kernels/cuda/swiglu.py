@@ -1,4 +1,5 @@
-"""Launchers of swiglu.cu: out = silu(gate) * up and its gradients, elementwise, float32 or bf16."""
+"""Launchers of swiglu.cu: out = silu(gate) * up and its gradients, elementwise, float32 or bf16; each can
+also raise uint32 scalars (fp8.py's amax_bits form) to the largest |value| of its outputs."""
 
 from __future__ import annotations
 
@@ -22,23 +23,35 @@ def _kernel(kernels: dict[str, str], *arrays: Any) -> tuple[Any, int]:
     return get_kernel("swiglu.cu", kernels["bf16" if arrays[0].dtype == np.uint16 else "float32"]), n
 
 
-def swiglu_forward(gate: Any, up: Any) -> Any:
-    """out = silu(gate) * up; all float32, or all bf16 (uint16 bit patterns)."""
+def swiglu_forward(gate: Any, up: Any, amax: Any = None) -> Any:
+    """out = silu(gate) * up; all float32, or all bf16 (uint16 bit patterns). amax: a uint32 scalar raised
+    to the largest |out| as stored, or None."""
     import cupy
 
     gate, up = contiguous(gate, up)
     out = cupy.empty_like(gate)
     kernel, n = _kernel(_FORWARD, out, gate, up)
-    kernel(grid(n), (THREADS,), (out, gate, up, np.int64(n)))
+    kernel(grid(n), (THREADS,), (out, gate, up, np.int64(n), _pointer(amax)))
     return out
 
 
-def swiglu_backward(dout: Any, gate: Any, up: Any) -> tuple[Any, Any]:
-    """(dgate, dup) in the storage type of gate, up and dout (all float32 or all bf16)."""
+def swiglu_backward(dout: Any, gate: Any, up: Any, amax: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """(dgate, dup) in the storage type of gate, up and dout (all float32 or all bf16). amax: a pair of
+    uint32 scalars raised to the largest |dgate| and |dup| as stored, or None."""
     import cupy
 
     dout, gate, up = contiguous(dout, gate, up)
     dgate, dup = cupy.empty_like(gate), cupy.empty_like(up)
     kernel, n = _kernel(_BACKWARD, dgate, dup, dout, gate, up)
-    kernel(grid(n), (THREADS,), (dgate, dup, dout, gate, up, np.int64(n)))
+    pointers = (np.uint64(0), np.uint64(0)) if amax is None else tuple(_pointer(a) for a in amax)
+    kernel(grid(n), (THREADS,), (dgate, dup, dout, gate, up, np.int64(n), *pointers))
     return dgate, dup
+
+
+def _pointer(amax: Any) -> Any:
+    """A uint32 scalar for the kernel, or a null pointer for None."""
+    if amax is None:
+        return np.uint64(0)
+    if amax.dtype != np.uint32 or amax.size != 1:
+        raise ValueError(f"swiglu: amax must be a uint32 scalar (fp8.amax_bits's form), got {amax.dtype}")
+    return amax

@@ -10,7 +10,9 @@ from euler_kernels.cuda import cast, gemm
 from euler_kernels.ops.linear_fp8 import backward_fp8, forward_fp8, is_fp8
 
 
-def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool = True) -> tuple[Any, tuple]:
+def linear_forward(
+    x: Any, weight: Any, bf16_out: bool = False, keep_input: bool = True, x_amax: Any = None
+) -> tuple[Any, tuple]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
 
     On the GPU x, or the weight (a bf16 copy made once per step, e.g. by to_bf16_many), may be bf16
@@ -19,7 +21,8 @@ def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool
     keep_input=False: the cache does not hold x (activation recomputation: the caller re-makes x and
     hands it to linear_backward, which then gives the same gradients bit for bit).
     An FP8 weight copy (linear_fp8.fp8_weights) runs the FP8 path (ops/linear_fp8.py): its cache keeps
-    x's FP8 copy, or with keep_input=False only x's absolute maximum.
+    x's FP8 copy, or with keep_input=False only x's absolute maximum; x_amax (FP8 path only): that
+    maximum, when the kernel that made x measured it (`fp8_amax`), saving the cast a pass over x.
 
     >>> import numpy as np
     >>> out, _ = linear_forward(np.array([[1.0, 2.0]]), np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]))
@@ -27,7 +30,7 @@ def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool
     [[1.0, 3.0, 4.0]]
     """
     if is_fp8(weight):
-        return forward_fp8(x, [weight], bf16_out, keep_input)[0]
+        return forward_fp8(x, [weight], bf16_out, keep_input, x_amax)[0]
     _check(x, weight)
     if _bf16_product(x, weight):  # round x and weight once; the backward reuses both
         return _forward_bf16(x, [weight], bf16_out, keep_input)[0]
@@ -42,7 +45,7 @@ def linear_forward(x: Any, weight: Any, bf16_out: bool = False, keep_input: bool
 
 
 def linear_forward_many(
-    x: Any, weights: list[Any], bf16_out: bool = False, keep_input: bool = True
+    x: Any, weights: list[Any], bf16_out: bool = False, keep_input: bool = True, x_amax: Any = None
 ) -> list[tuple[Any, tuple]]:
     """[linear_forward(x, w) for w in weights], with x rounded to bf16 once for all of them in bf16 mode
     on the GPU (and that one copy shared by their caches), e.g. the q, k and v projections of one h.
@@ -52,7 +55,7 @@ def linear_forward_many(
     [[[1.0, 2.0]], [[2.0, 4.0]]]
     """
     if weights and all(is_fp8(w) for w in weights):  # x cast to FP8 once for all of them
-        return forward_fp8(x, weights, bf16_out, keep_input)
+        return forward_fp8(x, weights, bf16_out, keep_input, x_amax)
     if not (weights and all(not is_fp8(w) and _bf16_product(x, w) for w in weights)):
         return [linear_forward(x, w, bf16_out, keep_input) for w in weights]  # each call checks its weight
     for w in weights:
@@ -97,7 +100,7 @@ def _c(a: Any) -> Any:
 
 
 def linear_backward(
-    dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool = False, x: Any = None
+    dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool = False, x: Any = None, dout_amax: Any = None
 ) -> tuple[Any, Any]:
     """Gradients (dx (..., C_in), dweight (C_out, C_in)).
 
@@ -108,6 +111,8 @@ def linear_backward(
     added into it in place and it is returned, so the sum costs no extra pass (on the GPU cuBLAS adds the
     product straight into it).
     bf16 products (GPU): dout may be a bf16 activation; bf16_dx makes dx one (not with dx_into).
+    dout_amax (FP8 path only): dout's absolute maximum from the kernel that made it, as linear_forward's
+    x_amax.
     """
     if dx_into is not None and not dx_into.flags.c_contiguous:
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
@@ -117,7 +122,7 @@ def linear_backward(
         x_shape = cache[4]
         _check_into(dx_into, x_shape)
         x_again = None if cache[1] is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
-        return backward_fp8(dout, cache, dx_into, bf16_dx, x_again)
+        return backward_fp8(dout, cache, dx_into, bf16_dx, x_again, dout_amax)
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
         _, x16, w16, x_shape, w_shape = cache
         if x16 is None:  # rounded as the forward rounded it (a bf16 x is taken as it is)

@@ -35,6 +35,15 @@ def fp8_fits(weight: Any) -> bool:
     return weight.ndim == 2 and weight.shape[0] % FP8_MULTIPLE == 0 and weight.shape[1] % FP8_MULTIPLE == 0
 
 
+def fp8_amax() -> Any:
+    """A new uint32 scalar at 0 for a tensor's absolute maximum (the form cuda/fp8.py's amax_bits gives),
+    for a kernel that makes the tensor to raise in the same pass (swiglu's amax=) and the FP8 path to take
+    (linear_forward's x_amax=, linear_backward's dout_amax=)."""
+    import cupy
+
+    return cupy.zeros((), dtype=cupy.uint32)
+
+
 def fp8_weights(weights: list[Any]) -> list[Fp8Tensor]:
     """e4m3 copies of float32 CuPy weights (C_out, C_in), row-major (the forward's) and transposed (dx's),
     each scaled by its own power of two; each must pass `fp8_fits`."""
@@ -59,10 +68,11 @@ def _pad_rows(a2: Any) -> Any:
 
 
 def forward_fp8(
-    x: Any, weights: list[Fp8Tensor], bf16_out: bool, keep_input: bool
+    x: Any, weights: list[Fp8Tensor], bf16_out: bool, keep_input: bool, x_amax: Any = None
 ) -> list[tuple[Any, tuple]]:
     """[(x @ w.T, cache) for w in weights], x (..., C_in) float32 or bf16 cast to e4m3 once for all of
-    them; outputs bf16 with bf16_out, else float32; keep_input as in linear_forward."""
+    them; outputs bf16 with bf16_out, else float32; keep_input as in linear_forward; x_amax: x's absolute
+    maximum if its maker measured it (else measured here)."""
     import cupy
 
     if not isinstance(x, cupy.ndarray) or x.dtype not in (cupy.float32, cupy.uint16):
@@ -73,7 +83,7 @@ def forward_fp8(
     x2 = x.reshape(-1, x.shape[-1])  # (N, C_in)
     n = x2.shape[0]
     padded = _pad_rows(cupy.ascontiguousarray(x2))
-    amax = amax_bits(padded)
+    amax = amax_bits(padded) if x_amax is None else x_amax  # zero rows do not change it
     x8 = to_fp8(padded, "e4m3", rows=True, cols=keep_input, amax=amax)
     kept = dataclasses.replace(x8, rows=None) if keep_input else None  # dweight's operand only
     results = []
@@ -83,10 +93,12 @@ def forward_fp8(
     return results
 
 
-def backward_fp8(dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any) -> tuple[Any, Any]:
+def backward_fp8(
+    dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any, dout_amax: Any = None
+) -> tuple[Any, Any]:
     """(dx, dweight) of forward_fp8: dout (..., C_out) float32 or bf16 cast to e5m2; dx bf16 with bf16_dx,
     else float32, or added into dx_into; dweight float32 (C_out, C_in). x: the forward's input, re-made,
-    when the cache does not keep its FP8 copy (keep_input=False)."""
+    when the cache does not keep its FP8 copy (keep_input=False); dout_amax as forward_fp8's x_amax."""
     import cupy
 
     _, x8, amax, w8, x_shape = cache
@@ -98,7 +110,7 @@ def backward_fp8(dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any) -
         x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
     d2 = cupy.ascontiguousarray(dout.reshape(-1, c_out))  # (N, C_out)
     n = d2.shape[0]
-    d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True)
+    d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True, amax=dout_amax)
     padded = n % FP8_MULTIPLE != 0
     if dx_into is not None and not padded:  # cuBLASLt adds the product into it
         gemm_fp8(d8, transposed(w8), out=dx_into.reshape(-1, c_in))

@@ -21,10 +21,12 @@ def _sigmoid(xp: Any, g: Any) -> Any:
     return xp.reciprocal(s, out=s)
 
 
-def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
+def swiglu_forward(gate: Any, up: Any, amax: Any = None) -> tuple[Any, tuple]:
     """out = silu(gate) * up, elementwise, shapes equal.
 
     gate and up may be bf16 activations (GPU): out is then bf16 too, and so are the gradients.
+    amax (GPU kernels only): a uint32 scalar (`fp8_amax()`) raised to the largest |out| in the same pass,
+    which the FP8 path's cast of out then takes (linear_forward's x_amax) instead of measuring it.
 
     >>> import numpy as np
     >>> out, _ = swiglu_forward(np.array([0.0, 1.0]), np.array([5.0, 2.0]))
@@ -36,7 +38,9 @@ def swiglu_forward(gate: Any, up: Any) -> tuple[Any, tuple]:
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
     if kind == "bf16" or cuda.fused(gate, up):
-        return swiglu_cuda.swiglu_forward(gate, up), ("cuda", gate, up)
+        return swiglu_cuda.swiglu_forward(gate, up, amax), ("cuda", gate, up)
+    if amax is not None:
+        raise ValueError("swiglu_forward: amax needs the GPU kernels (float32 or bf16 CuPy arrays)")
     out, sig, silu = swiglu_parts(xp, gate, up)
     return out, (up, sig, silu)
 
@@ -49,15 +53,18 @@ def swiglu_parts(xp: Any, gate: Any, up: Any) -> tuple[Any, Any, Any]:
     return silu * up, sig, silu
 
 
-def swiglu_backward(dout: Any, cache: tuple) -> tuple[Any, Any]:
-    """(dgate, dup): dup = dout * silu(g); dgate = dout * up * sig * (1 + g * (1 - sig))."""
+def swiglu_backward(dout: Any, cache: tuple, amax: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """(dgate, dup): dup = dout * silu(g); dgate = dout * up * sig * (1 + g * (1 - sig)).
+    amax (GPU kernels only): two uint32 scalars raised to the largest |dgate| and |dup| (see forward)."""
     if cuda.fused_cache(cache):
         _, gate, up = cache
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
         if is_bf16(gate):  # the bf16 kernel reads a bf16 gradient (a float32 one is rounded once)
             dout = cast.as_bf16(dout)
-        return swiglu_cuda.swiglu_backward(dout, gate, up)
+        return swiglu_cuda.swiglu_backward(dout, gate, up, amax)
+    if amax is not None:
+        raise ValueError("swiglu_backward: amax needs the GPU kernels (float32 or bf16 CuPy arrays)")
     up, sig, silu = cache
     if dout.shape != up.shape:
         raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
