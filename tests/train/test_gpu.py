@@ -140,6 +140,20 @@ def test_fp8_trains_like_bf16(tmp_path, dataset, capsys) -> None:
     assert fp8[-1]["loss"] != bf16[-1]["loss"]  # the FP8 products really ran
 
 
+def test_an_fp8_run_resumes_where_it_stopped(tmp_path, dataset, capsys) -> None:
+    """FP8 keeps no scaling state (each product's scales come from its operands' maxima), so a run resumed
+    from its step-3 checkpoint takes the steps the uninterrupted run took, within the atomic adds' order."""
+    import shutil
+
+    flags = ("--device", "gpu", "--precision", "fp8", "--ckpt-every", "3", *HEAD_DIM_64)
+    train(dataset, tmp_path / "ref", *flags)
+    shutil.copytree(tmp_path / "ref", tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_6")
+    train(dataset, tmp_path / "run", *flags, "--resume")
+    assert "resuming at step 3" in capsys.readouterr().err
+    assert_runs_match(tmp_path / "ref", tmp_path / "run", 1e-5, 1e-4, 1e-6)
+
+
 def test_tf32_runs(tmp_path, dataset) -> None:
     train(dataset, tmp_path / "tf32", "--device", "gpu", "--precision", "tf32")
     assert (tmp_path / "tf32" / "checkpoints" / "step_6").is_dir()
