@@ -40,3 +40,25 @@ def test_fp8_mode_follows_bf16(monkeypatch, vocab):
     diffs = {n: float(np.linalg.norm(g8[n] - g16[n]) / np.linalg.norm(g16[n])) for n in g16}
     assert max(diffs.values()) < 0.2, diffs  # FP8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits
     assert np.linalg.norm(g8["layers.0.w_up"] - g16["layers.0.w_up"]) > 0  # FP8 really ran
+
+
+def test_fp8_mode_keeps_fp8_copies_instead_of_remaking(monkeypatch):
+    """bf16 re-makes each FFN's norm output and SwiGLU product in the backward; fp8 keeps their transposed
+    FP8 copies, so SwiGLU's forward runs once a layer, not twice."""
+    cfg = preset("small", vocab_size=512, context=64, n_heads=2, n_kv_heads=1)
+    params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
+    rng = np.random.default_rng(1)
+    tokens = cp.asarray(rng.integers(0, 512, (4, 64)))
+    targets = cp.asarray(rng.integers(0, 512, (4, 64 + cfg.n_mtp_heads - 1)))
+    calls = {"swiglu": 0}
+    real = ek.swiglu_forward
+
+    def counted(*args, **kwargs):
+        calls["swiglu"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ek, "swiglu_forward", counted)
+    for mode, per_layer in (("bf16", 2), ("fp8", 1)):
+        calls["swiglu"] = 0
+        run(monkeypatch, mode, cfg, params, tokens, targets)
+        assert calls["swiglu"] == per_layer * cfg.n_layers, mode

@@ -24,7 +24,9 @@ recomputes them) right before the products that need them, so a step holds 2C + 
 token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens).
 
 fp8 (EULER_MATMUL_PRECISION=fp8): the bf16 path, with the MLP's weights handed in as FP8 copies
-(model.py); the same code runs, the linear op multiplying those in FP8 (euler_kernels' linear_fp8).
+(model.py); the same code runs, the linear op multiplying those in FP8 (euler_kernels' linear_fp8). Its
+FFN block re-makes nothing: the products keep the transposed FP8 copies of h and of the SwiGLU product
+that their weight gradients take (C + F bytes per token and layer, half of what bf16 copies would hold).
 """
 
 from __future__ import annotations
@@ -128,13 +130,16 @@ def ffn_block_forward(
     h = rmsnorm(s); the stream after the block is s + o."""
     s, h, c_norm = norm_in(config, p[prefix + "ffn_norm"], stream, bf16)  # (N, C) each
     weights = [p[prefix + "w_gate"], p[prefix + "w_up"]]
-    gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
-    (g, c_gate), (u, c_up) = gate_up  # (N, F) each
     fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: SwiGLU measures its outputs' maxima for the casts
+    # bf16 re-makes h and gated in the backward; FP8 keeps their transposed FP8 copies (a byte a value),
+    # which saves the re-making passes and the casts of the re-made arrays
+    keep = not bf16 or fp8
+    gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=keep)
+    (g, c_gate), (u, c_up) = gate_up  # (N, F) each
     a_gated = ek.fp8_amax() if fp8 else None
     gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
-    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=not bf16, x_amax=a_gated)  # (N, C)
-    remake = ((s, p[prefix + "ffn_norm"], config.norm_eps), (g, u)) if bf16 else None  # h's, gated's
+    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=keep, x_amax=a_gated)  # (N, C)
+    remake = None if keep else ((s, p[prefix + "ffn_norm"], config.norm_eps), (g, u))  # h's, gated's
     return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8), remake)
 
 
