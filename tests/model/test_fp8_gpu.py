@@ -62,3 +62,21 @@ def test_fp8_mode_keeps_fp8_copies_instead_of_remaking(monkeypatch):
         calls["swiglu"] = 0
         run(monkeypatch, mode, cfg, params, tokens, targets)
         assert calls["swiglu"] == per_layer * cfg.n_layers, mode
+
+
+def test_fp8_caches_keep_only_the_backwards_parts(monkeypatch):
+    """After the forward, each FFN product's cache holds its weight's transposed FP8 part (what dx takes)
+    and its input's transposed FP8 copy (what dweight takes), no row-major part of either: those were
+    the forward's and are freed with it."""
+    from euler_model.model import trunk_forward
+
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "fp8")
+    cfg = preset("small", vocab_size=512, context=64, n_heads=2, n_kv_heads=1)
+    params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
+    tokens = cp.asarray(np.random.default_rng(2).integers(0, 512, (4, 64)))
+    _, caches = trunk_forward(cfg, params, tokens)
+    for _, c_ffn in caches[1:-1]:  # (attention, FFN) per layer
+        c_gate, c_up, c_down = c_ffn[1], c_ffn[2], c_ffn[4]
+        for kind, x8, _, w8, _ in (c_gate, c_up, c_down):
+            assert kind == "fp8" and w8.rows is None and w8.cols is not None
+            assert x8.rows is None and x8.cols is not None

@@ -59,18 +59,22 @@ def trunk_forward(
         keep_freed_memory()
     b, t = tokens.shape
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
+    fp8: list[str] = []
     if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
         matrices = [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
         fp8 = [k for k in matrices if k.endswith(FP8_MATRICES) and _fp8_fits(params, k)]
         params = _with_bf16_copies(params, [k for k in matrices if k not in fp8])
-        params = _with_fp8_copies(params, fp8)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
     caches: list = [c_emb]
     for i in range(config.n_layers):
         layer_kv = None if kv is None else (kv, i)
-        saved = LayerInput(config, params, i, stream, (b, t), rope, bf16) if recompute else None
-        stream, cache = layer_forward(config, params, i, stream, (b, t), rope, layer_kv, bf16)
+        # FP8 copies a layer at a time: the caches keep only their transposed parts (the backward's), so
+        # the row-major parts are freed with this dict, one layer's at most alive at once
+        layer_params = _with_fp8_copies(params, [k for k in fp8 if k.startswith(f"layers.{i}.")])
+        saved = LayerInput(config, layer_params, i, stream, (b, t), rope, bf16) if recompute else None
+        stream, cache = layer_forward(config, layer_params, i, stream, (b, t), rope, layer_kv, bf16)
+        del layer_params
         caches.append(cache if saved is None else saved)
         del cache  # with recompute the layer's caches are freed here
     if kv is not None:

@@ -89,7 +89,8 @@ def forward_fp8(
     results = []
     for w in weights:
         out = gemm_fp8(x8, w, bf16_out=bf16_out)[:n].reshape(*x.shape[:-1], w.shape[0])
-        results.append((out, ("fp8", kept, amax, w, x.shape)))
+        w_t = dataclasses.replace(w, rows=None)  # the backward's part only: the caller frees the rest
+        results.append((out, ("fp8", kept, amax, w_t, x.shape)))
     return results
 
 
