@@ -157,3 +157,32 @@ def test_swiglu_measures_the_maxima_its_outputs_have(n, bf16):
     assert [int(a.get()) for a in pair] == [int(fp8.amax_bits(t).get()) for t in (dgate, dup)]
     plain = ek.swiglu_forward(gate, up)[0]  # the outputs do not depend on the measuring
     np.testing.assert_array_equal(plain.get(), out.get())
+
+
+@pytest.mark.parametrize("c", [768, 1024, 2048, 1000])  # vectorised rows of 1, 2, 4 warps; the general ones
+@pytest.mark.parametrize("residual", [True, False])
+def test_rmsnorm_measures_the_maxima_of_its_bf16_outputs(c, residual):
+    """RMSNorm's bf16 output h (forward) and bf16 copy of dx (backward) raise amax to amax_bits of what
+    they stored, and measuring changes no output."""
+    import euler_kernels as ek
+
+    rng = np.random.default_rng(c)
+    n = 300
+    x, branch, g, add = (cp.asarray(rng.standard_normal((n, c)).astype(np.float32) * 3) for _ in range(4))
+    w = cp.asarray(1.0 + 0.3 * rng.standard_normal(c), dtype=cp.float32)
+    amax = ek.fp8_amax()
+    if residual:
+        (_, h), cache = ek.residual_rmsnorm_forward(x, branch, w, bf16_out=True, amax=amax)
+        plain = ek.residual_rmsnorm_forward(x, branch, w, bf16_out=True)[0][1]
+    else:
+        h, cache = ek.rmsnorm_forward(x, w, bf16_out=True, amax=amax)
+        plain = ek.rmsnorm_forward(x, w, bf16_out=True)[0]
+    assert int(amax.get()) == int(fp8.amax_bits(h).get()) > 0
+    np.testing.assert_array_equal(plain.get(), h.get())
+    a16 = ek.fp8_amax()
+    ds = add if residual else None
+    _, _, dx16 = ek.residual_rmsnorm_backward_bf16_copy(ds, g, cache, amax=a16)
+    assert int(a16.get()) == int(fp8.amax_bits(dx16).get()) > 0
+    np.testing.assert_array_equal(ek.residual_rmsnorm_backward_bf16_copy(ds, g, cache)[2].get(), dx16.get())
+    with pytest.raises(ValueError, match="bf16"):
+        ek.rmsnorm_forward(x, w, amax=ek.fp8_amax())  # a float32 output is not cast to FP8

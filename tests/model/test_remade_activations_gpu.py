@@ -46,9 +46,9 @@ def test_the_bf16_ffn_block_gradients_equal_those_of_kept_activations():
     p["ffn_norm"] = cp.asarray(1.0 + 0.3 * rng.standard_normal(c), dtype=cp.float32)
     p = {"layers.0." + k: (cast.to_bf16(v) if k.startswith("w") else v) for k, v in p.items()}
     stream = _stream(rng, n, c, True)
-    dout = (cp.asarray(rng.standard_normal((n, c)), dtype=cp.float32), None)
+    dout = (cp.asarray(rng.standard_normal((n, c)), dtype=cp.float32), None, None)
     (_, o), cache = blocks.ffn_block_forward(cfg, p, "layers.0.", stream, bf16=True)
-    (dx, _), grads = blocks.ffn_block_backward(dout, cache, "layers.0.")
+    (dx, _, _), grads = blocks.ffn_block_backward(dout, cache, "layers.0.")
 
     _, h, c_norm = blocks.norm_in(cfg, p["layers.0.ffn_norm"], stream, True)  # the kept-everything twin
     gate_up = [p["layers.0.w_gate"], p["layers.0.w_up"]]
@@ -60,7 +60,7 @@ def test_the_bf16_ffn_block_gradients_equal_those_of_kept_activations():
     dg, du = ek.swiglu_backward(dgated, c_swi)
     dh, dw_up = ek.linear_backward(du, c_up)
     dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh)
-    (dx_kept, _), dnorm = blocks.norm_backward(dout[0], dh, c_norm, True)
+    (dx_kept, _, _), dnorm = blocks.norm_backward(dout[0], dh, c_norm, True)
     want = {"w_down": dw_down, "w_up": dw_up, "w_gate": dw_gate}
     np.testing.assert_array_equal(cp.asnumpy(dx), cp.asnumpy(dx_kept))
     for name, grad in want.items():

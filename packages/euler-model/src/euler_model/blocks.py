@@ -37,26 +37,32 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 
 
-def norm_in(config: ModelConfig, weight: Any, stream: tuple[Any, Any], bf16: bool) -> tuple[Any, Any, tuple]:
+def norm_in(
+    config: ModelConfig, weight: Any, stream: tuple[Any, Any], bf16: bool, amax: Any = None
+) -> tuple[Any, Any, tuple]:
     """(s, h, cache): s = x + branch (x when branch is None) and h = rmsnorm(s), from stream = (x, branch);
-    the cache serves ek.residual_rmsnorm_backward either way."""
+    the cache serves ek.residual_rmsnorm_backward either way. amax (bf16 h): raised to h's maximum."""
     x, branch = stream
     if branch is None:
-        h, cache = ek.rmsnorm_forward(x, weight, config.norm_eps, bf16_out=bf16)
+        h, cache = ek.rmsnorm_forward(x, weight, config.norm_eps, bf16_out=bf16, amax=amax)
         return x, h, cache
-    (s, h), cache = ek.residual_rmsnorm_forward(x, branch, weight, config.norm_eps, bf16_out=bf16)
+    (s, h), cache = ek.residual_rmsnorm_forward(x, branch, weight, config.norm_eps, bf16_out=bf16, amax=amax)
     return s, h, cache
 
 
-def norm_backward(ds: Any, dh: Any, cache: tuple, bf16: bool) -> tuple[tuple[Any, Any], Any]:
+def norm_backward(
+    ds: Any, dh: Any, cache: tuple, bf16: bool, amax: bool = False
+) -> tuple[tuple[Any, Any, Any], Any]:
     """Gradients of norm_in: ds, the gradient reaching s from the stream (or None), and dh that of h ->
-    ((dx, dx16), dweight), dx that of x and of branch; in bf16 mode dx16 is dx rounded to bf16 in the same
-    pass (the next block back feeds it to its output projection's bf16 products), else None."""
+    ((dx, dx16, amax16), dweight), dx that of x and of branch; in bf16 mode dx16 is dx rounded to bf16 in
+    the same pass (the next block back feeds it to its output projection's products), else None; with
+    amax (bf16 mode), amax16 is dx16's maximum measured in that pass (for FP8 products), else None."""
     if bf16:
-        dx, dweight, dx16 = ek.residual_rmsnorm_backward_bf16_copy(ds, dh, cache)
-        return (dx, dx16), dweight
+        a16 = ek.fp8_amax() if amax else None
+        dx, dweight, dx16 = ek.residual_rmsnorm_backward_bf16_copy(ds, dh, cache, amax=a16)
+        return (dx, dx16, a16), dweight
     dx, dweight = ek.residual_rmsnorm_backward(ds, dh, cache)
-    return (dx, None), dweight
+    return (dx, None, None), dweight
 
 
 def norm_again(remake: Any) -> Any:
@@ -98,17 +104,20 @@ def attention_block_forward(
         k, v = kv[0].append(kv[1], k, v)  # (B, S, Hkv, D) with S = offset + T
     a, c_att = ek.attention_forward(q, k, v, causal=True)  # (B, T, Hq, D)
     o, c_o = ek.linear_forward(a.reshape(b * t, hq * d), p[prefix + "wo"])  # (N, C)
+    # the stream gradient this block's backward hands to the FFN before it: its maximum too if FP8 (the
+    # layers' FFNs are all FP8 or none: one shape)
+    fp8 = ek.is_fp8(p.get(prefix + "w_down"))
     remake = (s, p[prefix + "attn_norm"], config.norm_eps) if bf16 else None  # what re-makes h
-    return (s, o), (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16), remake)
+    return (s, o), (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake)
 
 
 def attention_block_backward(
-    dout: tuple[Any, Any], cache: tuple, prefix: str
-) -> tuple[tuple[Any, Any], dict[str, Any]]:
-    """Gradients of attention_block_forward: dout = (g, g16), g (N, C) that of s + o and g16 its bf16 copy
-    or None -> ((that of x and of branch, its bf16 copy or None), {name: dweight})."""
-    c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16), remake = cache
-    g, g16 = dout
+    dout: tuple[Any, Any, Any], cache: tuple, prefix: str
+) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
+    """Gradients of attention_block_forward: dout = (g, g16, amax16), g (N, C) that of s + o, g16 its bf16
+    copy or None, amax16 g16's maximum or None -> ((the same three for x and branch), {name: dweight})."""
+    c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake = cache
+    g, g16, _ = dout
     da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16)  # (N, Hq * D): o's is g
     dq, dk, dv = ek.attention_backward(da.reshape(b, t, hq, d), c_att)
     dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
@@ -118,7 +127,7 @@ def attention_block_backward(
     dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)  # h feeds three projections: their dh add up
     dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h)
     del h
-    dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
+    dx, dnorm = norm_backward(g, dh, c_norm, bf16, amax=fp8)  # s reaches the output directly and via h
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
     return dx, {prefix + k: g for k, g in grads.items()}
 
@@ -128,13 +137,14 @@ def ffn_block_forward(
 ) -> tuple[tuple[Any, Any], tuple]:
     """stream (x, branch) (N, C) -> (s, o): s = x + branch, o = w_down(silu(w_gate h) * w_up h) with
     h = rmsnorm(s); the stream after the block is s + o."""
-    s, h, c_norm = norm_in(config, p[prefix + "ffn_norm"], stream, bf16)  # (N, C) each
+    fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: the norm and SwiGLU measure their outputs' maxima
+    a_h = ek.fp8_amax() if fp8 else None
+    s, h, c_norm = norm_in(config, p[prefix + "ffn_norm"], stream, bf16, amax=a_h)  # (N, C) each
     weights = [p[prefix + "w_gate"], p[prefix + "w_up"]]
-    fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: SwiGLU measures its outputs' maxima for the casts
     # bf16 re-makes h and gated in the backward; FP8 keeps their transposed FP8 copies (a byte a value),
     # which saves the re-making passes and the casts of the re-made arrays
     keep = not bf16 or fp8
-    gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=keep)
+    gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=keep, x_amax=a_h)
     (g, c_gate), (u, c_up) = gate_up  # (N, F) each
     a_gated = ek.fp8_amax() if fp8 else None
     gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
@@ -144,14 +154,15 @@ def ffn_block_forward(
 
 
 def ffn_block_backward(
-    dout: tuple[Any, Any], cache: tuple, prefix: str
-) -> tuple[tuple[Any, Any], dict[str, Any]]:
-    """Gradients of ffn_block_forward: dout = (g, g16) as in attention_block_backward -> ((that of x and of
-    branch, its bf16 copy or None), {name: dweight})."""
+    dout: tuple[Any, Any, Any], cache: tuple, prefix: str
+) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
+    """Gradients of ffn_block_forward: dout = (g, g16, amax16) as in attention_block_backward -> ((the same
+    three for x and branch), {name: dweight})."""
     c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8), remake = cache
-    g, g16 = dout
+    g, g16, a16 = dout
     gated = None if remake is None else ek.swiglu_forward(*remake[1])[0]  # (N, F): the forward's, again
-    dgated, dw_down = ek.linear_backward(g if g16 is None else g16, c_down, bf16_dx=bf16, x=gated)  # o's is g
+    d_o = g if g16 is None else g16  # o's gradient is g
+    dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, x=gated, dout_amax=a16)
     del gated
     a_dg, a_du = (ek.fp8_amax(), ek.fp8_amax()) if fp8 else (None, None)
     dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
@@ -182,9 +193,12 @@ def layer_forward(
     return stream, (c_attn, c_ffn)
 
 
-def layer_backward(dout: tuple[Any, Any], cache: tuple, i: int) -> tuple[tuple[Any, Any], dict[str, Any]]:
-    """Gradients of layer_forward: dout = (g, g16), g (N, C) that of the stream after layer i and g16 its
-    bf16 copy or None -> (the same pair for the stream before it, {name: dweight})."""
+def layer_backward(
+    dout: tuple[Any, Any, Any], cache: tuple, i: int
+) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
+    """Gradients of layer_forward: dout = (g, g16, amax16), g (N, C) that of the stream after layer i, g16
+    its bf16 copy or None and amax16 g16's maximum or None -> (the same three for the stream before it,
+    {name: dweight})."""
     c_attn, c_ffn = cache
     dx, grads = ffn_block_backward(dout, c_ffn, f"layers.{i}.")
     dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")

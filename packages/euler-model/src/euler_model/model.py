@@ -81,15 +81,16 @@ def trunk_forward(
         kv.advance(t)
     # (N, C): the last block's branch added; float32 for conditioned heads, which add P_k e to it
     _, h, c_norm = norm_in(config, params["norm"], stream, bf16 and not config.mtp_conditioned)
-    caches.append((c_norm, (b, t), bf16))
+    caches.append((c_norm, (b, t), bf16, bool(fp8)))  # fp8: the last FFN takes the gradient's maximum
     return h.reshape(b, t, config.dim), caches
 
 
 def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
     """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order (a
     layer kept as its input is re-run first: one layer's caches at a time)."""
-    c_norm, (b, t), bf16 = caches[-1]
-    dx, dnorm = norm_backward(None, dh.reshape(b * t, config.dim), c_norm, bf16)  # ((N, C), bf16 copy)
+    c_norm, (b, t), bf16, fp8 = caches[-1]
+    # ((N, C), its bf16 copy, the copy's maximum if FP8)
+    dx, dnorm = norm_backward(None, dh.reshape(b * t, config.dim), c_norm, bf16, amax=fp8)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
         dx, g_layer = layer_backward(dx, layer_caches(caches[1 + i]), i)

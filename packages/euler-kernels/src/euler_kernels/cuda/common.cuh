@@ -79,6 +79,17 @@ __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v)
     reinterpret_cast<uint2*>(out)[i4] = make_uint2(lo, hi);
 }
 
+// The value as an output of that type stores it: itself for float32, rounded to bf16 for bf16.
+__device__ __forceinline__ float as_stored(const float*, float v) { return v; }
+__device__ __forceinline__ float as_stored(const unsigned short*, float v) { return bf16_to_float(float_to_bf16(v)); }
+
+// bits raised to the largest abs_bits of v's four values as store4 stores them into out.
+template <typename Out>
+__device__ __forceinline__ unsigned max_stored_bits4(unsigned bits, const Out* out, float4 v) {
+    bits = max(bits, max(abs_bits(as_stored(out, v.x)), abs_bits(as_stored(out, v.y))));
+    return max(bits, max(abs_bits(as_stored(out, v.z)), abs_bits(as_stored(out, v.w))));
+}
+
 // Eight bf16 in 16 bytes as floats.
 __device__ __forceinline__ void unpack_bf16x8(const uint4 v, float* f) {
     const unsigned u[4] = {v.x, v.y, v.z, v.w};

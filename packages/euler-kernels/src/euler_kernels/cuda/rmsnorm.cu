@@ -119,9 +119,12 @@ __device__ __forceinline__ float team_sum(float v, int parity) {
     return v;
 }
 
+// amax (null: not wanted) is raised to the largest |value| of out as stored, for the FP8 cast that takes out.
 template <typename Out, bool ADD>
 __device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, const float* x, const float* weight,
-                                                         const float* branch, float* sum, int N, float eps) {
+                                                         const float* branch, float* sum, int N, float eps,
+                                                         unsigned* amax) {
+    unsigned bits = 0;
     const int t = threadIdx.x % ROW_THREADS, teams = blockDim.x / ROW_THREADS;
     const float4* weight4 = reinterpret_cast<const float4*>(weight);
     float4 w[ROW_PIECES];
@@ -150,40 +153,46 @@ __device__ __forceinline__ void rmsnorm_forward_vec_body(Out* out, float* rstd, 
 #pragma unroll
         for (int j = 0; j < ROW_PIECES; j++) {
             if (!piece_in_row(t, j)) continue;
-            store4(out, row4 + t + ROW_THREADS * j,
-                   make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z, xv[j].w * r * w[j].w));
+            const float4 o =
+                make_float4(xv[j].x * r * w[j].x, xv[j].y * r * w[j].y, xv[j].z * r * w[j].z, xv[j].w * r * w[j].w);
+            store4(out, row4 + t + ROW_THREADS * j, o);
+            if (amax) bits = max_stored_bits4(bits, out, o);
         }
     }
+    if (amax) block_amax(bits, amax);
 }
 
 extern "C" __global__ void rmsnorm_forward_vec(float* out, float* rstd, const float* x, const float* weight, int N,
                                                float eps) {
-    rmsnorm_forward_vec_body<float, false>(out, rstd, x, weight, nullptr, nullptr, N, eps);
+    rmsnorm_forward_vec_body<float, false>(out, rstd, x, weight, nullptr, nullptr, N, eps, nullptr);
 }
 
 extern "C" __global__ void rmsnorm_forward_vec_bf16(unsigned short* out, float* rstd, const float* x,
-                                                    const float* weight, int N, float eps) {
-    rmsnorm_forward_vec_body<unsigned short, false>(out, rstd, x, weight, nullptr, nullptr, N, eps);
+                                                    const float* weight, int N, float eps, unsigned* amax) {
+    rmsnorm_forward_vec_body<unsigned short, false>(out, rstd, x, weight, nullptr, nullptr, N, eps, amax);
 }
 
 extern "C" __global__ void rmsnorm_forward_vec_add(float* out, float* rstd, const float* x, const float* weight,
                                                    const float* branch, float* sum, int N, float eps) {
-    rmsnorm_forward_vec_body<float, true>(out, rstd, x, weight, branch, sum, N, eps);
+    rmsnorm_forward_vec_body<float, true>(out, rstd, x, weight, branch, sum, N, eps, nullptr);
 }
 
 extern "C" __global__ void rmsnorm_forward_vec_add_bf16(unsigned short* out, float* rstd, const float* x,
                                                         const float* weight, const float* branch, float* sum, int N,
-                                                        float eps) {
-    rmsnorm_forward_vec_body<unsigned short, true>(out, rstd, x, weight, branch, sum, N, eps);
+                                                        float eps, unsigned* amax) {
+    rmsnorm_forward_vec_body<unsigned short, true>(out, rstd, x, weight, branch, sum, N, eps, amax);
 }
 
 // dweight is summed in registers per thread over its team's rows, then over the block's teams in shared
 // memory, then added to global memory once per block (atomics: no update is lost). COPY16: dx is also
-// written rounded to bf16 (into dx16), for the bf16 products that take it next.
+// written rounded to bf16 (into dx16), for the bf16 products that take it next; amax (null: not wanted) is
+// raised to dx16's largest |value|, for the FP8 cast that takes it.
 template <bool ADD, bool COPY16>
 __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned short* dx16, float* dweight,
                                                           const float* dout, const float* x, const float* weight,
-                                                          const float* rstd, const float* add, int N) {
+                                                          const float* rstd, const float* add, int N,
+                                                          unsigned* amax) {
+    unsigned bits = 0;
     __shared__ float dw_block[ROW_C];
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) dw_block[i] = 0.0f;
     const int t = threadIdx.x % ROW_THREADS, teams = blockDim.x / ROW_THREADS;
@@ -222,6 +231,7 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
             }
             reinterpret_cast<float4*>(dx)[i4] = dj;
             if (COPY16) store4(dx16, i4, dj);
+            if (COPY16 && amax) bits = max_stored_bits4(bits, dx16, dj);
             dw[j].x += g4.x * x4.x * r;
             dw[j].y += g4.y * x4.y * r;
             dw[j].z += g4.z * x4.z * r;
@@ -240,27 +250,29 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
     }
     __syncthreads();
     for (int i = threadIdx.x; i < ROW_C; i += blockDim.x) atomicAdd(&dweight[i], dw_block[i]);
+    if (COPY16 && amax) block_amax(bits, amax);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const float* dout, const float* x,
                                                 const float* weight, const float* rstd, int N) {
-    rmsnorm_backward_vec_body<false, false>(dx, nullptr, dweight, dout, x, weight, rstd, nullptr, N);
+    rmsnorm_backward_vec_body<false, false>(dx, nullptr, dweight, dout, x, weight, rstd, nullptr, N, nullptr);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_add(float* dx, float* dweight, const float* dout, const float* x,
                                                     const float* weight, const float* rstd, const float* add, int N) {
-    rmsnorm_backward_vec_body<true, false>(dx, nullptr, dweight, dout, x, weight, rstd, add, N);
+    rmsnorm_backward_vec_body<true, false>(dx, nullptr, dweight, dout, x, weight, rstd, add, N, nullptr);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_copy16(float* dx, unsigned short* dx16, float* dweight,
                                                        const float* dout, const float* x, const float* weight,
-                                                       const float* rstd, int N) {
-    rmsnorm_backward_vec_body<false, true>(dx, dx16, dweight, dout, x, weight, rstd, nullptr, N);
+                                                       const float* rstd, int N, unsigned* amax) {
+    rmsnorm_backward_vec_body<false, true>(dx, dx16, dweight, dout, x, weight, rstd, nullptr, N, amax);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_add_copy16(float* dx, unsigned short* dx16, float* dweight,
                                                            const float* dout, const float* x, const float* weight,
-                                                           const float* rstd, const float* add, int N) {
-    rmsnorm_backward_vec_body<true, true>(dx, dx16, dweight, dout, x, weight, rstd, add, N);
+                                                           const float* rstd, const float* add, int N,
+                                                           unsigned* amax) {
+    rmsnorm_backward_vec_body<true, true>(dx, dx16, dweight, dout, x, weight, rstd, add, N, amax);
 }
 #endif

@@ -1,7 +1,10 @@
 """Launchers of rmsnorm.cu: RMSNorm forward (optionally with the residual addition in front and a bf16
 output) and backward (optionally adding the residual branch's gradient). One warp per row; rows of
 C = 128 * n (n <= 16) take the vectorised kernels (float4 loads, -D ROW_F4=n), where a row wider than 512
-is shared by two or four warps (-D ROW_TEAM) so that each thread keeps at most four float4 pieces of it."""
+is shared by two or four warps (-D ROW_TEAM) so that each thread keeps at most four float4 pieces of it.
+A bf16 output (the forward's out, the backward's dx16) can also raise `amax`, a uint32 scalar, to its
+largest |value| as stored (fp8.amax_bits' form), for the FP8 cast that takes it: in the same pass where
+the row is vectorised, by fp8.amax_bits afterwards where not."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda import cast
+from euler_kernels.cuda import cast, fp8
 from euler_kernels.cuda._module import GRID_CAP, THREADS, blocks, contiguous, get_kernel
 
 # (vectorised, x + branch added in front, bf16 out) -> forward kernel
@@ -49,24 +52,31 @@ def _rows_per_block(vec: dict[str, int]) -> int:
     return THREADS // 32 // vec.get("ROW_TEAM", 1)
 
 
-def rmsnorm_forward(x: Any, weight: Any, eps: float, bf16_out: bool = False) -> tuple[Any, Any]:
+def rmsnorm_forward(
+    x: Any, weight: Any, eps: float, bf16_out: bool = False, amax: Any = None
+) -> tuple[Any, Any]:
     """x (..., C) -> out (..., C), rstd (N,) with N the number of rows; one warp per row. bf16_out: out is
-    bfloat16 (uint16 bit patterns), for a norm whose output only feeds bf16 matrix products."""
-    out, rstd, _ = _rmsnorm_forward(x, None, weight, eps, bf16_out)
+    bfloat16 (uint16 bit patterns), for a norm whose output only feeds bf16 matrix products; amax: raised
+    to out's maximum (bf16_out only)."""
+    out, rstd, _ = _rmsnorm_forward(x, None, weight, eps, bf16_out, amax)
     return out, rstd
 
 
 def residual_rmsnorm_forward(
-    x: Any, branch: Any, weight: Any, eps: float, bf16_out: bool = False
+    x: Any, branch: Any, weight: Any, eps: float, bf16_out: bool = False, amax: Any = None
 ) -> tuple[Any, Any, Any]:
     """s = x + branch and rmsnorm(s) in one pass: (s, out, rstd)."""
-    out, rstd, total = _rmsnorm_forward(x, branch, weight, eps, bf16_out)
+    out, rstd, total = _rmsnorm_forward(x, branch, weight, eps, bf16_out, amax)
     return total, out, rstd
 
 
-def _rmsnorm_forward(x: Any, branch: Any, weight: Any, eps: float, bf16_out: bool) -> tuple[Any, Any, Any]:
+def _rmsnorm_forward(
+    x: Any, branch: Any, weight: Any, eps: float, bf16_out: bool, amax: Any
+) -> tuple[Any, Any, Any]:
     import cupy
 
+    if amax is not None and not bf16_out:
+        raise ValueError("rmsnorm_forward: amax= is for a bf16 output (bf16_out=True)")
     x, weight = contiguous(x, weight)
     C = x.shape[-1]
     N = x.size // C
@@ -81,21 +91,32 @@ def _rmsnorm_forward(x: Any, branch: Any, weight: Any, eps: float, bf16_out: boo
     name = _FORWARD[bool(vec), branch is not None, bool(bf16_out)]
     if vec:
         kernel = get_kernel("rmsnorm.cu", name, **vec)
-        kernel(grid, (THREADS,), (out, rstd, x, weight, *add, np.int32(N), np.float32(eps)))
+        maximum = (_pointer(amax),) if bf16_out else ()  # the bf16 kernels' last argument
+        kernel(grid, (THREADS,), (out, rstd, x, weight, *add, np.int32(N), np.float32(eps), *maximum))
     else:
         args = (out, rstd, x, weight, *add, np.int32(N), np.int32(C), np.float32(eps))
         get_kernel("rmsnorm.cu", name)(grid, (THREADS,), args)
+        if amax is not None:
+            fp8.amax_bits(out, out=amax)
     return out, rstd, total
 
 
+def _pointer(amax: Any) -> Any:
+    """A kernel's amax argument: the scalar, or a null pointer for none."""
+    return np.uint64(0) if amax is None else amax
+
+
 def rmsnorm_backward(
-    dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = None, bf16_copy: bool = False
+    dout: Any, x: Any, weight: Any, rstd: Any, dx_add: Any = None, bf16_copy: bool = False, amax: Any = None
 ) -> tuple[Any, Any, Any]:
     """(dx, dweight, dx16); dx_add (like x): a gradient added to dx in the same pass (the residual branch's);
     bf16_copy: dx16 is dx rounded to bf16 (uint16 bit patterns; written by the same pass where the row is
-    vectorised, else cast afterwards), for bf16 products that take dx next; else dx16 is None."""
+    vectorised, else cast afterwards), for bf16 products that take dx next; else dx16 is None. amax: raised
+    to dx16's maximum (bf16_copy only)."""
     import cupy
 
+    if amax is not None and not bf16_copy:
+        raise ValueError("rmsnorm_backward: amax= is for the bf16 copy (bf16_copy=True)")
     dout, x = contiguous(dout, x)
     C = x.shape[-1]
     N = x.size // C
@@ -108,9 +129,13 @@ def rmsnorm_backward(
         dx16 = cupy.empty(x.shape, dtype=cupy.uint16) if bf16_copy else None
         kernel = get_kernel("rmsnorm.cu", _BACKWARD[True, dx_add is not None, bf16_copy], **vec)
         outs = (dx, dx16) if bf16_copy else (dx,)
-        kernel(grid, (THREADS,), (*outs, dweight, dout, x, weight, rstd, *add, np.int32(N)))
+        maximum = (_pointer(amax),) if bf16_copy else ()  # the copy16 kernels' last argument
+        kernel(grid, (THREADS,), (*outs, dweight, dout, x, weight, rstd, *add, np.int32(N), *maximum))
         return dx, dweight, dx16
     args = (dx, dweight, dout, x, weight, rstd, *add, np.int32(N), np.int32(C))
     kernel = get_kernel("rmsnorm.cu", _BACKWARD[False, dx_add is not None, False])
     kernel(grid, (THREADS,), args, shared_mem=4 * C)
-    return dx, dweight, (cast.to_bf16(dx) if bf16_copy else None)
+    dx16 = cast.to_bf16(dx) if bf16_copy else None
+    if amax is not None:
+        fp8.amax_bits(dx16, out=amax)
+    return dx, dweight, dx16

@@ -4,10 +4,6 @@
 // rounded), as fp8.cu's amax kernels would measure it: the FP8 path's casts take them instead of a pass.
 #include "common.cuh"
 
-// The value as the output stores it: itself for float32, rounded to bf16 for bf16.
-__device__ __forceinline__ float as_stored(const float*, float v) { return v; }
-__device__ __forceinline__ float as_stored(const unsigned short*, float v) { return bf16_to_float(float_to_bf16(v)); }
-
 template <typename T>
 __device__ __forceinline__ void swiglu_forward_body(T* out, const T* gate, const T* up, long long n, unsigned* amax) {
     unsigned bits = 0;

@@ -17,11 +17,12 @@ from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_backward_bf16_co
 
 
 def residual_rmsnorm_forward(
-    x: Any, branch: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False
+    x: Any, branch: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False, amax: Any = None
 ) -> tuple[tuple[Any, Any], tuple]:
     """((s, out), cache) with s = x + branch (..., C) and out = rmsnorm(s, weight, eps) (..., C).
 
-    bf16_out (GPU only): out is a bf16 activation, as in rmsnorm_forward; s stays float32.
+    bf16_out (GPU only): out is a bf16 activation, as in rmsnorm_forward; s stays float32. amax: as in
+    rmsnorm_forward.
 
     >>> import numpy as np
     >>> x, branch = np.array([[1.0, 4.0]]), np.array([[2.0, 0.0]])
@@ -36,10 +37,10 @@ def residual_rmsnorm_forward(
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error(fn, "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if cuda.fused(x, branch, weight):  # one kernel: reads x and branch, writes s and out
-        s, out, rstd = rmsnorm_cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out)
+        s, out, rstd = rmsnorm_cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out, amax)
         return (s, out), ("cuda", s, weight, rstd)  # an rmsnorm cache of s
     s = x + branch
-    out, cache = rmsnorm_forward(s, weight, eps, bf16_out)
+    out, cache = rmsnorm_forward(s, weight, eps, bf16_out, amax)
     return (s, out), cache
 
 
@@ -51,7 +52,7 @@ def residual_rmsnorm_backward(ds: Any, dout: Any, cache: tuple) -> tuple:
     return rmsnorm_backward(dout, cache, dx_add=ds)
 
 
-def residual_rmsnorm_backward_bf16_copy(ds: Any, dout: Any, cache: tuple) -> tuple:
+def residual_rmsnorm_backward_bf16_copy(ds: Any, dout: Any, cache: tuple, amax: Any = None) -> tuple:
     """(dx, dweight, dx16): residual_rmsnorm_backward's gradients and dx16, dx rounded to bf16 in the same
-    pass (rmsnorm_backward_bf16_copy). GPU only."""
-    return rmsnorm_backward_bf16_copy(dout, cache, dx_add=ds)
+    pass (rmsnorm_backward_bf16_copy, amax as there). GPU only."""
+    return rmsnorm_backward_bf16_copy(dout, cache, dx_add=ds, amax=amax)

@@ -9,11 +9,15 @@ from euler_kernels.backend import check_float, get_array_module, shape_error
 from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
 
 
-def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False) -> tuple[Any, tuple]:
+def rmsnorm_forward(
+    x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False, amax: Any = None
+) -> tuple[Any, tuple]:
     """Normalise the last axis of `x` (..., C) by its root mean square, then scale by `weight` (C,).
 
     bf16_out (GPU only): out is a bf16 activation (see backend.is_bf16), for a norm that only feeds bf16
-    matrix products; x, weight, rstd and the gradients stay float32.
+    matrix products; x, weight, rstd and the gradients stay float32. amax (with bf16_out): a uint32
+    scalar (ek.fp8_amax) raised to out's largest |value| in the same pass, for the FP8 products that take
+    out (linear_forward's x_amax=).
 
     >>> import numpy as np
     >>> out, _ = rmsnorm_forward(np.array([[3.0, 4.0]]), np.ones(2), eps=0.0)
@@ -25,10 +29,10 @@ def rmsnorm_forward(x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = Fal
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if cuda.fused(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x and weight
-        out, rstd = rmsnorm_cuda.rmsnorm_forward(x, weight, eps, bf16_out)
+        out, rstd = rmsnorm_cuda.rmsnorm_forward(x, weight, eps, bf16_out, amax)
         return out, ("cuda", x, weight, rstd)
-    if bf16_out:
-        raise ValueError("rmsnorm_forward: bf16_out needs float32 CuPy arrays (the GPU path)")
+    if bf16_out or amax is not None:
+        raise ValueError("rmsnorm_forward: bf16_out and amax need float32 CuPy arrays (the GPU path)")
     out, xhat, rstd = rmsnorm_parts(xp, x, weight, eps)
     return out, (xhat, rstd, weight)
 
@@ -72,18 +76,21 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
     return g, dweight.astype(weight.dtype, copy=False)
 
 
-def rmsnorm_backward_bf16_copy(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
+def rmsnorm_backward_bf16_copy(dout: Any, cache: tuple, dx_add: Any = None, amax: Any = None) -> tuple:
     """(dx, dweight, dx16): rmsnorm_backward's gradients and dx16, dx rounded to bf16 in the same pass, for
     the bf16 products that take dx next (a residual stream's gradient: float32 for the stream, bf16 for the
-    products). GPU only: the cache of a fused rmsnorm_forward."""
+    products). amax: raised to dx16's largest |value|, as in rmsnorm_forward. GPU only: the cache of a
+    fused rmsnorm_forward."""
     if not cuda.fused_cache(cache):
         raise ValueError("rmsnorm_backward_bf16_copy needs the fused GPU path (float32 CuPy arrays)")
-    return _fused_backward("rmsnorm_backward_bf16_copy", dout, cache, dx_add, bf16_copy=True)
+    return _fused_backward("rmsnorm_backward_bf16_copy", dout, cache, dx_add, bf16_copy=True, amax=amax)
 
 
-def _fused_backward(fn: str, dout: Any, cache: tuple, dx_add: Any, bf16_copy: bool) -> tuple:
+def _fused_backward(
+    fn: str, dout: Any, cache: tuple, dx_add: Any, bf16_copy: bool, amax: Any = None
+) -> tuple:
     """(dx, dweight, dx16 or None) from the fused kernels, for a fused forward's cache, shapes checked."""
     _, x, weight, rstd = cache
     if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
         raise shape_error(fn, "dout and dx_add must match x", dout=dout, x=x)
-    return rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add, bf16_copy)
+    return rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add, bf16_copy, amax)
