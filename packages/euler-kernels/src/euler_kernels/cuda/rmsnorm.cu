@@ -183,6 +183,12 @@ extern "C" __global__ void rmsnorm_forward_vec_add_bf16(unsigned short* out, flo
     rmsnorm_forward_vec_body<unsigned short, true>(out, rstd, x, weight, branch, sum, N, eps, amax);
 }
 
+// r * (g w - x c), each step rounded on its own: no multiply-add is contracted, so every variant of the
+// kernel below (with or without the residual add, the bf16 copy, the maximum) gives dx the same bits.
+__device__ __forceinline__ float norm_grad(float r, float g, float w, float x, float c) {
+    return __fmul_rn(r, __fsub_rn(__fmul_rn(g, w), __fmul_rn(x, c)));
+}
+
 // dweight is summed in registers per thread over its team's rows, then over the block's teams in shared
 // memory, then added to global memory once per block (atomics: no update is lost). COPY16: dx is also
 // written rounded to bf16 (into dx16), for the bf16 products that take it next; amax (null: not wanted) is
@@ -223,8 +229,8 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
             if (!piece_in_row(t, j)) continue;
             const size_t i4 = row4 + t + ROW_THREADS * j;
             const float4 g4 = gv[j], x4 = xv[j], wj = w[j];
-            float4 dj = make_float4(r * (g4.x * wj.x - x4.x * c), r * (g4.y * wj.y - x4.y * c),
-                                    r * (g4.z * wj.z - x4.z * c), r * (g4.w * wj.w - x4.w * c));
+            float4 dj = make_float4(norm_grad(r, g4.x, wj.x, x4.x, c), norm_grad(r, g4.y, wj.y, x4.y, c),
+                                    norm_grad(r, g4.z, wj.z, x4.z, c), norm_grad(r, g4.w, wj.w, x4.w, c));
             if (ADD) {
                 const float4 a = reinterpret_cast<const float4*>(add)[i4];
                 dj = make_float4(a.x + dj.x, a.y + dj.y, a.z + dj.z, a.w + dj.w);
