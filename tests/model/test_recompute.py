@@ -149,10 +149,11 @@ def test_recompute_with_a_kv_cache_is_refused() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
 def test_recompute_on_the_gpu_gives_the_gradients_of_the_kept_caches(precision, monkeypatch) -> None:
     """CuPy: the loss is the same number (the forward is run the same way), gradients agree within the
-    spread of the backward's atomic additions (attention's dq, the norms' weight gradients)."""
+    spread of the backward's atomic additions (attention's dq, the norms' weight gradients). fp8: the
+    re-run layer makes its FP8 copies again from what trunk_forward kept for it."""
     cp = pytest.importorskip("cupy")
     monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
     cfg = preset("gpu", n_layers=3, context=128)
