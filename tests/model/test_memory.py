@@ -57,3 +57,17 @@ def test_the_estimate_grows_with_batch_and_context_not_with_their_square() -> No
     # bf16: half the bytes a value, and each layer's two norm outputs and SwiGLU product not kept (blocks.py)
     remade = 8 * cfg.context * cfg.n_layers * (2 * cfg.dim + cfg.ffn_dim) * 2
     assert step_memory(cfg, 8, activation_bytes=2)["activations"] == 4 * one - remade
+
+
+def test_the_fp8_estimate_counts_the_ffn_copies_it_keeps() -> None:
+    """fp8: each layer keeps FP8 copies (a byte a value) of its FFN's h and SwiGLU product that bf16
+    re-makes, C + F bytes a token, when the MLP's matrices fit FP8 products (sizes multiples of 16); with
+    recompute only one layer's caches are alive, so they count once."""
+    cfg = preset("small")  # dim 128, ffn 384: FP8
+    bf16 = step_memory(cfg, 8, activation_bytes=2)["activations"]
+    fp8 = step_memory(cfg, 8, activation_bytes=2, fp8=True)["activations"]
+    assert fp8 - bf16 == 8 * cfg.context * cfg.n_layers * (cfg.dim + cfg.ffn_dim)
+    rerun = [step_memory(cfg, 8, activation_bytes=2, recompute=True, fp8=f) for f in (False, True)]
+    assert rerun[1]["activations"] - rerun[0]["activations"] == 8 * cfg.context * (cfg.dim + cfg.ffn_dim)
+    odd = preset("small", ffn_dim=392)  # 392 is not a multiple of 16: the MLP stays bf16
+    assert step_memory(odd, 8, activation_bytes=2, fp8=True) == step_memory(odd, 8, activation_bytes=2)

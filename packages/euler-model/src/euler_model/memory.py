@@ -3,7 +3,8 @@
 The estimate counts what the forward pass caches for its backward (blocks.py: per layer and token
 6C + 2Ckv + Hq floats in the attention block, q and out also in the grouped layout; 2C + 3F in the FFN
 block; with bf16 activations each norm's output h and the SwiGLU product are re-made in the backward
-instead, 2C + F fewer), the heads' logits (one head's (N, V) logits and gradient at a time in training,
+instead, 2C + F fewer; in the fp8 mode the FFN keeps FP8 copies of its h and SwiGLU product instead, C + F
+bytes), the heads' logits (one head's (N, V) logits and gradient at a time in training,
 all K heads' stacked at evaluation), the largest backward temporaries, and the weights, their gradients
 and AdamW's two moments. With activation recomputation (recompute.py) the step keeps the float32 stream
 entering each layer (2C per token and layer) and one layer's caches at a time instead of every layer's;
@@ -20,6 +21,9 @@ True
 
 from __future__ import annotations
 
+import numpy as np
+
+import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.params import count_params
 
@@ -41,14 +45,22 @@ def _stream_floats(config: ModelConfig) -> int:
     return config.n_layers * 2 * config.dim
 
 
-def _train_bytes_per_token(config: ModelConfig, activation_bytes: int, recompute: bool) -> int:
+def _fp8_layer_bytes(config: ModelConfig) -> int:
+    """Bytes per token of one layer's FP8 copies in the fp8 mode (blocks.py: the FFN's h and SwiGLU
+    product, a byte a value), or 0 when the MLP's matrices do not fit FP8 products (they stay bf16)."""
+    gate = np.broadcast_to(np.float32(0), (config.ffn_dim, config.dim))  # a (F, C) stand-in, no memory
+    return config.dim + config.ffn_dim if ek.fp8_fits(gate) else 0
+
+
+def _train_bytes_per_token(config: ModelConfig, activation_bytes: int, recompute: bool, fp8: bool) -> int:
     """Activation bytes per token alive at the training step's peak."""
     c, f, v = config.dim, config.ffn_dim, config.vocab_size
-    heads_and_temporaries = 3 * v + 3 * f + 4 * c  # one head's logits + backward temporaries
-    layer = _layer_floats(config, bf16=activation_bytes == 2)
+    temporaries = activation_bytes * (3 * v + 3 * f + 4 * c)  # one head's logits + backward temporaries
+    layer = activation_bytes * _layer_floats(config, bf16=activation_bytes == 2)
+    layer += _fp8_layer_bytes(config) if fp8 else 0
     if recompute:  # the streams, then one layer's caches at a time
-        return 4 * _stream_floats(config) + activation_bytes * (layer + heads_and_temporaries)
-    return activation_bytes * (config.n_layers * layer + heads_and_temporaries)
+        return 4 * _stream_floats(config) + layer + temporaries
+    return config.n_layers * layer + temporaries
 
 
 def _eval_bytes_per_token(config: ModelConfig) -> int:
@@ -64,16 +76,18 @@ def step_memory(
     grad_accum: int = 1,
     activation_bytes: int = 4,
     recompute: bool = False,
+    fp8: bool = False,
 ) -> dict[str, int]:
     """Bytes of one optimizer step on one process: {"weights", "gradients", "optimizer", "activations",
     "evaluation", "total"}; `activation_bytes` is 2 for bf16 activations (weights and the residual stream
-    stay float32); `recompute`: the layers are re-run in the backward (loss_and_grads(recompute=True))."""
+    stay float32); `recompute`: the layers are re-run in the backward (loss_and_grads(recompute=True));
+    `fp8`: the fp8 mode (with activation_bytes 2), whose FFN keeps FP8 copies where bf16 re-makes."""
     n_params = count_params(config)
     tokens = batch_size * config.context
     weights = 4 * n_params
     gradients = 4 * n_params * (2 if grad_accum > 1 else 1)  # micro-batch gradients + their running sum
     optimizer = 8 * n_params  # AdamW's m and v, float32
-    activations = tokens * _train_bytes_per_token(config, activation_bytes, recompute)
+    activations = tokens * _train_bytes_per_token(config, activation_bytes, recompute, fp8)
     evaluation = tokens * _eval_bytes_per_token(config)
     peak = weights + optimizer + max(gradients + activations, evaluation)
     return {

@@ -59,22 +59,23 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
     """ConfigError when the estimated step (times `processes` sharing this host's RAM) exceeds what is
     available; returns the estimate otherwise."""
     train = cfg["train"]
-    act = 2 if cfg["run"]["precision"] in ("bf16", "fp8") else 4
-    need = _estimate(mcfg, train["batch_size"], train, act)
+    precision = cfg["run"]["precision"]
+    need = _estimate(mcfg, train["batch_size"], train, precision)
     if not cfg["run"]["memory_check"]:
         return need
     have, where = available_bytes(device)
     share = processes if device.kind == "cpu" else 1
     if need["total"] * share <= have:
         return need
-    fits = [b for b in range(train["batch_size"] - 1, 0, -1) if _total(mcfg, b, train, act) * share <= have]
+    smaller = range(train["batch_size"] - 1, 0, -1)
+    fits = [b for b in smaller if _total(mcfg, b, train, precision) * share <= have]
     lower = (
         f"lower train.batch_size to {fits[0]} (raise train.grad_accum to keep the tokens per step)"
         if fits
         else "lower model.context or the model's size (batch size 1 does not fit either)"
     )
     rerun = {**train, "recompute": True}
-    if not train["recompute"] and _total(mcfg, train["batch_size"], rerun, act) * share <= have:
+    if not train["recompute"] and _total(mcfg, train["batch_size"], rerun, precision) * share <= have:
         lower = f"set train.recompute=true (--recompute: it fits then) or {lower}"
     state = need["weights"] + need["gradients"] + need["optimizer"]
     raise ConfigError(
@@ -88,9 +89,11 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
     )
 
 
-def _estimate(mcfg: Any, batch: int, train: dict, act: int) -> dict[str, int]:
-    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"])
+def _estimate(mcfg: Any, batch: int, train: dict, precision: str) -> dict[str, int]:
+    act = 2 if precision in ("bf16", "fp8") else 4  # bytes of an activation
+    fp8 = precision == "fp8"
+    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"], fp8)
 
 
-def _total(mcfg: Any, batch: int, train: dict, act: int) -> int:
-    return _estimate(mcfg, batch, train, act)["total"]
+def _total(mcfg: Any, batch: int, train: dict, precision: str) -> int:
+    return _estimate(mcfg, batch, train, precision)["total"]
