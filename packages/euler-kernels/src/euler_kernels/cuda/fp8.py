@@ -44,6 +44,16 @@ def amax_bits(x: Any, out: Any = None) -> Any:
     return out
 
 
+def amax_pointer(amax: Any, what: str) -> Any:
+    """The amax argument of a kernel that raises a maximum while it makes a tensor (swiglu.cu, rmsnorm.cu):
+    a uint32 scalar in amax_bits' form, or a null pointer for None."""
+    if amax is None:
+        return np.uint64(0)
+    if amax.dtype != np.uint32 or amax.size != 1:
+        raise ValueError(f"{what}: amax must be a uint32 scalar (fp8.amax_bits's form), got {amax.dtype}")
+    return amax
+
+
 def to_fp8(x: Any, fmt: str, rows: bool = True, cols: bool = False, amax: Any = None) -> Fp8Tensor:
     """The FP8 copy of a C-contiguous 2-D float32 or bf16 (uint16) CuPy array: row-major (rows), transposed
     (cols), or both from one read. amax: its `amax_bits` if the caller has it (say, from the kernel that

@@ -77,6 +77,7 @@ def _rmsnorm_forward(
 
     if amax is not None and not bf16_out:
         raise ValueError("rmsnorm_forward: amax= is for a bf16 output (bf16_out=True)")
+    pointer = fp8.amax_pointer(amax, "rmsnorm_forward")
     x, weight = contiguous(x, weight)
     C = x.shape[-1]
     N = x.size // C
@@ -91,7 +92,7 @@ def _rmsnorm_forward(
     name = _FORWARD[bool(vec), branch is not None, bool(bf16_out)]
     if vec:
         kernel = get_kernel("rmsnorm.cu", name, **vec)
-        maximum = (_pointer(amax),) if bf16_out else ()  # the bf16 kernels' last argument
+        maximum = (pointer,) if bf16_out else ()  # the bf16 kernels' last argument
         kernel(grid, (THREADS,), (out, rstd, x, weight, *add, np.int32(N), np.float32(eps), *maximum))
     else:
         args = (out, rstd, x, weight, *add, np.int32(N), np.int32(C), np.float32(eps))
@@ -99,11 +100,6 @@ def _rmsnorm_forward(
         if amax is not None:
             fp8.amax_bits(out, out=amax)
     return out, rstd, total
-
-
-def _pointer(amax: Any) -> Any:
-    """A kernel's amax argument: the scalar, or a null pointer for none."""
-    return np.uint64(0) if amax is None else amax
 
 
 def rmsnorm_backward(
@@ -117,6 +113,7 @@ def rmsnorm_backward(
 
     if amax is not None and not bf16_copy:
         raise ValueError("rmsnorm_backward: amax= is for the bf16 copy (bf16_copy=True)")
+    pointer = fp8.amax_pointer(amax, "rmsnorm_backward")
     dout, x = contiguous(dout, x)
     C = x.shape[-1]
     N = x.size // C
@@ -129,7 +126,7 @@ def rmsnorm_backward(
         dx16 = cupy.empty(x.shape, dtype=cupy.uint16) if bf16_copy else None
         kernel = get_kernel("rmsnorm.cu", _BACKWARD[True, dx_add is not None, bf16_copy], **vec)
         outs = (dx, dx16) if bf16_copy else (dx,)
-        maximum = (_pointer(amax),) if bf16_copy else ()  # the copy16 kernels' last argument
+        maximum = (pointer,) if bf16_copy else ()  # the copy16 kernels' last argument
         kernel(grid, (THREADS,), (*outs, dweight, dout, x, weight, rstd, *add, np.int32(N), *maximum))
         return dx, dweight, dx16
     args = (dx, dweight, dout, x, weight, rstd, *add, np.int32(N), np.int32(C))

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, contiguous, get_kernel, grid
+from euler_kernels.cuda.fp8 import amax_pointer
 
 # storage -> kernel; "bf16x8": bf16 arrays read 8 elements (16 bytes) at a time
 _FORWARD = {"float32": "swiglu_forward", "bf16": "swiglu_forward_bf16", "bf16x8": "swiglu_forward_bf16x8"}
@@ -31,7 +32,7 @@ def swiglu_forward(gate: Any, up: Any, amax: Any = None) -> Any:
     gate, up = contiguous(gate, up)
     out = cupy.empty_like(gate)
     kernel, n = _kernel(_FORWARD, out, gate, up)
-    kernel(grid(n), (THREADS,), (out, gate, up, np.int64(n), _pointer(amax)))
+    kernel(grid(n), (THREADS,), (out, gate, up, np.int64(n), amax_pointer(amax, "swiglu_forward")))
     return out
 
 
@@ -43,15 +44,6 @@ def swiglu_backward(dout: Any, gate: Any, up: Any, amax: tuple[Any, Any] | None 
     dout, gate, up = contiguous(dout, gate, up)
     dgate, dup = cupy.empty_like(gate), cupy.empty_like(up)
     kernel, n = _kernel(_BACKWARD, dgate, dup, dout, gate, up)
-    pointers = (np.uint64(0), np.uint64(0)) if amax is None else tuple(_pointer(a) for a in amax)
+    pointers = tuple(amax_pointer(a, "swiglu_backward") for a in (amax or (None, None)))
     kernel(grid(n), (THREADS,), (dgate, dup, dout, gate, up, np.int64(n), *pointers))
     return dgate, dup
-
-
-def _pointer(amax: Any) -> Any:
-    """A uint32 scalar for the kernel, or a null pointer for None."""
-    if amax is None:
-        return np.uint64(0)
-    if amax.dtype != np.uint32 or amax.size != 1:
-        raise ValueError(f"swiglu: amax must be a uint32 scalar (fp8.amax_bits's form), got {amax.dtype}")
-    return amax
