@@ -7,7 +7,8 @@ fixed order, the first variant was the fastest by up to 10% on some rows, whatev
 BWD_OVERLAP and DQ_ONE_WG are the backward's choices that depend on the head dimension (their defaults
 are the faster of each pair here); BWD_HEAVY_FIRST 0 starts the blocks in the old order (each head's key
 blocks in turn); BWD_ABLATE 1 leaves out the dQ reductions (wrong dq, timing only: what they cost). Each
-line also says how the variant's dq, dk, dv differ from the default's. The forward has no variants left.
+line also says how the variant's dq, dk, dv differ from the default's. The forward's variant: Q_STAGES 1
+(one Q buffer: the next item's Q is copied only once this one's last S has been computed).
 docs/benchmarks/attention_gpu.md keeps the measurements of the variants that did not pay.
 """
 
@@ -34,13 +35,20 @@ BACKWARD = {  # per head dimension: the default first
     ],
     128: [{}, {"BWD_OVERLAP": 0}, {"BWD_HEAVY_FIRST": 0}, {"BWD_ABLATE": 1}],
 }
+FORWARD = [{}, {"Q_STAGES": 1}]  # the default first
 ROUNDS = 3
 
 
-def forward_ms(q, k, v) -> float:
+def forward_run(q, k, v, tuning: dict) -> tuple:
+    """The variant's (out, lse) from one call, and a function that calls it again into the same arrays."""
     B, T, Hq, _ = q.shape
     out, lse = cp.empty(q.shape, cp.uint16), cp.empty((B, Hq, T), cp.float32)
-    return queued_ms(lambda: flash_attention_sm90.forward(q, k, v, True, out, lse))
+
+    def call() -> None:
+        flash_attention_sm90.forward(q, k, v, True, out, lse, **tuning)
+
+    call()
+    return (out.copy(), lse.copy()), call
 
 
 def backward_run(g, q, k, v, lse, delta, tuning: dict) -> tuple:
@@ -53,6 +61,15 @@ def backward_run(g, q, k, v, lse, delta, tuning: dict) -> tuple:
 
     call()
     return (dq.copy(), dk.copy(), dv.copy()), call
+
+
+def fastest(runs: list) -> list:
+    """Each run's fastest of ROUNDS rounds, the runs timed in turn within a round."""
+    best = [float("inf")] * len(runs)
+    for _ in range(ROUNDS):
+        for i, (_, call) in enumerate(runs):
+            best[i] = min(best[i], queued_ms(call))
+    return best
 
 
 def difference(results: tuple, reference: tuple) -> str:
@@ -74,14 +91,15 @@ def main() -> None:
         _, lse = flash_attention_forward_bf16(q, k, v, True)
         delta = cp.asarray(rng.standard_normal((B, Hq, T), dtype=np.float32))
         print(f"D {D}, {Hq}/{Hkv} heads, {B} x {T}")
-        ms = forward_ms(q, k, v)
-        print(f"  forward  {'':33} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s")
+        forwards = [forward_run(q, k, v, tuning) for tuning in FORWARD]
+        for tuning, ms, (results, _) in zip(FORWARD, fastest(forwards), forwards, strict=True):
+            same = all(bool(cp.array_equal(a, b)) for a, b in zip(results, forwards[0][0], strict=True))
+            print(
+                f"  forward  {tuning!s:33} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s  "
+                f"{'same bits' if same else 'DIFFERENT'}"
+            )
         runs = [backward_run(g, q, k, v, lse, delta, tuning) for tuning in BACKWARD[D]]
-        best = [float("inf")] * len(runs)
-        for _ in range(ROUNDS):
-            for i, (_, call) in enumerate(runs):
-                best[i] = min(best[i], queued_ms(call))
-        for tuning, (results, _), ms in zip(BACKWARD[D], runs, best, strict=True):
+        for tuning, (results, _), ms in zip(BACKWARD[D], runs, fastest(runs), strict=True):
             change = difference(results, runs[0][0])
             print(f"  backward {tuning!s:33} {ms:7.3f} ms {2.5 * flops / ms / 1e9:5.0f} TF/s  {change}")
 

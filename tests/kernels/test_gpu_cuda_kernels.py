@@ -55,7 +55,11 @@ def test_rmsnorm_matches_numpy(n, c, seed):
     out, rstd = rmsnorm.rmsnorm_forward(cp.asarray(x), cp.asarray(w), 1e-5)
     dx, dw, _ = rmsnorm.rmsnorm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(w), rstd)
     # dx = rstd * (g w - x rstd^2 mean(g w x)) cancels when C = 1: judge it against its O(1) terms
-    assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref, floor=1.0) < 1e-5 and rel(dw, dw_ref) < 1e-5
+    assert rel(out, out_ref) < 1e-5 and rel(dx, dx_ref, floor=1.0) < 1e-5
+    # dw sums g x rstd over the rows, which can cancel too (C = 1, n = 30 left 0.02 of terms of 0.5):
+    # each column within 1e-5 of the sum of its terms' sizes
+    terms = np.abs(g.astype(np.float64) * x * (cp.asnumpy(rstd).reshape(n, 1))).sum(axis=0)
+    assert np.all(np.abs(cp.asnumpy(dw) - dw_ref) <= 1e-5 * terms)
 
 
 @settings(max_examples=10, deadline=None)

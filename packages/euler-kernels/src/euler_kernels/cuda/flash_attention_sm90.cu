@@ -7,12 +7,14 @@
 // Forward: persistent and warp-specialised. One block per SM walks the (BM-query tile, query head, batch)
 // work items blockIdx.x, + gridDim.x, ..., the tiles that see the most keys first. Warpgroup 0 is the
 // producer: one thread copies Q and the K, V tiles (BN keys) with TMA into the 128-byte swizzled layout of
-// wgmma.cuh, KV_STAGES buffers each, running ahead into the next work item while the consumers finish this
-// one. Warpgroups 1 and 2 consume, 64 query rows each: per tile S = Q K^T (64 x BN, operands from shared
+// wgmma.cuh (Q_STAGES buffers of Q, KV_STAGES of K and of V), running ahead into the next work items while
+// the consumers finish this one. Warpgroups 1 and 2 consume, 64 query rows each: per tile S = Q K^T (64 x BN, operands from shared
 // memory) is issued with P V of the tile before (P from registers), the online softmax of S runs while
 // P V is on the tensor cores, and each buffer is handed back on its "empty" barrier as soon as its last
 // product has finished. No block-wide barrier after the start: K, V and Q each have their own full/empty
-// barriers (tma.cuh), so the two consumers drift apart freely.
+// barriers (tma.cuh), so the two consumers drift apart freely. A consumer writes its 64 rows of O in bf16
+// into a staging tile of its own (the swizzled layout of the out map) and one of its threads stores the
+// tile with TMA while the warpgroup goes on to the next item: whole 128-byte lines, no register waits.
 #include "common.cuh"
 #include "flash_common.cuh"
 #include "tma.cuh"
@@ -25,9 +27,13 @@
 #define BM 128                     // query rows per work item: 64 per consumer warpgroup
 #define BN 128                     // keys per tile
 #define KV_STAGES 2                // buffers of K and of V
+#ifndef Q_STAGES
+#define Q_STAGES 2                 // buffers of Q: the next item's lands while this one finishes
+#endif
 #define FWD_NT 384                 // producer warpgroup + 2 consumer warpgroups
 #define Q_BYTES (BM * HEAD_DIM * 2)
 #define KV_BYTES (BN * HEAD_DIM * 2)
+#define O_BYTES (64 * HEAD_DIM * 2)  // a consumer's staging tile of O
 
 // ROWS rows (one position each) of head `head`, batch `b` from row `row0`, all panels, into a swizzled tile
 __device__ __forceinline__ void tma_rows(unsigned tile, int rows, const TensorMap* map, int head, int row0,
@@ -104,20 +110,22 @@ __device__ __forceinline__ WorkItem work_item(int w, int T, int S, int Hq, int B
     return item;
 }
 
-// The shared memory of the forward: Q, KV_STAGES K and V tiles (1024-aligned), then the barriers
+// The shared memory of the forward: Q_STAGES Q tiles, KV_STAGES K and V tiles, two O staging tiles
+// (1024-aligned), then the barriers (8 bytes each)
 struct ForwardSmem {
-    unsigned q, k, v;                           // tiles
-    unsigned q_full, q_empty;                   // barriers (8 bytes each)
+    unsigned q, k, v, o;                        // tiles
+    unsigned q_full, q_empty;                   // first of Q_STAGES barriers each
     unsigned k_full, k_empty, v_full, v_empty;  // first of KV_STAGES barriers each
 };
 __device__ __forceinline__ ForwardSmem forward_smem(unsigned base) {
     ForwardSmem m;
     m.q = base;
-    m.k = m.q + Q_BYTES;
+    m.k = m.q + Q_STAGES * Q_BYTES;
     m.v = m.k + KV_STAGES * KV_BYTES;
-    m.q_full = m.v + KV_STAGES * KV_BYTES;
-    m.q_empty = m.q_full + 8;
-    m.k_full = m.q_empty + 8;
+    m.o = m.v + KV_STAGES * KV_BYTES;
+    m.q_full = m.o + 2 * O_BYTES;
+    m.q_empty = m.q_full + 8 * Q_STAGES;
+    m.k_full = m.q_empty + 8 * Q_STAGES;
     m.k_empty = m.k_full + 8 * KV_STAGES;
     m.v_full = m.k_empty + 8 * KV_STAGES;
     m.v_empty = m.v_full + 8 * KV_STAGES;
@@ -134,9 +142,10 @@ __device__ void produce(const ForwardSmem& sm, const TensorMap* q_map, const Ten
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
         const WorkItem it = work_item(w, T, S, Hq, B, causal);
         const int hk = it.h / (Hq / Hkv);
-        mbar_wait(sm.q_empty, (items & 1) ^ 1);
-        mbar_expect_tx(sm.q_full, Q_BYTES);
-        tma_rows(sm.q, BM, q_map, it.h, it.q0, it.b, sm.q_full);
+        const int qs = items % Q_STAGES;
+        mbar_wait(sm.q_empty + 8 * qs, ((items / Q_STAGES) & 1) ^ 1);
+        mbar_expect_tx(sm.q_full + 8 * qs, Q_BYTES);
+        tma_rows(sm.q + qs * Q_BYTES, BM, q_map, it.h, it.q0, it.b, sm.q_full + 8 * qs);
         for (int j = 0; j < it.n_tiles; j++, n++) {
             const int stage = n % KV_STAGES;
             const unsigned parity = ((n / KV_STAGES) & 1) ^ 1;
@@ -156,12 +165,12 @@ __device__ __forceinline__ void release(unsigned bar) {
 }
 
 // A consumer warpgroup (cw = 0, 1: query rows 64 cw .. of each item)
-__device__ void consume(const ForwardSmem& sm, bf16_t* out, float* lse, int cw, int T, int S, int Hq, int B,
-                        float scale, bool causal) {
+__device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* lse, int cw, int T, int S, int Hq,
+                        int B, float scale, bool causal) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int n_work = (T + BM - 1) / BM * Hq * B, offset = S - T, row0 = cw * 64 + warp * 16;
     const float sl2 = scale * LOG2E;  // scores -> log2 units
-    const unsigned q_rows = sm.q + cw * 64 * 128;  // this warpgroup's 64 query rows
+    const unsigned o_tile = sm.o + cw * O_BYTES;   // this warpgroup's staging tile of O
     int n = 0, items = 0;  // K/V tiles and items consumed so far (the producer's count)
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
         const WorkItem it = work_item(w, T, S, Hq, B, causal);
@@ -182,7 +191,10 @@ __device__ void consume(const ForwardSmem& sm, bf16_t* out, float* lse, int cw, 
         unsigned p[BN / 16][4];  // P of the tile whose P V is next, bf16 A operand
         unsigned p2[BN / 16][4];
 
-        mbar_wait(sm.q_full, items & 1);
+        const int qs = items % Q_STAGES;
+        const unsigned q_rows = sm.q + qs * Q_BYTES + cw * 64 * 128;  // this warpgroup's 64 query rows
+        const unsigned q_empty = sm.q_empty + 8 * qs;
+        mbar_wait(sm.q_full + 8 * qs, (items / Q_STAGES) & 1);
         // Tile 0: S and its softmax into p. Then tile j >= 1: S of tile j is issued with P V of tile j - 1
         // (p_prev); waiting for all but the newest group waits for S only, and tile j's softmax fills
         // p_next while P V runs. The two P buffers alternate (a copy would let the compiler merge them
@@ -194,7 +206,7 @@ __device__ void consume(const ForwardSmem& sm, bf16_t* out, float* lse, int cw, 
         wgmma_wait<0>();
         fence_regs<BN / 2>(s);
         release(empty(sm.k_empty, 0));
-        if (it.n_tiles == 1) release(sm.q_empty);
+        if (it.n_tiles == 1) release(q_empty);
         softmax_tile(s, p, m, l, alpha, needs_mask(0), 0, S, causal, pos0, pos1, sl2);
         auto step = [&](int j, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
             full(sm.k_full, j);
@@ -209,7 +221,7 @@ __device__ void consume(const ForwardSmem& sm, bf16_t* out, float* lse, int cw, 
             wgmma_wait<1>();  // S of tile j
             fence_regs<BN / 2>(s);
             release(empty(sm.k_empty, j));
-            if (j == it.n_tiles - 1) release(sm.q_empty);  // the item's last use of Q
+            if (j == it.n_tiles - 1) release(q_empty);  // the item's last use of Q
             softmax_tile(s, p_next, m, l, alpha, needs_mask(j * BN), j * BN, S, causal, pos0, pos1, sl2);
             fence_regs<BN / 16>(p_next);  // the softmax is done before the wait below
             fence_regs<2>(alpha);
@@ -246,32 +258,47 @@ __device__ void consume(const ForwardSmem& sm, bf16_t* out, float* lse, int cw, 
         }
         n += it.n_tiles;
 
-        const size_t q_stride = (size_t)Hq * HEAD_DIM;
+        // O / l -> the staging tile (64 rows, HEAD_DIM / 64 swizzled panels), once the last item's store
+        // has read it; then thread 0 of the warpgroup stores it (rows past T are not written)
+        const bool storer = threadIdx.x % 128 == 0;
+        if (storer) bulk_wait_read<0>();
+        named_barrier_sync(1 + cw, 128);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const int tq = it.q0 + row0 + g + 8 * r;
+            const int row = warp * 16 + g + 8 * r, tq = it.q0 + row0 + g + 8 * r;
             const float sum = quad_sum(l[r]);  // all lanes take part in the shuffle
-            if (tq >= T) continue;
             const float inv = 1.0f / sum;
-            bf16_t* orow = out + ((size_t)it.b * T + tq) * q_stride + it.h * HEAD_DIM;
 #pragma unroll
-            for (int i = 0; i < HEAD_DIM / 8; i++)
-                *reinterpret_cast<unsigned*>(orow + i * 8 + 2 * t) =
-                    pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-            if (t == 0) lse[((size_t)it.b * Hq + it.h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+            for (int i = 0; i < HEAD_DIM / 8; i++) {  // columns 8i + 2t, + 1: panel i / 8, 16-byte chunk i % 8
+                const unsigned at = o_tile + (i / 8) * (64 * 128) + swizzled(row, (i % 8) * 16 + 4 * t);
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16(o[4 * i + 2 * r] * inv,
+                                                                                   o[4 * i + 2 * r + 1] * inv)));
+            }
+            if (t == 0 && tq < T) lse[((size_t)it.b * Hq + it.h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+        }
+        fence_proxy_async();  // the staging stores, for the copy engine
+        named_barrier_sync(1 + cw, 128);
+        if (storer) {
+#pragma unroll
+            for (int p = 0; p < PANELS; p++) tma_store_4d(out_map, p * 64, it.h, it.q0 + cw * 64, it.b, o_tile + p * (64 * 128));
+            bulk_commit();
         }
     }
+    if (threadIdx.x % 128 == 0) bulk_wait_all();  // the last store is done before the block's memory goes
 }
 
 extern "C" __global__ void __launch_bounds__(FWD_NT, 1)
-flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ TensorMap q_map,
-                             const __grid_constant__ TensorMap k_map, const __grid_constant__ TensorMap v_map,
-                             int T, int S, int Hq, int Hkv, float scale, int causal, int B) {
+flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* lse,
+                             const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,
+                             const __grid_constant__ TensorMap v_map, int T, int S, int Hq, int Hkv, float scale,
+                             int causal, int B) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const ForwardSmem sm = forward_smem((smem_u32(smem_raw) + 1023u) & ~1023u);  // the swizzle repeats every 1024 bytes
     if (threadIdx.x == 0) {
-        mbar_init(sm.q_full, 1);
-        mbar_init(sm.q_empty, CONSUMER_WARPS);
+        for (int i = 0; i < Q_STAGES; i++) {
+            mbar_init(sm.q_full + 8 * i, 1);
+            mbar_init(sm.q_empty + 8 * i, CONSUMER_WARPS);
+        }
         for (int i = 0; i < KV_STAGES; i++) {
             mbar_init(sm.k_full + 8 * i, 1);
             mbar_init(sm.k_empty + 8 * i, CONSUMER_WARPS);
@@ -286,7 +313,7 @@ flash_attention_forward_sm90(bf16_t* out, float* lse, const __grid_constant__ Te
         if (threadIdx.x == 0) produce(sm, &q_map, &k_map, &v_map, T, S, Hq, Hkv, B, causal);
     } else {
         regs_claim<240>();
-        consume(sm, out, lse, threadIdx.x / 128 - 1, T, S, Hq, B, scale, causal);
+        consume(sm, &out_map, lse, threadIdx.x / 128 - 1, T, S, Hq, B, scale, causal);
     }
 }
 

@@ -22,7 +22,7 @@ from euler_kernels.cuda.tensor_map import head_rows_map, launch, loaded_function
 _SOURCE = "flash_attention_sm90.cu"
 KERNEL_ENV = "EULER_FLASH_KERNEL"
 _CHOICES = ("auto", "sm90", "mma")
-_BM, _BN, _KV_STAGES = 128, 128, 2  # forward: query rows per work item, keys per tile, K and V buffers
+_BM, _BN, _KV_STAGES, _Q_STAGES = 128, 128, 2, 2  # forward: query rows per item, keys per tile, buffers
 
 
 def kernel_sizes(q: Any, k: Any, causal: bool) -> tuple:
@@ -71,23 +71,27 @@ def _sm_count(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def _forward_smem(head_dim: int) -> int:
-    """Q (BM, D) + KV_STAGES x (K, V) (BN, D) bf16, the barriers (10 x 8 bytes), + 1024 to align."""
-    return 2 * head_dim * (_BM + 2 * _KV_STAGES * _BN) + 10 * 8 + 1024
+def _forward_smem(head_dim: int, q_stages: int) -> int:
+    """q_stages x Q (BM, D) + KV_STAGES x (K, V) (BN, D) + 2 O staging tiles (64, D) bf16, the barriers
+    (2 per buffer, 8 bytes each), + 1024 to align."""
+    tiles = 2 * head_dim * (q_stages * _BM + 2 * _KV_STAGES * _BN + 2 * 64)
+    return tiles + 2 * (q_stages + 2 * _KV_STAGES) * 8 + 1024
 
 
-def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any) -> None:
+def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **tuning: int) -> None:
     """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
-    (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item)."""
+    (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item).
+    `tuning`: extra -D defines (timing experiments: Q_STAGES)."""
     import cupy
 
     B, T, Hq, D = q16.shape
-    smem = _forward_smem(D)
-    function = loaded_function(get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", HEAD_DIM=D), smem)
+    defines = {"HEAD_DIM": D, "Q_STAGES": _Q_STAGES, **tuning}
+    smem = _forward_smem(D, defines["Q_STAGES"])
+    function = loaded_function(get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines), smem)
     work = (T + _BM - 1) // _BM * Hq * B
     grid = (min(work, _sm_count(cupy.cuda.runtime.getDevice())), 1, 1)
     maps = (head_rows_map(q16, _BM), head_rows_map(k16, _BN), head_rows_map(v16, _BN))
-    args = (out16, lse, *maps, *kernel_sizes(q16, k16, causal), np.int32(B))
+    args = (head_rows_map(out16, 64), lse, *maps, *kernel_sizes(q16, k16, causal), np.int32(B))
     launch(function, grid, (384, 1, 1), args, smem)
 
 

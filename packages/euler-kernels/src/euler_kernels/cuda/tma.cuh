@@ -59,6 +59,18 @@ __device__ __forceinline__ void tma_reduce_add_4d(const TensorMap* map, int c0, 
         "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
         : "memory");
 }
+// the shared tile at src -> dst's box at (c0, c1, c2, c3) (rows past the array are not written), as part
+// of this thread's next bulk group
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c1, int c2, int c3, unsigned src) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(map), "r"(c0),
+        "r"(c1), "r"(c2), "r"(c3), "r"(src)
+        : "memory");
+}
+// a barrier among `threads` threads (whole warps) of the block, numbered id (0 is __syncthreads')
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // until at most N of this thread's bulk groups still read their shared memory
 template <int N>
