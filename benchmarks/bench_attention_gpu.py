@@ -8,8 +8,11 @@ Hopper wgmma kernels (flash_attention_sm90.cu), our mma.sync kernels (flash_atte
 (cuDNN, flash, memory-efficient; K/V expanded to the query heads beforehand, untimed), the ratio of ours
 to the fastest backend, and TFLOP/s counting the causal work (half the square: 4 B Hq T^2 D / 2 forward,
 2.5x that backward). Times are device time per call, 10 calls queued between two CUDA events (queued_ms:
-the host's launch latency overlaps the device's work, as in a captured training step); the last column,
-"one call", is a single synchronised call (time_ms), which adds each side's host latency. Errors are
+the host's launch latency overlaps the device's work as long as the host is faster than the device). The
+column "graph fwd" replays 10 forward calls captured in a CUDA graph (each side's own: CuPy's for ours,
+PyTorch's for SDPA), as a captured training step runs them: no host work at all, which matters where a
+call takes less device time than its Python takes (T 512). The last column, "one call", is a single
+synchronised call (time_ms), which adds each side's host latency. Errors are
 ‖ours − ref‖ / ‖ref‖ against a float32 reference (SDPA memory-efficient backend on the bf16 inputs upcast
 to float32); gradients are compared in float32.
 """
@@ -48,6 +51,53 @@ FAMILIES = ("sm90", "mma")
 def rel(a, b) -> float:
     a, b = torch.as_tensor(a, device="cuda").float(), b.float()
     return float((a - b).norm() / b.norm())
+
+
+def cupy_graph_ms(fn, reps: int, calls: int = 10) -> float:
+    """Median device milliseconds per call of fn() (CuPy work) replayed from a CUDA graph of `calls` calls,
+    captured after a warm-up call, with a memory pool of its own (allocations inside the capture reuse the
+    warm-up's blocks)."""
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(calls):
+            fn()
+        graph = stream.end_capture()
+    graph.launch(stream)
+    times = []
+    for _ in range(reps):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / calls)
+    return float(np.median(times))
+
+
+def torch_graph_ms(fn, reps: int, calls: int = 10) -> float:
+    """The same for PyTorch work, through torch.cuda.CUDAGraph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return float(np.median(times))
 
 
 def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
@@ -89,7 +139,8 @@ def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
             o, s = flash_attention_forward_bf16(q16, k16, v16, True)
             flash_attention_backward_bf16(g16, q16, k16, v16, o, s, True)
 
-        result[family] = (queued_ms(forward, reps), queued_ms(both, reps), errors, time_ms(forward, reps))
+        times = (queued_ms(forward, reps), queued_ms(both, reps))
+        result[family] = (*times, errors, time_ms(forward, reps), cupy_graph_ms(forward, reps))
     os.environ.pop(flash_attention_sm90.KERNEL_ENV, None)
 
     tq, tk, tv = (to_torch(a, e, torch.bfloat16).requires_grad_() for a, e in ((q16, 0), (k16, 1), (v16, 1)))
@@ -105,7 +156,8 @@ def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
                 def both():
                     F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
 
-                result[name] = (queued_ms(forward, reps), queued_ms(both, reps), None, time_ms(forward, reps))
+                times = (queued_ms(forward, reps), queued_ms(both, reps))
+                result[name] = (*times, None, time_ms(forward, reps), torch_graph_ms(forward, reps))
         except RuntimeError as error:  # the backend does not run this shape
             result[name] = str(error).splitlines()[0][:60]
     result["flops_fwd"] = flops_fwd
@@ -120,6 +172,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cp.__version__}")
     results = [bench_row(*ROWS[int(i)], args.reps) for i in args.rows.split(",")]
     print("\nms forward / forward+backward (queued); TF/s of the causal work; ratio = fastest SDPA / ours;")
+    print("graph fwd = forward replayed from a CUDA graph (ratio against the fastest SDPA's, also replayed);")
     print("one call = a single synchronised forward, host latency included")
     for r in results:
         D, Hq, Hkv, B, T = r["row"]
@@ -127,12 +180,13 @@ def main() -> None:
         refs = {k: v for k, v in timed.items() if k in BACKENDS}
         best_f = min(v[0] for v in refs.values())
         best_b = min(v[1] for v in refs.values())
+        best_g = min(v[4] for v in refs.values())
         print(f"\nD {D}, {Hq}/{Hkv} heads, {B} x {T}: fastest SDPA fwd {best_f:.3f}, fwd+bwd {best_b:.3f} ms")
-        for name, (f, b, errors, one) in timed.items():
+        for name, (f, b, errors, one, g) in timed.items():
             line = (
                 f"  {name:>10} {f:8.3f} / {b:8.3f} ms  {r['flops_fwd'] / f / 1e9:6.0f} / "
                 f"{3.5 * r['flops_fwd'] / b / 1e9:6.0f} TF/s  {best_f / f:5.2f}x / {best_b / b:5.2f}x"
-                f"  one call {one:.3f} ms"
+                f"  graph fwd {g:.3f} ms {best_g / g:5.2f}x  one call {one:.3f} ms"
             )
             if errors:
                 line += "  err out {:.1e} dq {:.1e} dk {:.1e} dv {:.1e}".format(*errors)

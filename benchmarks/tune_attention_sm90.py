@@ -7,12 +7,16 @@ fixed order, the first variant was the fastest by up to 10% on some rows, whatev
 BWD_OVERLAP and DQ_ONE_WG are the backward's choices that depend on the head dimension (their defaults
 are the faster of each pair here); BWD_HEAVY_FIRST 0 starts the blocks in the old order (each head's key
 blocks in turn); BWD_ABLATE 1 leaves out the dQ reductions (wrong dq, timing only: what they cost). Each
-line also says how the variant's dq, dk, dv differ from the default's. The forward's variant: Q_STAGES 1
-(one Q buffer: the next item's Q is copied only once this one's last S has been computed).
+line also says how the variant's dq, dk, dv differ from the default's. The forward's variants: FWD_PINGPONG 0
+(the consumers issue their products whenever they are ready instead of in turn) and Q_STAGES 1 (one Q
+buffer: the next item's Q is copied only once this one's last S has been computed). `--forward` times only
+those.
 docs/benchmarks/attention_gpu.md keeps the measurements of the variants that did not pay.
 """
 
 from __future__ import annotations
+
+import sys
 
 import cupy as cp
 import numpy as np
@@ -35,7 +39,8 @@ BACKWARD = {  # per head dimension: the default first
     ],
     128: [{}, {"BWD_OVERLAP": 0}, {"BWD_HEAVY_FIRST": 0}, {"BWD_ABLATE": 1}],
 }
-FORWARD = [{}, {"Q_STAGES": 1}]  # the default first
+# the forward variants, the default first
+FORWARD = [{}, {"FWD_PINGPONG": 0}, {"Q_STAGES": 1}]
 ROUNDS = 3
 
 
@@ -72,17 +77,20 @@ def fastest(runs: list) -> list:
     return best
 
 
-def difference(results: tuple, reference: tuple) -> str:
-    """How each of dq, dk, dv differs from the default's: 'same bits' or the relative error (the tests'
-    norm-wise measure)."""
+def difference(results: tuple, reference: tuple, names: tuple = ("dq", "dk", "dv")) -> str:
+    """How each result (dq, dk, dv; or out, lse) differs from the default's: 'same bits' or the relative
+    error (the tests' norm-wise measure)."""
     parts = []
-    for name, a, b in zip(("dq", "dk", "dv"), results, reference, strict=True):
+    for name, a, b in zip(names, results, reference, strict=True):
         same = bool(cp.array_equal(a, b))
+        if a.dtype == cp.uint16:  # bf16 bit patterns
+            a, b = cast.from_bf16(a), cast.from_bf16(b)
         parts.append(f"{name} same bits" if same else f"{name} {relative_error(a, b):.1e}")
     return ", ".join(parts)
 
 
 def main() -> None:
+    forward_only = "--forward" in sys.argv[1:]
     for D, Hq, Hkv, B, T in ROWS:
         rng = np.random.default_rng(T)
         shapes = [(B, T, Hq, D), (B, T, Hkv, D), (B, T, Hkv, D), (B, T, Hq, D)]
@@ -93,11 +101,10 @@ def main() -> None:
         print(f"D {D}, {Hq}/{Hkv} heads, {B} x {T}")
         forwards = [forward_run(q, k, v, tuning) for tuning in FORWARD]
         for tuning, ms, (results, _) in zip(FORWARD, fastest(forwards), forwards, strict=True):
-            same = all(bool(cp.array_equal(a, b)) for a, b in zip(results, forwards[0][0], strict=True))
-            print(
-                f"  forward  {tuning!s:33} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s  "
-                f"{'same bits' if same else 'DIFFERENT'}"
-            )
+            change = difference(results, forwards[0][0], ("out", "lse"))
+            print(f"  forward  {tuning!s:33} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s  {change}")
+        if forward_only:
+            continue
         runs = [backward_run(g, q, k, v, lse, delta, tuning) for tuning in BACKWARD[D]]
         for tuning, (results, _), ms in zip(BACKWARD[D], runs, fastest(runs), strict=True):
             change = difference(results, runs[0][0])

@@ -5,16 +5,19 @@
 // query t sits at key position S - T + t; query head h reads kv head h / (Hq / Hkv) (no K/V copies).
 //
 // Forward: persistent and warp-specialised. One block per SM walks the (BM-query tile, query head, batch)
-// work items blockIdx.x, + gridDim.x, ..., the tiles that see the most keys first. Warpgroup 0 is the
-// producer: one thread copies Q and the K, V tiles (BN keys) with TMA into the 128-byte swizzled layout of
-// wgmma.cuh (Q_STAGES buffers of Q, KV_STAGES of K and of V), running ahead into the next work items while
-// the consumers finish this one. Warpgroups 1 and 2 consume, 64 query rows each: per tile S = Q K^T (64 x BN, operands from shared
-// memory) is issued with P V of the tile before (P from registers), the online softmax of S runs while
-// P V is on the tensor cores, and each buffer is handed back on its "empty" barrier as soon as its last
-// product has finished. No block-wide barrier after the start: K, V and Q each have their own full/empty
-// barriers (tma.cuh), so the two consumers drift apart freely. A consumer writes its 64 rows of O in bf16
-// into a staging tile of its own (the swizzled layout of the out map) and one of its threads stores the
-// tile with TMA while the warpgroup goes on to the next item: whole 128-byte lines, no register waits.
+// work items blockIdx.x, + gridDim.x, ..., the tiles that see the most keys first.
+// - Warpgroup 0 is the producer: one thread copies Q and the K, V tiles (BN keys) with TMA into the
+//   128-byte swizzled layout of wgmma.cuh (Q_STAGES buffers of Q, KV_STAGES of K and of V), running ahead
+//   into the next work items while the consumers finish this one. Each buffer has its own full and empty
+//   barriers (tma.cuh); there is no block-wide barrier after the start.
+// - Warpgroups 1 and 2 consume, 64 query rows each. Per tile, S = Q K^T (64 x BN, operands from shared
+//   memory) is issued with P V of the tile before (P from registers); the online softmax of S runs while
+//   P V is on the tensor cores; each buffer is handed back as soon as its last product has finished.
+// - The two consumers take turns to issue their products (turn_wait), so one's softmax runs under the
+//   other's products.
+// - A consumer writes its 64 rows of O in bf16 into a staging tile of its own (the out map's swizzled
+//   layout), and one of its threads stores the tile with TMA while the warpgroup goes on to the next item:
+//   whole 128-byte lines, no waits for registers.
 #include "common.cuh"
 #include "flash_common.cuh"
 #include "tma.cuh"
@@ -132,6 +135,21 @@ __device__ __forceinline__ ForwardSmem forward_smem(unsigned base) {
     return m;
 }
 #define CONSUMER_WARPS 8  // arrivals that hand a buffer back: lane 0 of each consumer warp
+#ifndef FWD_PINGPONG
+#define FWD_PINGPONG 1  // 1: the consumers take turns to issue their products (see turn_wait)
+#endif
+
+// Ping-pong between the consumers: each issues its products only after the other has issued its own, so
+// one warpgroup's softmax runs while the other's products occupy the tensor cores. Both walk the same
+// items and tiles, so their issue points pair up one to one. Consumer cw waits on named barrier 3 + cw,
+// which the other consumer arrives at (128 + 128 threads); consumer 1 arrives once at the start so that
+// consumer 0 goes first, and consumer 0 takes that extra arrival at the end.
+__device__ __forceinline__ void turn_wait(int cw) {
+    if (FWD_PINGPONG) named_barrier_sync(3 + cw, 256);
+}
+__device__ __forceinline__ void turn_pass(int cw) {
+    if (FWD_PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - cw) : "memory");
+}
 
 // The producer (one thread): Q of each work item, then its K and V tiles, each into the next buffer once
 // the consumers have handed it back. `n` counts K/V tiles over all items: buffer n % KV_STAGES, use n / KV_STAGES.
@@ -172,6 +190,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
     const float sl2 = scale * LOG2E;  // scores -> log2 units
     const unsigned o_tile = sm.o + cw * O_BYTES;   // this warpgroup's staging tile of O
     int n = 0, items = 0;  // K/V tiles and items consumed so far (the producer's count)
+    if (cw == 1) turn_pass(cw);  // consumer 0 issues first
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
         const WorkItem it = work_item(w, T, S, Hq, B, causal);
         float o[HEAD_DIM / 2];                // O accumulator (accumulator layout of wgmma.cuh)
@@ -200,9 +219,11 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         // p_next while P V runs. The two P buffers alternate (a copy would let the compiler merge them
         // and wait for P V before the softmax).
         full(sm.k_full, 0);
+        turn_wait(cw);
         wgmma_fence();
         scores(s, q_rows, tile(sm.k, 0));
         wgmma_commit();
+        turn_pass(cw);
         wgmma_wait<0>();
         fence_regs<BN / 2>(s);
         release(empty(sm.k_empty, 0));
@@ -213,11 +234,13 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
             full(sm.v_full, j - 1);
             fence_regs<HEAD_DIM / 2>(o);
             fence_regs<BN / 16>(p_prev);
+            turn_wait(cw);
             wgmma_fence();
             scores(s, q_rows, tile(sm.k, j));
             wgmma_commit();
             add_pv(o, p_prev, tile(sm.v, j - 1));
             wgmma_commit();
+            turn_pass(cw);
             wgmma_wait<1>();  // S of tile j
             fence_regs<BN / 2>(s);
             release(empty(sm.k_empty, j));
@@ -237,9 +260,11 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
             full(sm.v_full, j);
             fence_regs<HEAD_DIM / 2>(o);
             fence_regs<BN / 16>(p_last);
+            turn_wait(cw);
             wgmma_fence();
             add_pv(o, p_last, tile(sm.v, j));
             wgmma_commit();
+            turn_pass(cw);
             wgmma_wait<0>();
             fence_regs<HEAD_DIM / 2>(o);
             fence_regs<BN / 16>(p_last);
@@ -284,6 +309,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
             bulk_commit();
         }
     }
+    if (cw == 0) turn_wait(cw);                    // the other's last arrival
     if (threadIdx.x % 128 == 0) bulk_wait_all();  // the last store is done before the block's memory goes
 }
 

@@ -81,7 +81,7 @@ def _forward_smem(head_dim: int, q_stages: int) -> int:
 def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **tuning: int) -> None:
     """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
     (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item).
-    `tuning`: extra -D defines (timing experiments: Q_STAGES)."""
+    `tuning`: extra -D defines (timing experiments: Q_STAGES, FWD_PINGPONG)."""
     import cupy
 
     B, T, Hq, D = q16.shape
