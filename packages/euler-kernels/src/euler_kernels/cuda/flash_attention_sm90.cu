@@ -29,7 +29,9 @@
 #define PANELS (HEAD_DIM / 64)     // 128-byte panels per row of D bf16
 #define BM 128                     // query rows per work item: 64 per consumer warpgroup
 #define BN 128                     // keys per tile
+#ifndef KV_STAGES
 #define KV_STAGES 2                // buffers of K and of V
+#endif
 #ifndef Q_STAGES
 #define Q_STAGES 2                 // buffers of Q: the next item's lands while this one finishes
 #endif

@@ -71,22 +71,22 @@ def _sm_count(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def _forward_smem(head_dim: int, q_stages: int) -> int:
-    """q_stages x Q (BM, D) + KV_STAGES x (K, V) (BN, D) + 2 O staging tiles (64, D) bf16, the barriers
+def _forward_smem(head_dim: int, q_stages: int, kv_stages: int) -> int:
+    """q_stages x Q (BM, D) + kv_stages x (K, V) (BN, D) + 2 O staging tiles (64, D) bf16, the barriers
     (2 per buffer, 8 bytes each), + 1024 to align."""
-    tiles = 2 * head_dim * (q_stages * _BM + 2 * _KV_STAGES * _BN + 2 * 64)
-    return tiles + 2 * (q_stages + 2 * _KV_STAGES) * 8 + 1024
+    tiles = 2 * head_dim * (q_stages * _BM + 2 * kv_stages * _BN + 2 * 64)
+    return tiles + 2 * (q_stages + 2 * kv_stages) * 8 + 1024
 
 
 def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **tuning: int) -> None:
     """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
     (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item).
-    `tuning`: extra -D defines (timing experiments: Q_STAGES, FWD_PINGPONG)."""
+    `tuning`: extra -D defines (timing experiments: Q_STAGES, KV_STAGES, FWD_PINGPONG)."""
     import cupy
 
     B, T, Hq, D = q16.shape
-    defines = {"HEAD_DIM": D, "Q_STAGES": _Q_STAGES, **tuning}
-    smem = _forward_smem(D, defines["Q_STAGES"])
+    defines = {"HEAD_DIM": D, "Q_STAGES": _Q_STAGES, "KV_STAGES": _KV_STAGES, **tuning}
+    smem = _forward_smem(D, defines["Q_STAGES"], defines["KV_STAGES"])
     function = loaded_function(get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines), smem)
     work = (T + _BM - 1) // _BM * Hq * B
     grid = (min(work, _sm_count(cupy.cuda.runtime.getDevice())), 1, 1)
