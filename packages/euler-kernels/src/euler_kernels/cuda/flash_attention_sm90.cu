@@ -285,8 +285,9 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         }
         n += it.n_tiles;
 
-        // O / l -> the staging tile (64 rows, HEAD_DIM / 64 swizzled panels), once the last item's store
-        // has read it; then thread 0 of the warpgroup stores it (rows past T are not written)
+        // O / l -> the staging tile (64 rows, HEAD_DIM / 64 swizzled panels), once the previous item's store
+        // has read it; then thread 0 of the warpgroup stores it (rows past T are not written). Named
+        // barrier 1 + cw: this consumer's 128 threads (3 and 4 are the turns, 0 is __syncthreads)
         const bool storer = threadIdx.x % 128 == 0;
         if (storer) bulk_wait_read<0>();
         named_barrier_sync(1 + cw, 128);
@@ -307,7 +308,8 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         named_barrier_sync(1 + cw, 128);
         if (storer) {
 #pragma unroll
-            for (int p = 0; p < PANELS; p++) tma_store_4d(out_map, p * 64, it.h, it.q0 + cw * 64, it.b, o_tile + p * (64 * 128));
+            for (int p = 0; p < PANELS; p++)
+                tma_store_4d(out_map, p * 64, it.h, it.q0 + cw * 64, it.b, o_tile + p * (64 * 128));
             bulk_commit();
         }
     }
