@@ -26,7 +26,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bench_kernels_gpu import queued_ms, time_ms  # the CUDA-event medians of the other GPU benchmarks
+from bench_kernels_gpu import graph_ms, queued_ms, time_ms  # the CUDA-event medians of the GPU benchmarks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from euler_kernels.cuda import cast, flash_attention_sm90
@@ -53,32 +53,8 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def cupy_graph_ms(fn, reps: int, calls: int = 10) -> float:
-    """Median device milliseconds per call of fn() (CuPy work) replayed from a CUDA graph of `calls` calls,
-    captured after a warm-up call, with a memory pool of its own (allocations inside the capture reuse the
-    warm-up's blocks)."""
-    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = stream.end_capture()
-    graph.launch(stream)
-    times = []
-    for _ in range(reps):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / calls)
-    return float(np.median(times))
-
-
 def torch_graph_ms(fn, reps: int, calls: int = 10) -> float:
-    """The same for PyTorch work, through torch.cuda.CUDAGraph."""
+    """bench_kernels_gpu.graph_ms for PyTorch work, through torch.cuda.CUDAGraph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -140,7 +116,7 @@ def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
             flash_attention_backward_bf16(g16, q16, k16, v16, o, s, True)
 
         times = (queued_ms(forward, reps), queued_ms(both, reps))
-        result[family] = (*times, errors, time_ms(forward, reps), cupy_graph_ms(forward, reps))
+        result[family] = (*times, errors, time_ms(forward, reps), graph_ms(forward, reps))
     os.environ.pop(flash_attention_sm90.KERNEL_ENV, None)
 
     tq, tk, tv = (to_torch(a, e, torch.bfloat16).requires_grad_() for a, e in ((q16, 0), (k16, 1), (v16, 1)))

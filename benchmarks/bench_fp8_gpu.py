@@ -19,33 +19,12 @@ import argparse
 
 import cupy as cp
 import numpy as np
+from bench_kernels_gpu import graph_ms  # the CUDA-graph median of the other GPU benchmarks
 
 from euler_kernels.cuda import cast, fp8
 from euler_kernels.cuda.gemm import gemm_bf16
 from euler_kernels.cuda.gemm_fp8 import gemm_fp8, transposed
 from euler_model.config import preset
-
-
-def graph_ms(fn, reps: int = 20) -> float:
-    """Median ms of one replay of fn() captured as a CUDA graph (fn runs once first, uncaptured)."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.begin_capture()
-        fn()
-        graph = stream.end_capture()
-        for _ in range(3):
-            graph.launch()
-        times = []
-        for _ in range(reps):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(5):
-                graph.launch()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) / 5)
-    return float(np.median(times))
 
 
 def bf16(rng, *shape, scale=1.0):
