@@ -12,6 +12,15 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Named barriers: `threads` threads (whole warps) of the block meet at barrier `id` (0 is __syncthreads');
+// with arrive, a thread counts itself and goes on without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // The sum of every thread's `v` over the block (up to 1024 threads), in a fixed order, valid in thread 0;
 // at most one call per kernel (its scratch is the block's).
 __device__ __forceinline__ double block_sum_double(double v) {

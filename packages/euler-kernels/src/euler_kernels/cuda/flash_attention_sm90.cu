@@ -150,7 +150,7 @@ __device__ __forceinline__ void turn_wait(int cw) {
     if (FWD_PINGPONG) named_barrier_sync(3 + cw, 256);
 }
 __device__ __forceinline__ void turn_pass(int cw) {
-    if (FWD_PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - cw) : "memory");
+    if (FWD_PINGPONG) named_barrier_arrive(4 - cw, 256);
 }
 
 // The producer (one thread): Q of each work item, then its K and V tiles, each into the next buffer once

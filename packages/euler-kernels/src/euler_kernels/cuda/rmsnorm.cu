@@ -111,7 +111,7 @@ __device__ __forceinline__ float team_sum(float v, int parity) {
     __shared__ float partial[2][32];  // [row parity][warp of the block]
     const int warp = threadIdx.x >> 5, first = warp - warp % ROW_TEAM;
     if ((threadIdx.x & 31) == 0) partial[parity][warp] = v;
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / ROW_TEAM), "r"(ROW_THREADS) : "memory");
+    named_barrier_sync(1 + warp / ROW_TEAM, ROW_THREADS);
     v = 0.0f;
 #pragma unroll
     for (int m = 0; m < ROW_TEAM; m++) v += partial[parity][first + m];

@@ -67,10 +67,6 @@ __device__ __forceinline__ void tma_store_4d(const TensorMap* map, int c0, int c
         "r"(c1), "r"(c2), "r"(c3), "r"(src)
         : "memory");
 }
-// a barrier among `threads` threads (whole warps) of the block, numbered id (0 is __syncthreads')
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // until at most N of this thread's bulk groups still read their shared memory
 template <int N>
