@@ -348,12 +348,15 @@ flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* l
 }
 
 // --- backward -------------------------------------------------------------------------------------------
-// One block per (BK-key tile, kv head, batch), started heaviest first (see the kernel), two warpgroups;
-// warpgroup w owns keys 64w .. 64w + 63 of the tile and keeps their dK, dV accumulators in registers over
-// every (query head of the group, BQ-query tile) that sees them. Thread 128 copies K and V once and each
-// query tile's Q and dO by TMA, and its warp each tile's lse and delta by cp.async, into BWD_STAGES buffers
-// counted by a "full" barrier; a tile's buffer is refilled (tile it + BWD_STAGES) once both warpgroups are
-// done with it. Per query tile:
+// One block per (BK-key tile, kv head, batch), started heaviest first (see the kernel); warp-specialised
+// like the forward, three warpgroups:
+// - Warpgroup 0 copies and adds. Its warp 0 copies K and V once, and each query tile's Q and dO by TMA and
+//   lse and delta by cp.async into BWD_STAGES buffers ("full" barriers), refilling a buffer (tile
+//   it + BWD_STAGES) once both consumers have handed it back ("empty"). Its warp 1 adds each tile's dQ
+//   into dq (below).
+// - Consumer warpgroup w (1, 2) owns keys 64 (w - 1) .. + 63 of the tile and keeps their dK, dV
+//   accumulators in registers over every (query head of the group, BQ-query tile) that sees them. The two
+//   consumers meet once a tile, at a named barrier, when dS^T is in shared memory. Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T        (64 keys x BQ queries each; B K-major from shared memory, A too at
 //                                       D 128; at D 64 (BWD_RS_KV) A is K's and V's rows in registers,
 //                                       read once per block)
@@ -362,13 +365,13 @@ flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* l
 //   dQ = dS K                          (dS^T through shared memory, read M-major, over all BK keys; at
 //                                       D 128 warpgroup w computes head-dimension half w, at D 64 warpgroup
 //                                       it % 2 all of it: DQ_ONE_WG)
-// and dQ, scaled, goes through a 128-byte-swizzled float32 staging tile (two, alternating) that thread 128
-// adds into dq with TMA reductions, whole tiles in the L2, while the block goes on.
+// and dQ, scaled, goes through a 128-byte-swizzled float32 staging tile (two, alternating, as dS^T is) that
+// warpgroup 0's warp 1 adds into dq with TMA reductions, whole tiles in the L2, while the consumers go on.
 // delta = rowsum(dout * out) comes from flash_attention_delta_bf16 (flash_attention_bf16.cu). The scores'
 // scale is applied once, to dK at the end and to dQ as it is staged.
 #define BK 128                       // keys per backward block
 #define BQ 64                        // queries per backward tile
-#define BWD_NT 256
+#define BWD_NT 384                    // copying warpgroup + 2 consumer warpgroups
 #define BWD_STAGES 2                 // Q, dO, lse, delta buffers
 #ifndef BWD_HEAVY_FIRST
 #define BWD_HEAVY_FIRST 1            // 1: blocks ordered by work, heaviest first (see the kernel's start)
@@ -397,9 +400,9 @@ flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* l
 #define DQ_BYTES (BQ * HEAD_DIM * 4)  // a dQ staging tile: HEAD_DIM / 32 float32 panels of 32 columns
 
 struct BackwardSmem {
-    unsigned k, v, q, dout, dst, dq;  // tiles (q, dout: BWD_STAGES each; dq: 2)
+    unsigned k, v, q, dout, dst, dq;  // tiles (q, dout: BWD_STAGES each; dst, dq: 2 each)
     unsigned lse, delta;              // BWD_STAGES x BQ float32 each
-    unsigned kv_full, qdo_full;       // barriers (qdo_full: BWD_STAGES of them)
+    unsigned kv_full, qdo_full, qdo_empty, dq_full, dq_empty;  // barriers: 1, BWD_STAGES, BWD_STAGES, 2, 2
 };
 __device__ __forceinline__ BackwardSmem backward_smem(unsigned base) {
     BackwardSmem m;
@@ -408,22 +411,25 @@ __device__ __forceinline__ BackwardSmem backward_smem(unsigned base) {
     m.q = m.v + K_BYTES;
     m.dout = m.q + BWD_STAGES * QT_BYTES;
     m.dst = m.dout + BWD_STAGES * QT_BYTES;
-    m.dq = m.dst + DST_BYTES;
+    m.dq = m.dst + 2 * DST_BYTES;
     m.lse = m.dq + 2 * DQ_BYTES;
     m.delta = m.lse + BWD_STAGES * BQ * 4;
     m.kv_full = m.delta + BWD_STAGES * BQ * 4;
     m.qdo_full = m.kv_full + 8;
+    m.qdo_empty = m.qdo_full + 8 * BWD_STAGES;
+    m.dq_full = m.qdo_empty + 8 * BWD_STAGES;
+    m.dq_empty = m.dq_full + 2 * 8;
     return m;
 }
 
 // The copies of query tile `it` into buffer it % BWD_STAGES (head h = first + it / n_q, rows
-// i0 = q_first + (it % n_q) BQ): Q and dO by TMA from thread 128, lse and delta by cp.async from its warp
+// i0 = q_first + (it % n_q) BQ): Q and dO by TMA from lane 0, lse and delta by cp.async from the warp
 __device__ __forceinline__ void load_query_tile(const BackwardSmem& sm, int it, const TensorMap* q_map,
                                                 const TensorMap* do_map, const float* lse, const float* delta,
                                                 int b, int first, int n_q, int q_first, int T, int Hq) {
     const int stage = it % BWD_STAGES, h = first + it / n_q, i0 = q_first + (it % n_q) * BQ;
     const unsigned bar = sm.qdo_full + 8 * stage;
-    if (threadIdx.x == 128) {
+    if (threadIdx.x % 32 == 0) {
         mbar_expect_tx(bar, 2 * QT_BYTES);
         tma_rows(sm.q + stage * QT_BYTES, BQ, q_map, h, i0, b, bar);
         tma_rows(sm.dout + stage * QT_BYTES, BQ, do_map, h, i0, b, bar);
@@ -441,6 +447,45 @@ __device__ __forceinline__ void load_query_tile(const BackwardSmem& sm, int it, 
     cp_async_arrive(bar);
 }
 
+// Warpgroup 0, warp 0: K and V once, then each query tile's copies into the next buffer once both
+// consumers have handed it back (qdo_empty)
+__device__ __forceinline__ void backward_load(const BackwardSmem& sm, const TensorMap* q_map, const TensorMap* k_map,
+                                              const TensorMap* v_map, const TensorMap* do_map, const float* lse,
+                                              const float* delta, int n0, int hk, int b, int first, int n_q,
+                                              int q_first, int total, int T, int Hq) {
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(sm.kv_full, 2 * K_BYTES);
+        tma_rows(sm.k, BK, k_map, hk, n0, b, sm.kv_full);
+        tma_rows(sm.v, BK, v_map, hk, n0, b, sm.kv_full);
+    }
+    for (int it = 0; it < total; it++) {
+        if (it >= BWD_STAGES) mbar_wait(sm.qdo_empty + 8 * (it % BWD_STAGES), (it / BWD_STAGES - 1) & 1);
+        load_query_tile(sm, it, q_map, do_map, lse, delta, b, first, n_q, q_first, T, Hq);
+    }
+}
+
+// Warpgroup 0, thread 32: each tile's staged dQ, once both consumers have written it (dq_full), added into
+// dq by TMA; the staging tile goes back (dq_empty) once the copy engine has read it
+__device__ __forceinline__ void backward_add_dq(const BackwardSmem& sm, const TensorMap* dq_map, int b, int first,
+                                                int n_q, int q_first, int total) {
+    int h = first, i0 = q_first;  // tile it's head and first query (counted, not divided: few registers here)
+    for (int it = 0; it < total; it++) {
+        const unsigned stage_dq = sm.dq + (it % 2) * DQ_BYTES;
+        mbar_wait(sm.dq_full + 8 * (it % 2), (it / 2) & 1);
+        if (BWD_ABLATE == 0) {
+#pragma unroll
+            for (int p = 0; p < HEAD_DIM / 32; p++)
+                tma_reduce_add_4d(dq_map, p * 32, h, i0, b, stage_dq + p * (BQ * 128));
+        }
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbar_arrive(sm.dq_empty + 8 * (it % 2));
+        i0 += BQ;
+        if (i0 >= q_first + n_q * BQ) i0 = q_first, h++;
+    }
+    bulk_wait_all();  // dq's reductions are done before the block's memory goes
+}
+
 extern "C" __global__ void __launch_bounds__(BWD_NT, 1)
 flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ TensorMap dq_map,
                               const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,
@@ -449,8 +494,6 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
                               int causal) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const BackwardSmem sm = backward_smem((smem_u32(smem_raw) + 1023u) & ~1023u);
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
     // blockIdx.x -> (key block kb, head hk, batch b): with BWD_HEAVY_FIRST the key block varies slowest, so
     // the blocks that see the most query tiles (causal: the first keys) start first and the light ones
     // fill the last wave; with 0 the key block varies fastest (each head's blocks, heaviest to lightest)
@@ -465,24 +508,34 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
     // causal: query tiles before the first one whose last query sees key n0 see none of this block
     const int q_first = causal ? max(0, n0 - offset) / BQ * BQ : 0;
     const int n_q = q_first < T ? (T - q_first + BQ - 1) / BQ : 0, total = G * n_q;
-    const int kr0 = n0 + wg * 64 + warp * 16 + g;  // this thread's key rows kr0 and kr0 + 8
-    const int lr0 = wg * 64 + warp * 16 + g;       // ... as rows of the block's tiles
-    const bool loader = threadIdx.x / 32 == 4;     // the warp of thread 128
 
-    if (threadIdx.x == 128) {
+    if (threadIdx.x == 0) {
         mbar_init(sm.kv_full, 1);
-        for (int i = 0; i < BWD_STAGES; i++) mbar_init(sm.qdo_full + 8 * i, 1 + 32);  // TMA + the warp's cp.async
+        for (int i = 0; i < BWD_STAGES; i++) {
+            mbar_init(sm.qdo_full + 8 * i, 1 + 32);           // TMA + the loading warp's cp.async
+            mbar_init(sm.qdo_empty + 8 * i, CONSUMER_WARPS);  // lane 0 of each consumer warp
+        }
+        for (int i = 0; i < 2; i++) {
+            mbar_init(sm.dq_full + 8 * i, CONSUMER_WARPS);
+            mbar_init(sm.dq_empty + 8 * i, 1);
+        }
         mbar_fence_init();
     }
     __syncthreads();
-    if (threadIdx.x == 128) {
-        mbar_expect_tx(sm.kv_full, 2 * K_BYTES);
-        tma_rows(sm.k, BK, &k_map, hk, n0, b, sm.kv_full);
-        tma_rows(sm.v, BK, &v_map, hk, n0, b, sm.kv_full);
+    if (threadIdx.x < 128) {  // copies and adds: 24 registers a thread are enough
+        regs_release<24>();
+        if (threadIdx.x < 32)
+            backward_load(sm, &q_map, &k_map, &v_map, &do_map, lse, delta, n0, hk, b, hk * G, n_q, q_first, total, T,
+                          Hq);
+        else if (threadIdx.x == 32)
+            backward_add_dq(sm, &dq_map, b, hk * G, n_q, q_first, total);
+        return;
     }
-    if (loader)
-        for (int it = 0; it < min(total, BWD_STAGES); it++)
-            load_query_tile(sm, it, &q_map, &do_map, lse, delta, b, hk * G, n_q, q_first, T, Hq);
+    regs_claim<240>();
+    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;  // consumer wg
+    const int g = lane / 4, t = lane % 4;
+    const int kr0 = n0 + wg * 64 + warp * 16 + g;  // this thread's key rows kr0 and kr0 + 8
+    const int lr0 = wg * 64 + warp * 16 + g;       // ... as rows of the block's tiles
 
     float dk_acc[HEAD_DIM / 2], dv_acc[HEAD_DIM / 2];
 #pragma unroll
@@ -507,7 +560,8 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
 #endif
 
     for (int it = 0; it < total; it++) {
-        const int st = it % BWD_STAGES, h = hk * G + it / n_q, i0 = q_first + (it % n_q) * BQ;
+        const int st = it % BWD_STAGES, i0 = q_first + (it % n_q) * BQ;
+        const unsigned dst = sm.dst + (it % 2) * DST_BYTES;  // this tile's dS^T (two, alternating: see below)
         mbar_wait(sm.qdo_full + 8 * st, (it / BWD_STAGES) & 1);
         const unsigned qt = sm.q + st * QT_BYTES, dot = sm.dout + st * QT_BYTES;
         const float* lse_t = reinterpret_cast<const float*>(smem_raw + (sm.lse - smem_u32(smem_raw))) + st * BQ;
@@ -588,7 +642,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             const unsigned ds = pack_bf16(s[i] * (dp[i] - delta_t[c]), s[i + 1] * (dp[i + 1] - delta_t[c + 1]));
             df[i / 8][(i / 2) % 4] = ds;
             // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sm.dst + swizzled(lr, 2 * c)), "r"(ds));
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst + swizzled(lr, 2 * c)), "r"(ds));
         }
         fence_regs<HEAD_DIM / 2>(dv_acc);
         fence_regs<HEAD_DIM / 2>(dk_acc);
@@ -599,8 +653,11 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         add_dkv(true);
         wgmma_commit();
 
-        fence_proxy_async();  // this thread's dS^T stores, for the tensor cores
-        __syncthreads();      // ... and every thread's
+        // this thread's dS^T stores, for the tensor cores, and both consumers' (the one place they meet). A
+        // dS^T buffer is written again two tiles on, after the next tile's meeting, which each consumer
+        // reaches only once its products that read this one have finished
+        fence_proxy_async();
+        named_barrier_sync(1, 256);
         // dQ = dS K over all BK keys: with DQ_ONE_WG warpgroup it % 2 computes every column (m64 x D), else
         // each warpgroup its half of the head dimension (fewer registers, more shared-memory reads)
         constexpr int dq_cols = DQ_ONE_WG ? HEAD_DIM : HEAD_DIM / 2;
@@ -611,7 +668,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
-                const u64 a = smem_desc(sm.dst + kk * 16 * 128, BQ * 128, 1024);
+                const u64 a = smem_desc(dst + kk * 16 * 128, BQ * 128, 1024);
                 const unsigned k_cols = sm.k + (col0 / 64) * (BK * 128) + 2 * (col0 % 64);  // K's columns col0 ..
                 const u64 bk = smem_desc(k_cols + kk * 16 * 128, BK * 128, 1024);
 #if DQ_ONE_WG || HEAD_DIM == 128
@@ -628,11 +685,13 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
+        if (lane == 0) mbar_arrive(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
 
-        // dQ (scaled) -> staging tile it % 2: columns col0 .. (float32 panels of 32 columns);
-        // 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the TMA map's swizzle)
+        // dQ (scaled) -> staging tile it % 2, once tile it - 2's adds have read it: columns col0 .. (float32
+        // panels of 32 columns); 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the TMA map's swizzle)
         const unsigned stage_dq = sm.dq + (it % 2) * DQ_BYTES;
         if (dq_here) {
+            if (it >= 2) mbar_wait(sm.dq_empty + 8 * (it % 2), (it / 2 - 1) & 1);
 #pragma unroll
             for (int j = 0; j < dq_cols / 8; j++) {
                 const int col = col0 + 8 * j + 2 * t, panel = col / 32, c = col % 32;
@@ -644,22 +703,11 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
                                  "f"(dq_acc[4 * j + 2 * r + 1] * scale));
                 }
             }
+            fence_proxy_async();  // the staging stores, for the copy engine
         }
-        fence_proxy_async();  // the staging stores, for the copy engine
-        __syncthreads();      // every thread's; both warpgroups are done with this tile's buffers and dS^T
-        if (loader) {
-            if (threadIdx.x == 128 && BWD_ABLATE == 0) {
-#pragma unroll
-                for (int p = 0; p < HEAD_DIM / 32; p++)
-                    tma_reduce_add_4d(&dq_map, p * 32, h, i0, b, stage_dq + p * (BQ * 128));
-                bulk_commit();
-                bulk_wait_read<1>();  // the other staging tile is free again (tile it - 1's reductions read it)
-            }
-            if (it + BWD_STAGES < total)  // refill this tile's buffer
-                load_query_tile(sm, it + BWD_STAGES, &q_map, &do_map, lse, delta, b, hk * G, n_q, q_first, T, Hq);
-        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.dq_full + 8 * (it % 2));  // every consumer warp, staging or not
     }
-    if (threadIdx.x == 128) bulk_wait_all();  // dq's reductions are done before the block's memory goes
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int kr = kr0 + 8 * r;

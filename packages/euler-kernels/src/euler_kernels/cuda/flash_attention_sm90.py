@@ -99,10 +99,11 @@ _BK, _BQ, _BWD_STAGES = 128, 64, 2  # backward: keys per block, queries per tile
 
 
 def _backward_smem(head_dim: int) -> int:
-    """K, V (BK, D) + BWD_STAGES x (Q, dO) (BQ, D) + dS^T (BK, BQ) bf16, 2 x dQ (BQ, D) float32 staging,
-    BWD_STAGES x (lse, delta) (BQ,) float32, 1 + BWD_STAGES barriers, + 1024 to align."""
-    bf16_tiles = 2 * _BK * head_dim + 2 * _BWD_STAGES * _BQ * head_dim + _BK * _BQ
-    return 2 * bf16_tiles + 4 * 2 * _BQ * head_dim + 4 * 2 * _BWD_STAGES * _BQ + 8 * (1 + _BWD_STAGES) + 1024
+    """K, V (BK, D) + BWD_STAGES x (Q, dO) (BQ, D) + 2 x dS^T (BK, BQ) bf16, 2 x dQ (BQ, D) float32 staging,
+    BWD_STAGES x (lse, delta) (BQ,) float32, 1 + 2 BWD_STAGES + 4 barriers, + 1024 to align."""
+    bf16_tiles = 2 * _BK * head_dim + 2 * _BWD_STAGES * _BQ * head_dim + 2 * _BK * _BQ
+    barriers = 8 * (1 + 2 * _BWD_STAGES + 4)
+    return 2 * bf16_tiles + 4 * 2 * _BQ * head_dim + 4 * 2 * _BWD_STAGES * _BQ + barriers + 1024
 
 
 def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuning: int) -> None:
@@ -117,4 +118,4 @@ def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuni
     grid = ((S + _BK - 1) // _BK * Hkv * B, 1, 1)  # one block per (key block, kv head, batch), heaviest first
     maps = (head_rows_map(dq, _BQ), head_rows_map(q16, _BQ), head_rows_map(k16, _BK), head_rows_map(v16, _BK))
     args = (dk, dv, *maps, head_rows_map(dout16, _BQ), lse, delta, *kernel_sizes(q16, k16, causal))
-    launch(function, grid, (256, 1, 1), args, smem)
+    launch(function, grid, (384, 1, 1), args, smem)  # a copying warpgroup + 2 consumers
