@@ -4,13 +4,15 @@
 
 The variants are timed in turn, three rounds, and each line gives the fastest round: timed once each in a
 fixed order, the first variant was the fastest by up to 10% on some rows, whatever it was (2026-12-04).
-BWD_OVERLAP and DQ_ONE_WG are the backward's choices that depend on the head dimension (their defaults
-are the faster of each pair here); BWD_HEAVY_FIRST 0 starts the blocks in the old order (each head's key
-blocks in turn); BWD_ABLATE 1 leaves out the dQ reductions (wrong dq, timing only: what they cost). Each
-line also says how the variant's dq, dk, dv differ from the default's. The forward's variants: FWD_PINGPONG 0
-(the consumers issue their products whenever they are ready instead of in turn) and Q_STAGES 1 (one Q
-buffer: the next item's Q is copied only once this one's last S has been computed) and, at D 64, KV_STAGES 3
-(three K and V buffers instead of two). `--forward` times only those.
+BWD_DQ_FIRST 0 waits for dK's and dV's products before dQ is staged (with BWD_OVERLAP 1 also P's
+exponentials under dP^T's product and dS under dV's, the backward's order at D 128 before it was
+warp-specialised); DQ_ONE_WG and BWD_RS_KV are choices that depend on the head dimension; BWD_HEAVY_FIRST 0
+starts the blocks in the old order (each head's key blocks in turn); BWD_ABLATE 1 leaves out the dQ
+reductions (wrong dq, timing only: what they cost). Each line also says how the variant's dq, dk, dv
+differ from the default's. The forward's variants: FWD_PINGPONG 0 (the consumers issue their products
+whenever they are ready instead of in turn) and Q_STAGES 1 (one Q buffer: the next item's Q is copied only
+once this one's last S has been computed) and, at D 64, KV_STAGES 3 (three K and V buffers instead of two).
+`--forward` times only those, `--backward` only the backward's.
 docs/benchmarks/attention_gpu.md keeps the measurements of the variants that did not pay.
 """
 
@@ -33,11 +35,18 @@ BACKWARD = {  # per head dimension: the default first
         {},
         {"BWD_RS_KV": 0},
         {"DQ_ONE_WG": 0},
-        {"BWD_OVERLAP": 1},
+        {"BWD_DQ_FIRST": 0},
+        {"BWD_DQ_FIRST": 0, "BWD_OVERLAP": 1},
         {"BWD_HEAVY_FIRST": 0},
         {"BWD_ABLATE": 1},
     ],
-    128: [{}, {"BWD_OVERLAP": 0}, {"BWD_HEAVY_FIRST": 0}, {"BWD_ABLATE": 1}],
+    128: [
+        {},
+        {"BWD_DQ_FIRST": 0},
+        {"BWD_DQ_FIRST": 0, "BWD_OVERLAP": 1},
+        {"BWD_HEAVY_FIRST": 0},
+        {"BWD_ABLATE": 1},
+    ],
 }
 FORWARD = {  # per head dimension: the default first (three K/V buffers do not fit at D 128)
     64: [{}, {"FWD_PINGPONG": 0}, {"Q_STAGES": 1}, {"KV_STAGES": 3}],
@@ -92,7 +101,7 @@ def difference(results: tuple, reference: tuple, names: tuple = ("dq", "dk", "dv
 
 
 def main() -> None:
-    forward_only = "--forward" in sys.argv[1:]
+    forward_only, backward_only = "--forward" in sys.argv[1:], "--backward" in sys.argv[1:]
     for D, Hq, Hkv, B, T in ROWS:
         rng = np.random.default_rng(T)
         shapes = [(B, T, Hq, D), (B, T, Hkv, D), (B, T, Hkv, D), (B, T, Hq, D)]
@@ -101,10 +110,11 @@ def main() -> None:
         _, lse = flash_attention_forward_bf16(q, k, v, True)
         delta = cp.asarray(rng.standard_normal((B, Hq, T), dtype=np.float32))
         print(f"D {D}, {Hq}/{Hkv} heads, {B} x {T}")
-        forwards = [forward_run(q, k, v, tuning) for tuning in FORWARD[D]]
-        for tuning, ms, (results, _) in zip(FORWARD[D], fastest(forwards), forwards, strict=True):
-            change = difference(results, forwards[0][0], ("out", "lse"))
-            print(f"  forward  {tuning!s:33} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s  {change}")
+        if not backward_only:
+            forwards = [forward_run(q, k, v, tuning) for tuning in FORWARD[D]]
+            for tuning, ms, (results, _) in zip(FORWARD[D], fastest(forwards), forwards, strict=True):
+                change = difference(results, forwards[0][0], ("out", "lse"))
+                print(f"  forward  {tuning!s:33} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s  {change}")
         if forward_only:
             continue
         runs = [backward_run(g, q, k, v, lse, delta, tuning) for tuning in BACKWARD[D]]

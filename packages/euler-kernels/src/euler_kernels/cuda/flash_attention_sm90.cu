@@ -364,20 +364,27 @@ flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* l
 //   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
 //   dQ = dS K                          (dS^T through shared memory, read M-major, over all BK keys; at
 //                                       D 128 warpgroup w computes head-dimension half w, at D 64 warpgroup
-//                                       it % 2 all of it: DQ_ONE_WG)
+//                                       it % 2 all of it: DQ_ONE_WG; issued before dV's and dK's products,
+//                                       which run on while dQ is staged: BWD_DQ_FIRST)
 // and dQ, scaled, goes through a 128-byte-swizzled float32 staging tile (two, alternating, as dS^T is) that
 // warpgroup 0's warp 1 adds into dq with TMA reductions, whole tiles in the L2, while the consumers go on.
 // delta = rowsum(dout * out) comes from flash_attention_delta_bf16 (flash_attention_bf16.cu). The scores'
 // scale is applied once, to dK at the end and to dQ as it is staged.
 #define BK 128                       // keys per backward block
 #define BQ 64                        // queries per backward tile
-#define BWD_NT 384                    // copying warpgroup + 2 consumer warpgroups
+#define BWD_NT 384                   // a copying warpgroup + 2 consumer warpgroups
 #define BWD_STAGES 2                 // Q, dO, lse, delta buffers
 #ifndef BWD_HEAVY_FIRST
 #define BWD_HEAVY_FIRST 1            // 1: blocks ordered by work, heaviest first (see the kernel's start)
 #endif
 #ifndef BWD_OVERLAP
-#define BWD_OVERLAP (HEAD_DIM == 128)  // 1: P's exponentials under dP^T's product, dS under dV's (see the loop)
+#define BWD_OVERLAP 0  // 1: P's exponentials under dP^T's product, dS under dV's (see the loop)
+#endif
+#ifndef BWD_DQ_FIRST
+#define BWD_DQ_FIRST 1  // 1: dQ's products go before dK's and dV's, which run on while dQ is staged
+#endif
+#if BWD_DQ_FIRST && BWD_OVERLAP
+#error "BWD_DQ_FIRST needs BWD_OVERLAP 0 (dV's products wait for dQ's)"
 #endif
 #ifndef DQ_ONE_WG
 #define DQ_ONE_WG (HEAD_DIM == 64)  // 1: one warpgroup a tile, in turn, computes all of dQ (see the loop)
@@ -648,10 +655,12 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         fence_regs<HEAD_DIM / 2>(dk_acc);
         fence_regs<BQ / 16>(pf);
         fence_regs<BQ / 16>(df);
-        wgmma_fence();
-        if (!BWD_OVERLAP) add_dkv(false);
-        add_dkv(true);
-        wgmma_commit();
+        if (!BWD_DQ_FIRST) {
+            wgmma_fence();
+            if (!BWD_OVERLAP) add_dkv(false);
+            add_dkv(true);
+            wgmma_commit();
+        }
 
         // this thread's dS^T stores, for the tensor cores, and both consumers' (the one place they meet). A
         // dS^T buffer is written again two tiles on, after the next tile's meeting, which each consumer
@@ -679,16 +688,27 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             }
             wgmma_commit();
         }
-        wgmma_wait<0>();
-        fence_regs<dq_cols / 2>(dq_acc);
-        fence_regs<HEAD_DIM / 2>(dv_acc);
-        fence_regs<HEAD_DIM / 2>(dk_acc);
-        fence_regs<BQ / 16>(pf);
-        fence_regs<BQ / 16>(df);
-        if (lane == 0) mbar_arrive(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
+        if (BWD_DQ_FIRST) {  // dV, dK issued behind dQ; only dQ is waited for
+            wgmma_fence();
+            add_dkv(false);
+            add_dkv(true);
+            wgmma_commit();
+            wgmma_wait<1>();
+            fence_regs<dq_cols / 2>(dq_acc);
+        } else {
+            wgmma_wait<0>();
+            fence_regs<dq_cols / 2>(dq_acc);
+            fence_regs<HEAD_DIM / 2>(dv_acc);
+            fence_regs<HEAD_DIM / 2>(dk_acc);
+            fence_regs<BQ / 16>(pf);
+            fence_regs<BQ / 16>(df);
+            __syncwarp();  // the warp's reads of lse and delta come before lane 0's arrival
+            if (lane == 0) mbar_arrive(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
+        }
 
         // dQ (scaled) -> staging tile it % 2, once tile it - 2's adds have read it: columns col0 .. (float32
-        // panels of 32 columns); 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the TMA map's swizzle)
+        // panels of 32 columns); 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the TMA
+        // map's swizzle)
         const unsigned stage_dq = sm.dq + (it % 2) * DQ_BYTES;
         if (dq_here) {
             if (it >= 2) mbar_wait(sm.dq_empty + 8 * (it % 2), (it / 2 - 1) & 1);
@@ -707,6 +727,13 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(sm.dq_full + 8 * (it % 2));  // every consumer warp, staging or not
+        if (BWD_DQ_FIRST) {  // dK, dV have finished (before the loop's end: ptxas serialises every wgmma else)
+            wgmma_wait<0>();
+            fence_regs<HEAD_DIM / 2>(dv_acc);
+            fence_regs<HEAD_DIM / 2>(dk_acc);
+            __syncwarp();  // the warp's reads of lse and delta come before lane 0's arrival
+            if (lane == 0) mbar_arrive(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
+        }
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {

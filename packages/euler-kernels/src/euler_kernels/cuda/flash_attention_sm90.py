@@ -109,7 +109,7 @@ def _backward_smem(head_dim: int) -> int:
 def backward(dout16, q16, k16, v16, lse, delta, causal: bool, dq, dk, dv, **tuning: int) -> None:
     """float32 dq (zeroed: the kernel adds into it), dk, dv of contiguous, checked bf16 inputs, from the
     forward's lse and delta = rowsum(dout * out), written in place. `tuning`: extra -D defines (timing
-    experiments: BWD_HEAVY_FIRST, BWD_OVERLAP, DQ_ONE_WG, BWD_RS_KV, BWD_ABLATE)."""
+    experiments: BWD_HEAVY_FIRST, BWD_DQ_FIRST, BWD_OVERLAP, DQ_ONE_WG, BWD_RS_KV, BWD_ABLATE)."""
     B, _, _, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     smem = _backward_smem(D)
