@@ -1,0 +1,28 @@
+"""The Hopper FlashAttention kernels' shared memory fits one block of an H100/H200 (227 KB opt-in) at both
+head dimensions, with the defaults and with each variant benchmarks/tune_attention_sm90.py times. The
+sizes are the launchers' own arithmetic, so this runs without a GPU; the backward at head_dim 128 is within
+a kilobyte of the limit, and a layout change that outgrows it would otherwise fail only on the device."""
+
+import pytest
+
+from euler_kernels.cuda import flash_attention_sm90
+
+HOPPER_SMEM_PER_BLOCK = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_backward_fits(head_dim):
+    assert flash_attention_sm90._backward_smem(head_dim) <= HOPPER_SMEM_PER_BLOCK
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "q_stages", "kv_stages"),
+    [(64, 2, 2), (64, 1, 2), (64, 2, 3), (128, 2, 2), (128, 1, 2)],  # defaults and the tune script's variants
+)
+def test_forward_fits(head_dim, q_stages, kv_stages):
+    assert flash_attention_sm90._forward_smem(head_dim, q_stages, kv_stages) <= HOPPER_SMEM_PER_BLOCK
+
+
+def test_three_kv_buffers_do_not_fit_at_head_dim_128():
+    # why the tune script times KV_STAGES 3 at head_dim 64 only
+    assert flash_attention_sm90._forward_smem(128, 2, 3) > HOPPER_SMEM_PER_BLOCK
