@@ -11,10 +11,12 @@
 //   into the next work items while the consumers finish this one. Each buffer has its own full and empty
 //   barriers (tma.cuh); there is no block-wide barrier after the start.
 // - Warpgroups 1 and 2 consume, 64 query rows each. Per tile, S = Q K^T (64 x BN, operands from shared
-//   memory) is issued with P V of the tile before (P from registers); the online softmax of S runs while
-//   P V is on the tensor cores; each buffer is handed back as soon as its last product has finished.
+//   memory) is issued with P V of the tile before (P from registers), then the online softmax of S; each
+//   buffer is handed back as soon as its last product has finished. (In the SASS, ptxas places the wait
+//   for P V before the softmax's exponentials, at head_dim 64 and 128: a warpgroup's softmax does not run
+//   under its own P V; docs/benchmarks/attention_gpu.md.)
 // - The two consumers take turns to issue their products (turn_wait), so one's softmax runs under the
-//   other's products.
+//   other's products: that is the overlap there is.
 // - A consumer writes its 64 rows of O in bf16 into a staging tile of its own (the out map's swizzled
 //   layout), and one of its threads stores the tile with TMA while the warpgroup goes on to the next item:
 //   whole 128-byte lines, no waits for registers.
@@ -217,9 +219,8 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         const unsigned q_empty = sm.q_empty + 8 * qs;
         mbar_wait(sm.q_full + 8 * qs, (items / Q_STAGES) & 1);
         // Tile 0: S and its softmax into p. Then tile j >= 1: S of tile j is issued with P V of tile j - 1
-        // (p_prev); waiting for all but the newest group waits for S only, and tile j's softmax fills
-        // p_next while P V runs. The two P buffers alternate (a copy would let the compiler merge them
-        // and wait for P V before the softmax).
+        // (p_prev); the code waits for all but the newest group (S) before tile j's softmax fills p_next,
+        // but ptxas moves the wait for P V up to it (see the file's head). The two P buffers alternate.
         full(sm.k_full, 0);
         turn_wait(cw);
         wgmma_fence();
