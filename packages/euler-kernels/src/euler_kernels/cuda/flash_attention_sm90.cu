@@ -51,20 +51,22 @@ __device__ __forceinline__ void tma_rows(unsigned tile, int rows, const TensorMa
 
 // S (64 x BN) = Q (this warpgroup's 64 rows) K^T over the head dimension, in 16-wide k-steps
 __device__ __forceinline__ void scores(float* s, unsigned q_rows, unsigned k_tile) {
+    const u64 a0 = smem_desc(q_rows, 16, 1024), b0 = smem_desc(k_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
         const unsigned step = (kk % 4) * 32;  // bytes along the row inside a panel
-        const u64 a = smem_desc(q_rows + (kk / 4) * (BM * 128) + step, 16, 1024);
-        const u64 b = smem_desc(k_tile + (kk / 4) * (BN * 128) + step, 16, 1024);
+        const u64 a = desc_advance(a0, (kk / 4) * (BM * 128) + step);
+        const u64 b = desc_advance(b0, (kk / 4) * (BN * 128) + step);
         wgmma_ss_n128(s, a, b, kk > 0);
     }
 }
 
 // O (64 x D) += P (64 x BN, registers) V (BN x D), 16 keys per k-step
 __device__ __forceinline__ void add_pv(float* o, const unsigned (*p)[4], unsigned v_tile) {
+    const u64 b0 = smem_desc(v_tile, BN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-        const u64 b = smem_desc(v_tile + kk * 16 * 128, BN * 128, 1024);
+        const u64 b = desc_advance(b0, kk * 16 * 128);
 #if HEAD_DIM == 64
         wgmma_rs_n64(o, p[kk], b, 1);
 #else
@@ -570,6 +572,10 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
     mbar_wait(sm.kv_full, 0);
+#if !BWD_RS_KV
+    // this warpgroup's 64 rows of K and V, the A operands of S^T and dP^T
+    const u64 k_desc = smem_desc(sm.k + wg * 64 * 128, 16, 1024), v_desc = smem_desc(sm.v + wg * 64 * 128, 16, 1024);
+#endif
 #if BWD_RS_KV
     // this warp's 16 keys of K and V as A fragments, k-step kk = head dimensions 16kk .. + 15: ldmatrix.x4,
     // lane l gives row l % 16, 16-byte chunk 2 (kk % 4) + l / 16 of panel kk / 4 (matrices (rows +0, k +0),
@@ -599,15 +605,16 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         // BWD_OVERLAP 1: S^T, then dP^T while P's exponentials run; dV while dS is formed; dK. 0: S^T and
         // dP^T; P and dS; dV, dK (faster at D 64, 2026-12-04).
         float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
+        const u64 q_desc = smem_desc(qt, 16, 1024), do_desc = smem_desc(dot, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
 #if BWD_RS_KV
-            wgmma_rs_n64<0>(s, kf[kk], smem_desc(qt + qstep, 16, 1024), kk > 0);
+            wgmma_rs_n64<0>(s, kf[kk], desc_advance(q_desc, qstep), kk > 0);
 #else
-            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
-            wgmma_ss_n64(s, smem_desc(sm.k + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
+            const unsigned step = (kk / 4) * (BK * 128) + (kk % 4) * 32;
+            wgmma_ss_n64(s, desc_advance(k_desc, step), desc_advance(q_desc, qstep), kk > 0);
 #endif
         }
         if (BWD_OVERLAP) wgmma_commit();  // S^T and dP^T in two groups: P's exponentials need only the first
@@ -615,10 +622,10 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
 #if BWD_RS_KV
-            wgmma_rs_n64<0>(dp, vf[kk], smem_desc(dot + qstep, 16, 1024), kk > 0);
+            wgmma_rs_n64<0>(dp, vf[kk], desc_advance(do_desc, qstep), kk > 0);
 #else
-            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
-            wgmma_ss_n64(dp, smem_desc(sm.v + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
+            const unsigned step = (kk / 4) * (BK * 128) + (kk % 4) * 32;
+            wgmma_ss_n64(dp, desc_advance(v_desc, step), desc_advance(do_desc, qstep), kk > 0);
 #endif
         }
         wgmma_commit();
@@ -637,10 +644,11 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         else
             backward_p<false>(s, pf, lse_t, sl2, kr0, offset + i0, t);
         // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15 (dk: false for dV's products, true for dK's)
+        const u64 qt_mn_desc = smem_desc(qt, BQ * 128, 1024), do_mn_desc = smem_desc(dot, BQ * 128, 1024);
         auto add_dkv = [&](bool dk) {
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) {
-                const u64 b = smem_desc((dk ? qt : dot) + kk * 16 * 128, BQ * 128, 1024);
+                const u64 b = desc_advance(dk ? qt_mn_desc : do_mn_desc, kk * 16 * 128);
 #if HEAD_DIM == 64
                 wgmma_rs_n64(dk ? dk_acc : dv_acc, dk ? df[kk] : pf[kk], b, 1);
 #else
@@ -693,12 +701,14 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         float dq_acc[dq_cols / 2];  // dQ (BQ queries, dq_cols columns from col0): rows g, g + 8 of this warp
         const int col0 = DQ_ONE_WG ? 0 : wg * (HEAD_DIM / 2);
         if (dq_here) {
+            const u64 dst_desc = smem_desc(dst, BQ * 128, 1024);
+            const unsigned k_cols = sm.k + (col0 / 64) * (BK * 128) + 2 * (col0 % 64);  // K's columns col0 ..
+            const u64 k_cols_desc = smem_desc(k_cols, BK * 128, 1024);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
-                const u64 a = smem_desc(dst + kk * 16 * 128, BQ * 128, 1024);
-                const unsigned k_cols = sm.k + (col0 / 64) * (BK * 128) + 2 * (col0 % 64);  // K's columns col0 ..
-                const u64 bk = smem_desc(k_cols + kk * 16 * 128, BK * 128, 1024);
+                const u64 a = desc_advance(dst_desc, kk * 16 * 128);
+                const u64 bk = desc_advance(k_cols_desc, kk * 16 * 128);
 #if DQ_ONE_WG || HEAD_DIM == 128
                 wgmma_ss_tt_n64(dq_acc, a, bk, kk > 0);
 #else

@@ -30,6 +30,13 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned s
            ((u64)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// the descriptor of the operand `bytes` further on in the same tile (a k-step): the start address field (bits
+// 0-13, address / 16) grows by bytes / 16, one add on the low word; shared addresses stay under 256 KB, so
+// the field never carries into the next one
+__device__ __forceinline__ u64 desc_advance(u64 desc, unsigned bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // wait until at most N committed groups of this warpgroup are still running
