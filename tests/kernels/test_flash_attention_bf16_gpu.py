@@ -227,6 +227,20 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
         assert relative_error(bf16_values(out16), reference(*exact, True)[0]) < OUT_TOL
 
 
+def test_dq_starts_from_zero_in_reused_memory():
+    """The preprocessing kernel zeroes dq before the backward adds into it: memory that held NaNs (handed
+    back by CuPy's pool to the next array of its size) gives the same dq as the first call."""
+    rng = np.random.default_rng(11)
+    bits, _ = make_inputs(rng, 1, 130, 130, 4, 2, 64)
+    q16, k16, v16, g16 = (cp.asarray(b) for b in bits)
+    out16, lse = flash_attention_forward_bf16(q16, k16, v16, True)
+    want = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)[0].get()
+    junk = cp.full(q16.shape, cp.nan, dtype=cp.float32)
+    del junk  # its block goes back to the pool, for the next array of dq's size
+    dq = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)[0]
+    assert relative_error(dq, want) < 1e-5
+
+
 def test_bad_inputs_raise():
     q16, small = cp.zeros((1, 4, 2, 64), cp.uint16), cp.zeros((1, 4, 2, 32), cp.uint16)
     with pytest.raises(ValueError, match="head_dim"):

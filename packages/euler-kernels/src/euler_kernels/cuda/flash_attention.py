@@ -208,14 +208,14 @@ def flash_attention_backward_bf16(
     )
     B, T, Hq, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
-    dq = cupy.zeros(q16.shape, dtype=cupy.float32)  # the kernel adds into it with atomics
     if q16.size == 0:
-        return dq, cupy.zeros(k16.shape, dtype=cupy.float32), cupy.zeros(v16.shape, dtype=cupy.float32)
+        return tuple(cupy.zeros(a.shape, dtype=cupy.float32) for a in (q16, k16, v16))
+    dq = cupy.empty(q16.shape, dtype=cupy.float32)  # zeroed by the delta kernel; the backward adds into it
     dk = cupy.empty(k16.shape, dtype=cupy.float32)
     dv = cupy.empty(v16.shape, dtype=cupy.float32)
     delta = cupy.empty((B, Hq, T), dtype=cupy.float32)
     n_rows = B * T * Hq  # eight threads per row
-    delta_args = (delta, dout16, out16, np.int32(T), np.int32(Hq), np.int64(n_rows))
+    delta_args = (delta, dq, dout16, out16, np.int32(T), np.int32(Hq), np.int64(n_rows))
     _bf16_kernel("flash_attention_delta_bf16", D)((blocks(n_rows * 8, 256),), (256,), delta_args)
     if flash_attention_sm90.use_sm90():  # Hopper: wgmma
         flash_attention_sm90.backward(dout16, q16, k16, v16, lse, delta, causal, dq, dk, dv)

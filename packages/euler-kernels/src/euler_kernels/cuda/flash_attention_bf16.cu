@@ -236,10 +236,12 @@ flash_attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf1
 }
 
 // --- backward -------------------------------------------------------------------------------------------
-// delta[b, h, t] = sum_d dout * out over one row (fp32 sums of the bf16 values): 8 lanes per (b, t, h) row,
-// each reading 16 bytes (8 bf16) of dout and out per step, summed over the 8 lanes with 3 shuffles.
-extern "C" __global__ void flash_attention_delta_bf16(float* delta, const bf16_t* dout, const bf16_t* out, int T,
-                                                      int Hq, long long n_rows) {
+// The backward's preprocessing, one pass: delta[b, h, t] = sum_d dout * out over one row (fp32 sums of the
+// bf16 values), and the row of dq zeroed (the backward kernels add into it). 8 lanes per (b, t, h) row, each
+// reading 16 bytes (8 bf16) of dout and out and zeroing 32 bytes of dq per step; the 8 lanes' sums meet in 3
+// shuffles.
+extern "C" __global__ void flash_attention_delta_bf16(float* delta, float* dq, const bf16_t* dout, const bf16_t* out,
+                                                      int T, int Hq, long long n_rows) {
     const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 3;  // (b * T + t) * Hq + h
     const int part = threadIdx.x & 7;
     float acc = 0.0f;
@@ -250,6 +252,8 @@ extern "C" __global__ void flash_attention_delta_bf16(float* delta, const bf16_t
             acc += bf16_lo(x.x) * bf16_lo(y.x) + bf16_hi(x.x) * bf16_hi(y.x) + bf16_lo(x.y) * bf16_lo(y.y) +
                    bf16_hi(x.y) * bf16_hi(y.y) + bf16_lo(x.z) * bf16_lo(y.z) + bf16_hi(x.z) * bf16_hi(y.z) +
                    bf16_lo(x.w) * bf16_lo(y.w) + bf16_hi(x.w) * bf16_hi(y.w);
+            float4* zero = reinterpret_cast<float4*>(dq + row * HEAD_DIM + d);
+            zero[0] = zero[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
     for (int offset = 4; offset > 0; offset >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, offset);

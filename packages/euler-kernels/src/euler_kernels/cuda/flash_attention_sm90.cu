@@ -51,20 +51,22 @@ __device__ __forceinline__ void tma_rows(unsigned tile, int rows, const TensorMa
 
 // S (64 x BN) = Q (this warpgroup's 64 rows) K^T over the head dimension, in 16-wide k-steps
 __device__ __forceinline__ void scores(float* s, unsigned q_rows, unsigned k_tile) {
+    const u64 a0 = smem_desc(q_rows, 16, 1024), b0 = smem_desc(k_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
         const unsigned step = (kk % 4) * 32;  // bytes along the row inside a panel
-        const u64 a = smem_desc(q_rows + (kk / 4) * (BM * 128) + step, 16, 1024);
-        const u64 b = smem_desc(k_tile + (kk / 4) * (BN * 128) + step, 16, 1024);
+        const u64 a = desc_advance(a0, (kk / 4) * (BM * 128) + step);
+        const u64 b = desc_advance(b0, (kk / 4) * (BN * 128) + step);
         wgmma_ss_n128(s, a, b, kk > 0);
     }
 }
 
 // O (64 x D) += P (64 x BN, registers) V (BN x D), 16 keys per k-step
 __device__ __forceinline__ void add_pv(float* o, const unsigned (*p)[4], unsigned v_tile) {
+    const u64 b0 = smem_desc(v_tile, BN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-        const u64 b = smem_desc(v_tile + kk * 16 * 128, BN * 128, 1024);
+        const u64 b = desc_advance(b0, kk * 16 * 128);
 #if HEAD_DIM == 64
         wgmma_rs_n64(o, p[kk], b, 1);
 #else
@@ -363,7 +365,7 @@ flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* l
 //                                       read once per block)
 //   P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)                   (registers, fp32, then bf16)
 //   dV += P^T dO, dK += dS^T Q         (A from registers, B = dO, Q read MN-major)
-//   dQ = dS K                          (dS^T through shared memory, read M-major, over all BK keys; at
+//   dQ = dS K                          (dS^T through shared memory (stmatrix), read M-major, over all BK keys; at
 //                                       D 128 warpgroup w computes head-dimension half w, at D 64 warpgroup
 //                                       it % 2 all of it: DQ_ONE_WG; issued before dV's and dK's products,
 //                                       which run on while dQ is staged: BWD_DQ_FIRST)
@@ -494,6 +496,28 @@ __device__ __forceinline__ void backward_add_dq(const BackwardSmem& sm, const Te
     bulk_wait_all();  // dq's reductions are done before the block's memory goes
 }
 
+// A consumer's P^T = exp2(S^T sl2 - lse log2 e) in place in s (float32; key rows kr0, kr0 + 8 of this
+// thread, queries 8j + 2t, + 1 of the tile) and as bf16 A fragments in pf (k-step j = queries 16j .. + 15);
+// MASKED: a key later than its query's position (q_pos0 + the query's column) gives 0
+template <bool MASKED>
+__device__ __forceinline__ void backward_p(float* s, unsigned (*pf)[4], const float* lse_t, float sl2, int kr0,
+                                           int q_pos0, int t) {
+#pragma unroll
+    for (int i = 0; i < BQ / 2; i += 2) {
+        const int c = (i / 4) * 8 + 2 * t, kr = kr0 + ((i & 2) ? 8 : 0);
+        const float2 l = *reinterpret_cast<const float2*>(lse_t + c);  // queries c, c + 1 (c even)
+        float p0 = fast_exp2(fmaf(s[i], sl2, -l.x * LOG2E));
+        float p1 = fast_exp2(fmaf(s[i + 1], sl2, -l.y * LOG2E));
+        if (MASKED) {
+            if (kr > q_pos0 + c) p0 = 0.0f;
+            if (kr > q_pos0 + c + 1) p1 = 0.0f;
+        }
+        s[i] = p0;
+        s[i + 1] = p1;
+        pf[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(BWD_NT, 1)
 flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ TensorMap dq_map,
                               const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,
@@ -543,12 +567,15 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
     const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;  // consumer wg
     const int g = lane / 4, t = lane % 4;
     const int kr0 = n0 + wg * 64 + warp * 16 + g;  // this thread's key rows kr0 and kr0 + 8
-    const int lr0 = wg * 64 + warp * 16 + g;       // ... as rows of the block's tiles
 
     float dk_acc[HEAD_DIM / 2], dv_acc[HEAD_DIM / 2];
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
     mbar_wait(sm.kv_full, 0);
+#if !BWD_RS_KV
+    // this warpgroup's 64 rows of K and V, the A operands of S^T and dP^T
+    const u64 k_desc = smem_desc(sm.k + wg * 64 * 128, 16, 1024), v_desc = smem_desc(sm.v + wg * 64 * 128, 16, 1024);
+#endif
 #if BWD_RS_KV
     // this warp's 16 keys of K and V as A fragments, k-step kk = head dimensions 16kk .. + 15: ldmatrix.x4,
     // lane l gives row l % 16, 16-byte chunk 2 (kk % 4) + l / 16 of panel kk / 4 (matrices (rows +0, k +0),
@@ -578,15 +605,16 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         // BWD_OVERLAP 1: S^T, then dP^T while P's exponentials run; dV while dS is formed; dK. 0: S^T and
         // dP^T; P and dS; dV, dK (faster at D 64, 2026-12-04).
         float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
+        const u64 q_desc = smem_desc(qt, 16, 1024), do_desc = smem_desc(dot, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
 #if BWD_RS_KV
-            wgmma_rs_n64<0>(s, kf[kk], smem_desc(qt + qstep, 16, 1024), kk > 0);
+            wgmma_rs_n64<0>(s, kf[kk], desc_advance(q_desc, qstep), kk > 0);
 #else
-            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
-            wgmma_ss_n64(s, smem_desc(sm.k + step, 16, 1024), smem_desc(qt + qstep, 16, 1024), kk > 0);
+            const unsigned step = (kk / 4) * (BK * 128) + (kk % 4) * 32;
+            wgmma_ss_n64(s, desc_advance(k_desc, step), desc_advance(q_desc, qstep), kk > 0);
 #endif
         }
         if (BWD_OVERLAP) wgmma_commit();  // S^T and dP^T in two groups: P's exponentials need only the first
@@ -594,10 +622,10 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
             const unsigned qstep = (kk / 4) * (BQ * 128) + (kk % 4) * 32;
 #if BWD_RS_KV
-            wgmma_rs_n64<0>(dp, vf[kk], smem_desc(dot + qstep, 16, 1024), kk > 0);
+            wgmma_rs_n64<0>(dp, vf[kk], desc_advance(do_desc, qstep), kk > 0);
 #else
-            const unsigned step = (kk / 4) * (BK * 128) + wg * 64 * 128 + (kk % 4) * 32;
-            wgmma_ss_n64(dp, smem_desc(sm.v + step, 16, 1024), smem_desc(dot + qstep, 16, 1024), kk > 0);
+            const unsigned step = (kk / 4) * (BK * 128) + (kk % 4) * 32;
+            wgmma_ss_n64(dp, desc_advance(v_desc, step), desc_advance(do_desc, qstep), kk > 0);
 #endif
         }
         wgmma_commit();
@@ -607,27 +635,20 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             wgmma_wait<0>();
         fence_regs<BQ / 2>(s);
 
-        // a causal tile needs the mask where this warp's last key is later than the tile's first query
+        // a causal tile needs the mask where this warp's last key is later than the tile's first query (on or
+        // near the diagonal); the others take the straight block without the comparisons
         const bool masked = causal && n0 + wg * 64 + warp * 16 + 15 > offset + i0;
         unsigned pf[BQ / 16][4], df[BQ / 16][4];  // P^T, dS^T as A operands (k = queries 16j .. 16j + 15)
-#pragma unroll
-        for (int i = 0; i < BQ / 2; i += 2) {  // s becomes P^T (float32)
-            const int c = (i / 4) * 8 + 2 * t, kr = kr0 + ((i & 2) ? 8 : 0);
-            float p0 = fast_exp2(fmaf(s[i], sl2, -lse_t[c] * LOG2E));
-            float p1 = fast_exp2(fmaf(s[i + 1], sl2, -lse_t[c + 1] * LOG2E));
-            if (masked) {
-                if (kr > offset + i0 + c) p0 = 0.0f;
-                if (kr > offset + i0 + c + 1) p1 = 0.0f;
-            }
-            s[i] = p0;
-            s[i + 1] = p1;
-            pf[i / 8][(i / 2) % 4] = pack_bf16(p0, p1);
-        }
+        if (masked)
+            backward_p<true>(s, pf, lse_t, sl2, kr0, offset + i0, t);
+        else
+            backward_p<false>(s, pf, lse_t, sl2, kr0, offset + i0, t);
         // dV += P^T dO, dK += dS^T Q over queries 16kk .. + 15 (dk: false for dV's products, true for dK's)
+        const u64 qt_mn_desc = smem_desc(qt, BQ * 128, 1024), do_mn_desc = smem_desc(dot, BQ * 128, 1024);
         auto add_dkv = [&](bool dk) {
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) {
-                const u64 b = smem_desc((dk ? qt : dot) + kk * 16 * 128, BQ * 128, 1024);
+                const u64 b = desc_advance(dk ? qt_mn_desc : do_mn_desc, kk * 16 * 128);
 #if HEAD_DIM == 64
                 wgmma_rs_n64(dk ? dk_acc : dv_acc, dk ? df[kk] : pf[kk], b, 1);
 #else
@@ -646,11 +667,16 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         fence_regs<BQ / 2>(dp);
 #pragma unroll
         for (int i = 0; i < BQ / 2; i += 2) {  // dS^T = P^T (dP^T - delta)
-            const int c = (i / 4) * 8 + 2 * t, lr = lr0 + ((i & 2) ? 8 : 0);
-            const unsigned ds = pack_bf16(s[i] * (dp[i] - delta_t[c]), s[i + 1] * (dp[i + 1] - delta_t[c + 1]));
-            df[i / 8][(i / 2) % 4] = ds;
-            // dS^T row lr, queries c, c + 1 (one panel: BQ = 64)
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst + swizzled(lr, 2 * c)), "r"(ds));
+            const float2 d = *reinterpret_cast<const float2*>(delta_t + (i / 4) * 8 + 2 * t);  // queries c, c + 1
+            df[i / 8][(i / 2) % 4] = pack_bf16(s[i] * (dp[i] - d.x), s[i + 1] * (dp[i + 1] - d.y));
+        }
+        {  // dS^T -> shared memory (one panel: BQ = 64), a stmatrix per k-step: lane l gives the address of row
+           // l % 8 of matrix l / 8, i.e. key row lr (+ 8 for matrices 1 and 3), 16-byte chunk 2 kk (+ 1 for
+           // matrices 2 and 3), swizzled (lr % 8 = l % 8)
+            const int rr = lane & 7, m = lane >> 3;
+            const unsigned row_at = dst + (wg * 64 + warp * 16 + rr + 8 * (m & 1)) * 128;
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) stmatrix_x4(row_at + ((((2 * kk) | (m >> 1)) ^ rr) << 4), df[kk]);
         }
         fence_regs<HEAD_DIM / 2>(dv_acc);
         fence_regs<HEAD_DIM / 2>(dk_acc);
@@ -675,12 +701,14 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         float dq_acc[dq_cols / 2];  // dQ (BQ queries, dq_cols columns from col0): rows g, g + 8 of this warp
         const int col0 = DQ_ONE_WG ? 0 : wg * (HEAD_DIM / 2);
         if (dq_here) {
+            const u64 dst_desc = smem_desc(dst, BQ * 128, 1024);
+            const unsigned k_cols = sm.k + (col0 / 64) * (BK * 128) + 2 * (col0 % 64);  // K's columns col0 ..
+            const u64 k_cols_desc = smem_desc(k_cols, BK * 128, 1024);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {  // keys 16kk .. + 15 of both warpgroups
-                const u64 a = smem_desc(dst + kk * 16 * 128, BQ * 128, 1024);
-                const unsigned k_cols = sm.k + (col0 / 64) * (BK * 128) + 2 * (col0 % 64);  // K's columns col0 ..
-                const u64 bk = smem_desc(k_cols + kk * 16 * 128, BK * 128, 1024);
+                const u64 a = desc_advance(dst_desc, kk * 16 * 128);
+                const u64 bk = desc_advance(k_cols_desc, kk * 16 * 128);
 #if DQ_ONE_WG || HEAD_DIM == 128
                 wgmma_ss_tt_n64(dq_acc, a, bk, kk > 0);
 #else

@@ -30,6 +30,13 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned s
            ((u64)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// the descriptor of the operand `bytes` further on in the same tile (a k-step): the start address field (bits
+// 0-13, address / 16) grows by bytes / 16, one add on the low word; shared addresses stay under 256 KB, so
+// the field never carries into the next one
+__device__ __forceinline__ u64 desc_advance(u64 desc, unsigned bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // wait until at most N committed groups of this warpgroup are still running
@@ -52,6 +59,15 @@ __device__ __forceinline__ void fence_regs(unsigned (*a)[4]) {
         for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[i][j])::"memory");
 }
 // ordinary shared-memory writes (cp.async too) become visible to the tensor cores' reads
+// four 8 x 8 bf16 matrices from registers to shared memory (stmatrix, sm_90): register i of every lane holds
+// matrix i in mma's fragment layout (lane l: row l / 4, columns 2 (l % 4), + 1), and lanes 8i .. 8i + 7
+// give the shared addresses of matrix i's rows 0 .. 7 (16 contiguous bytes each). The A fragment of a
+// k-step (see above) is matrices (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8)
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned* r) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // d (64 x 128, f32) (+)= A (64 x 16, smem) B (16 x 128, smem, K-major): one warpgroup
