@@ -49,7 +49,14 @@ BACKWARD = {  # per head dimension: the default first
     ],
 }
 FORWARD = {  # per head dimension: the default first (three K/V buffers do not fit at D 128)
-    64: [{}, {"FWD_PINGPONG": 0}, {"Q_STAGES": 1}, {"KV_STAGES": 3}],
+    64: [
+        {},
+        {"FWD_CONSUMERS": 3},
+        {"FWD_CONSUMERS": 3, "Q_STAGES": 1},
+        {"FWD_PINGPONG": 0},
+        {"Q_STAGES": 1},
+        {"KV_STAGES": 3},
+    ],
     128: [{}, {"FWD_PINGPONG": 0}, {"Q_STAGES": 1}],
 }
 ROUNDS = 3

@@ -227,6 +227,39 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
         assert relative_error(bf16_values(out16), reference(*exact, True)[0]) < OUT_TOL
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(
+    "b,t,s,hq,hkv",
+    [
+        (1, 1, 1, 2, 1),
+        (2, 7, 7, 3, 1),
+        (1, 129, 129, 4, 2),
+        (1, 200, 300, 6, 2),
+        (2, 512, 512, 12, 4),
+        (1, 2048, 2048, 3, 1),
+    ],
+)
+def test_three_consumer_forward_gives_the_two_consumer_bits(kernel_family, b, t, s, hq, hkv, causal):
+    """FWD_CONSUMERS 3 (192-row work items, one P buffer) does each row's arithmetic in the same order as
+    the default's two consumers, so out and lse keep their bits, and both are within the float64 bounds;
+    partial items (T not a multiple of 192), T < S and a decode step included."""
+    if kernel_family != "sm90":
+        pytest.skip("a variant of the Hopper forward")
+    rng = np.random.default_rng(7 * t + s)
+    bits, exact = make_inputs(rng, b, t, s, hq, hkv, 64)
+    q16, k16, v16 = (cp.asarray(x) for x in bits[:3])
+    results = []
+    for consumers in (2, 3):
+        out16, lse = cp.empty(q16.shape, cp.uint16), cp.empty((b, hq, t), cp.float32)
+        flash_attention_sm90.forward(q16, k16, v16, causal, out16, lse, FWD_CONSUMERS=consumers)
+        results.append((out16.get(), lse.get()))
+    (out2, lse2), (out3, lse3) = results
+    assert np.array_equal(out3, out2) and np.array_equal(lse3, lse2)
+    want_out, want_lse = reference(*exact, causal)[:2]
+    assert relative_error(bf16_values(out3), want_out) < OUT_TOL
+    assert np.abs(lse3 - want_lse).max() < LSE_TOL
+
+
 def test_dq_starts_from_zero_in_reused_memory():
     """The preprocessing kernel zeroes dq before the backward adds into it: memory that held NaNs (handed
     back by CuPy's pool to the next array of its size) gives the same dq as the first call."""

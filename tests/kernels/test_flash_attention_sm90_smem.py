@@ -16,13 +16,32 @@ def test_backward_fits(head_dim):
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "q_stages", "kv_stages"),
-    [(64, 2, 2), (64, 1, 2), (64, 2, 3), (128, 2, 2), (128, 1, 2)],  # defaults and the tune script's variants
+    ("head_dim", "q_stages", "kv_stages", "consumers"),
+    # defaults and the tune script's variants
+    [
+        (64, 2, 2, 2),
+        (64, 1, 2, 2),
+        (64, 2, 3, 2),
+        (64, 2, 2, 3),
+        (64, 1, 2, 3),
+        (128, 2, 2, 2),
+        (128, 1, 2, 2),
+    ],
 )
-def test_forward_fits(head_dim, q_stages, kv_stages):
-    assert flash_attention_sm90._forward_smem(head_dim, q_stages, kv_stages) <= HOPPER_SMEM_PER_BLOCK
+def test_forward_fits(head_dim, q_stages, kv_stages, consumers):
+    smem = flash_attention_sm90._forward_smem(head_dim, q_stages, kv_stages, consumers)
+    assert smem <= HOPPER_SMEM_PER_BLOCK
 
 
 def test_three_kv_buffers_do_not_fit_at_head_dim_128():
     # why the tune script times KV_STAGES 3 at head_dim 64 only
     assert flash_attention_sm90._forward_smem(128, 2, 3) > HOPPER_SMEM_PER_BLOCK
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "T", "consumers"),
+    [(64, 1, 2), (64, 512, 2), (64, 768, 3), (64, 1024, 2), (64, 2048, 3), (64, 8192, 3), (128, 8192, 2)],
+)
+def test_three_forward_consumers_only_where_the_items_fill(head_dim, T, consumers):
+    # the H200 sweep in docs/benchmarks/attention_gpu.md: three were slower at T 256, 512 and 1024
+    assert flash_attention_sm90.forward_consumers(head_dim, T) == consumers
