@@ -39,9 +39,19 @@ def test_three_kv_buffers_do_not_fit_at_head_dim_128():
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "T", "consumers"),
-    [(64, 1, 2), (64, 512, 2), (64, 768, 3), (64, 1024, 2), (64, 2048, 3), (64, 8192, 3), (128, 8192, 2)],
+    ("head_dim", "T", "group", "consumers", "pack"),
+    [
+        (64, 1, 3, 3, 1),  # three heads of a kv head an item: never padding, any T
+        (64, 512, 12, 3, 1),
+        (64, 512, 1, 2, 0),  # one head an item: 192 rows pad T 512 to 576
+        (64, 768, 1, 3, 0),
+        (64, 1024, 2, 2, 0),
+        (64, 2048, 4, 3, 0),
+        (64, 8192, 1, 3, 0),
+        (128, 8192, 3, 2, 0),  # no registers for three consumers at head_dim 128
+    ],
 )
-def test_three_forward_consumers_only_where_the_items_fill(head_dim, T, consumers):
-    # the H200 sweep in docs/benchmarks/attention_gpu.md: three were slower at T 256, 512 and 1024
-    assert flash_attention_sm90.forward_consumers(head_dim, T) == consumers
+def test_forward_layout_follows_the_measured_rule(head_dim, T, group, consumers, pack):
+    # the H200 sweeps in docs/benchmarks/attention_gpu.md: 192-row items were slower at T 256, 512, 1024
+    layout = flash_attention_sm90.forward_layout(head_dim, T, group)
+    assert layout == {"FWD_CONSUMERS": consumers, "FWD_GQA_PACK": pack}

@@ -4,7 +4,7 @@
 // out (B, T, Hq, D) bf16 and lse (B, Hq, T) float32 (natural log of the scaled scores' sum of exponentials);
 // query t sits at key position S - T + t; query head h reads kv head h / (Hq / Hkv) (no K/V copies).
 //
-// Forward: persistent and warp-specialised. One block per SM walks the (BM-query tile, query head, batch)
+// Forward: persistent and warp-specialised. One block per SM walks the (query tile, query head(s), batch)
 // work items blockIdx.x, + gridDim.x, ..., the tiles that see the most keys first.
 // - Warpgroup 0 is the producer: one thread copies Q and the K, V tiles (BN keys) with TMA into the
 //   128-byte swizzled layout of wgmma.cuh (Q_STAGES buffers of Q, KV_STAGES of K and of V), running ahead
@@ -17,8 +17,10 @@
 //   and 128: a warpgroup's softmax does not run under its own P V; docs/benchmarks/attention_gpu.md.)
 // - The consumers take turns to issue their products (turn_wait), so one's softmax runs under the others'
 //   products: that is the overlap there is. At head_dim 64 a softmax takes as long as a warpgroup's
-//   products, so three consumers (160 registers each, one P buffer) keep the tensor cores busier than two;
-//   the launcher's rule (forward_consumers in flash_attention_sm90.py) says where.
+//   products, so three consumers (160 registers each, one P buffer) keep the tensor cores busier than two.
+//   With FWD_GQA_PACK an item is 64 positions of three query heads that share a kv head (consumer c takes
+//   head h + c), so no item is padding; the launcher's rule (forward_layout in flash_attention_sm90.py)
+//   says which layout a shape gets.
 // - A consumer writes its 64 rows of O in bf16 into a staging tile of its own (the out map's swizzled
 //   layout), and one of its threads stores the tile with TMA while the warpgroup goes on to the next item:
 //   whole 128-byte lines, no waits for registers.
@@ -34,7 +36,18 @@
 #ifndef FWD_CONSUMERS
 #define FWD_CONSUMERS 2            // consumer warpgroups: 3 lets each softmax run under two others' products
 #endif
-#define BM (64 * FWD_CONSUMERS)    // query rows per work item: 64 per consumer warpgroup
+#define BM (64 * FWD_CONSUMERS)    // query rows a work item holds in Q's buffer: 64 per consumer warpgroup
+#ifndef FWD_GQA_PACK
+#define FWD_GQA_PACK 0             // 1: a work item is 64 positions of FWD_CONSUMERS query heads of one kv head
+#endif
+#if FWD_GQA_PACK
+#define ITEM_ROWS 64               // positions per work item
+#define ITEM_HEADS FWD_CONSUMERS   // query heads per work item, one a consumer
+static_assert(HEAD_DIM == 64, "the packed Q buffer is one 128-byte panel a row: head_dim 64");
+#else
+#define ITEM_ROWS BM
+#define ITEM_HEADS 1
+#endif
 #define BN 128                     // keys per tile
 #ifndef KV_STAGES
 #define KV_STAGES 2                // buffers of K and of V
@@ -111,17 +124,21 @@ __device__ __forceinline__ void softmax_tile(float* s, unsigned (*p)[4], float* 
     }
 }
 
-// A work item: BM query rows q0.. of head h, batch b, and the K/V tiles they see (causal: none past the item)
+// A work item: ITEM_ROWS query positions q0.. of ITEM_HEADS heads h.. (which share a kv head), batch b, and
+// the K/V tiles they see (causal: none past the item)
 struct WorkItem {
     int q0, h, b, n_tiles;
 };
+__device__ __forceinline__ int work_items(int T, int Hq, int B) {
+    return (T + ITEM_ROWS - 1) / ITEM_ROWS * (Hq / ITEM_HEADS) * B;
+}
 __device__ __forceinline__ WorkItem work_item(int w, int T, int S, int Hq, int B, bool causal) {
-    const int per_tile = Hq * B, n_qt = (T + BM - 1) / BM;
+    const int groups = Hq / ITEM_HEADS, per_tile = groups * B, n_qt = (T + ITEM_ROWS - 1) / ITEM_ROWS;
     WorkItem item;
-    item.q0 = (n_qt - 1 - w / per_tile) * BM;  // the last query tiles see the most keys under a causal mask
-    item.h = (w % per_tile) % Hq;              // neighbouring items: the heads that share a kv head
-    item.b = (w % per_tile) / Hq;
-    const int kv_end = causal ? min(S, S - T + min(item.q0 + BM, T)) : S;
+    item.q0 = (n_qt - 1 - w / per_tile) * ITEM_ROWS;  // the last query tiles see the most keys under a causal mask
+    item.h = ((w % per_tile) % groups) * ITEM_HEADS;  // neighbouring items: the heads that share a kv head
+    item.b = (w % per_tile) / groups;
+    const int kv_end = causal ? min(S, S - T + min(item.q0 + ITEM_ROWS, T)) : S;
     item.n_tiles = (kv_end + BN - 1) / BN;
     return item;
 }
@@ -170,7 +187,7 @@ __device__ __forceinline__ void turn_pass(int cw) {
 // the consumers have handed it back. `n` counts K/V tiles over all items: buffer n % KV_STAGES, use n / KV_STAGES.
 __device__ void produce(const ForwardSmem& sm, const TensorMap* q_map, const TensorMap* k_map,
                         const TensorMap* v_map, int T, int S, int Hq, int Hkv, int B, bool causal) {
-    const int n_work = (T + BM - 1) / BM * Hq * B;
+    const int n_work = work_items(T, Hq, B);
     int n = 0, items = 0;
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
         const WorkItem it = work_item(w, T, S, Hq, B, causal);
@@ -178,7 +195,12 @@ __device__ void produce(const ForwardSmem& sm, const TensorMap* q_map, const Ten
         const int qs = items % Q_STAGES;
         mbar_wait(sm.q_empty + 8 * qs, ((items / Q_STAGES) & 1) ^ 1);
         mbar_expect_tx(sm.q_full + 8 * qs, Q_BYTES);
+#if FWD_GQA_PACK
+        for (int c = 0; c < ITEM_HEADS; c++)  // consumer c's 64 rows: head h + c
+            tma_rows(sm.q + qs * Q_BYTES + c * 64 * 128, 64, q_map, it.h + c, it.q0, it.b, sm.q_full + 8 * qs);
+#else
         tma_rows(sm.q + qs * Q_BYTES, BM, q_map, it.h, it.q0, it.b, sm.q_full + 8 * qs);
+#endif
         for (int j = 0; j < it.n_tiles; j++, n++) {
             const int stage = n % KV_STAGES;
             const unsigned parity = ((n / KV_STAGES) & 1) ^ 1;
@@ -201,7 +223,9 @@ __device__ __forceinline__ void release(unsigned bar) {
 __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* lse, int cw, int T, int S, int Hq,
                         int B, float scale, bool causal) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int n_work = (T + BM - 1) / BM * Hq * B, offset = S - T, row0 = cw * 64 + warp * 16;
+    // this consumer's rows of an item: its own head's 64 positions (packed), or positions 64 cw .. + 63
+    const int slab0 = FWD_GQA_PACK ? 0 : cw * 64, head_of = FWD_GQA_PACK ? cw : 0;
+    const int n_work = work_items(T, Hq, B), offset = S - T, row0 = slab0 + warp * 16;
     const float sl2 = scale * LOG2E;  // scores -> log2 units
     const unsigned o_tile = sm.o + cw * O_BYTES;   // this warpgroup's staging tile of O
     int n = 0, items = 0;  // K/V tiles and items consumed so far (the producer's count)
@@ -347,14 +371,14 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16(o[4 * i + 2 * r] * inv,
                                                                                    o[4 * i + 2 * r + 1] * inv)));
             }
-            if (t == 0 && tq < T) lse[((size_t)it.b * Hq + it.h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+            if (t == 0 && tq < T) lse[((size_t)it.b * Hq + it.h + head_of) * T + tq] = (m[r] + log2f(sum)) * LN2;
         }
         fence_proxy_async();  // the staging stores, for the copy engine
         named_barrier_sync(1 + cw, 128);
         if (storer) {
 #pragma unroll
             for (int p = 0; p < PANELS; p++)
-                tma_store_4d(out_map, p * 64, it.h, it.q0 + cw * 64, it.b, o_tile + p * (64 * 128));
+                tma_store_4d(out_map, p * 64, it.h + head_of, it.q0 + slab0, it.b, o_tile + p * (64 * 128));
             bulk_commit();
         }
     }
