@@ -11,7 +11,9 @@ starts the blocks in the old order (each head's key blocks in turn); BWD_ABLATE 
 reductions (wrong dq, timing only: what they cost). Each line also says how the variant's dq, dk, dv
 differ from the default's. The forward's variants: FWD_PINGPONG 0 (the consumers issue their products
 whenever they are ready instead of in turn) and Q_STAGES 1 (one Q buffer: the next item's Q is copied only
-once this one's last S has been computed) and, at D 64, KV_STAGES 3 (three K and V buffers instead of two).
+once this one's last S has been computed) and, at D 64, KV_STAGES 3 (three K and V buffers instead of two)
+and the work-item layouts of flash_attention_sm90.forward_layout: FWD_CONSUMERS 2 or 3 consumer warpgroups,
+FWD_GQA_PACK 1 (an item is 64 positions of three query heads of one kv head) or 0.
 `--forward` times only those, `--backward` only the backward's.
 docs/benchmarks/attention_gpu.md keeps the measurements of the variants that did not pay.
 """
@@ -49,7 +51,15 @@ BACKWARD = {  # per head dimension: the default first
     ],
 }
 FORWARD = {  # per head dimension: the default first (three K/V buffers do not fit at D 128)
-    64: [{}, {"FWD_PINGPONG": 0}, {"Q_STAGES": 1}, {"KV_STAGES": 3}],
+    64: [
+        {},
+        {"FWD_CONSUMERS": 2, "FWD_GQA_PACK": 0},
+        {"FWD_CONSUMERS": 3, "FWD_GQA_PACK": 0},
+        {"FWD_CONSUMERS": 3, "FWD_GQA_PACK": 1},
+        {"FWD_PINGPONG": 0},
+        {"Q_STAGES": 1},
+        {"KV_STAGES": 3},
+    ],
     128: [{}, {"FWD_PINGPONG": 0}, {"Q_STAGES": 1}],
 }
 ROUNDS = 3

@@ -227,6 +227,43 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
         assert relative_error(bf16_values(out16), reference(*exact, True)[0]) < OUT_TOL
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(
+    "b,t,s,hq,hkv",
+    [
+        (1, 1, 1, 2, 1),
+        (2, 7, 7, 3, 1),
+        (1, 129, 129, 4, 2),
+        (1, 200, 300, 6, 2),
+        (2, 512, 512, 12, 4),
+        (1, 2048, 2048, 3, 1),
+    ],
+)
+def test_three_consumer_forwards_give_the_two_consumer_bits(kernel_family, b, t, s, hq, hkv, causal):
+    """FWD_CONSUMERS 3 (192-row work items, one P buffer), and with FWD_GQA_PACK 1 (64 positions of three
+    query heads of one kv head an item, where the group is a multiple of 3), do each row's arithmetic in the
+    same order as the default's two consumers, so out and lse keep their bits, and all are within the
+    float64 bounds; partial items (T not a multiple of 192 or 64), T < S and a decode step included."""
+    if kernel_family != "sm90":
+        pytest.skip("a variant of the Hopper forward")
+    rng = np.random.default_rng(7 * t + s)
+    bits, exact = make_inputs(rng, b, t, s, hq, hkv, 64)
+    q16, k16, v16 = (cp.asarray(x) for x in bits[:3])
+    variants = [{"FWD_CONSUMERS": 2, "FWD_GQA_PACK": 0}, {"FWD_CONSUMERS": 3, "FWD_GQA_PACK": 0}]
+    if (hq // hkv) % 3 == 0:
+        variants.append({"FWD_CONSUMERS": 3, "FWD_GQA_PACK": 1})
+    results = []
+    for tuning in variants:
+        out16, lse = cp.empty(q16.shape, cp.uint16), cp.empty((b, hq, t), cp.float32)
+        flash_attention_sm90.forward(q16, k16, v16, causal, out16, lse, **tuning)
+        results.append((out16.get(), lse.get()))
+    want_out, want_lse = reference(*exact, causal)[:2]
+    for tuning, (out16, lse) in zip(variants[1:], results[1:]):
+        assert np.array_equal(out16, results[0][0]) and np.array_equal(lse, results[0][1]), tuning
+        assert relative_error(bf16_values(out16), want_out) < OUT_TOL
+        assert np.abs(lse - want_lse).max() < LSE_TOL
+
+
 def test_dq_starts_from_zero_in_reused_memory():
     """The preprocessing kernel zeroes dq before the backward adds into it: memory that held NaNs (handed
     back by CuPy's pool to the next array of its size) gives the same dq as the first call."""
@@ -270,3 +307,12 @@ def test_issue_shapes_match_float64(t, s, hq, hkv, d):
     rng = np.random.default_rng(7 * t + s + d)
     bits, exact = make_inputs(rng, 1, t, s, hq, hkv, d)
     check(bits, exact, True, f"T={t} S={s} Hq={hq} Hkv={hkv} D={d}: ")
+
+
+def test_a_packed_forward_refuses_heads_that_do_not_share_a_kv_head(kernel_family):
+    if kernel_family != "sm90":
+        pytest.skip("a variant of the Hopper forward")
+    q16, k16 = cp.zeros((1, 64, 4, 64), cp.uint16), cp.zeros((1, 64, 2, 64), cp.uint16)  # two heads a kv head
+    out16, lse = cp.empty_like(q16), cp.empty((1, 4, 64), cp.float32)
+    with pytest.raises(ValueError, match="multiple of 3 query heads"):
+        flash_attention_sm90.forward(q16, k16, k16, True, out16, lse, FWD_CONSUMERS=3, FWD_GQA_PACK=1)

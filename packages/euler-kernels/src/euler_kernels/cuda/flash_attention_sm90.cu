@@ -4,19 +4,23 @@
 // out (B, T, Hq, D) bf16 and lse (B, Hq, T) float32 (natural log of the scaled scores' sum of exponentials);
 // query t sits at key position S - T + t; query head h reads kv head h / (Hq / Hkv) (no K/V copies).
 //
-// Forward: persistent and warp-specialised. One block per SM walks the (BM-query tile, query head, batch)
+// Forward: persistent and warp-specialised. One block per SM walks the (query tile, query head(s), batch)
 // work items blockIdx.x, + gridDim.x, ..., the tiles that see the most keys first.
 // - Warpgroup 0 is the producer: one thread copies Q and the K, V tiles (BN keys) with TMA into the
 //   128-byte swizzled layout of wgmma.cuh (Q_STAGES buffers of Q, KV_STAGES of K and of V), running ahead
 //   into the next work items while the consumers finish this one. Each buffer has its own full and empty
 //   barriers (tma.cuh); there is no block-wide barrier after the start.
-// - Warpgroups 1 and 2 consume, 64 query rows each. Per tile, S = Q K^T (64 x BN, operands from shared
-//   memory) is issued with P V of the tile before (P from registers), then the online softmax of S; each
-//   buffer is handed back as soon as its last product has finished. (In the SASS, ptxas places the wait
-//   for P V before the softmax's exponentials, at head_dim 64 and 128: a warpgroup's softmax does not run
-//   under its own P V; docs/benchmarks/attention_gpu.md.)
-// - The two consumers take turns to issue their products (turn_wait), so one's softmax runs under the
-//   other's products: that is the overlap there is.
+// - Warpgroups 1 .. FWD_CONSUMERS consume, 64 query rows each (BM = 128 with two, 192 with three). Per
+//   tile, S = Q K^T (64 x BN, operands from shared memory) is issued with P V of the tile before (P from
+//   registers), then the online softmax of S; each buffer is handed back as soon as its last product has
+//   finished. (In the SASS, ptxas places the wait for P V before the softmax's exponentials, at head_dim 64
+//   and 128: a warpgroup's softmax does not run under its own P V; docs/benchmarks/attention_gpu.md.)
+// - The consumers take turns to issue their products (turn_wait), so one's softmax runs under the others'
+//   products: that is the overlap there is. At head_dim 64 a softmax takes as long as a warpgroup's
+//   products, so three consumers (160 registers each, one P buffer) keep the tensor cores busier than two.
+//   With FWD_GQA_PACK an item is 64 positions of three query heads that share a kv head (consumer c takes
+//   head h + c), so no item is padding; the launcher's rule (forward_layout in flash_attention_sm90.py)
+//   says which layout a shape gets.
 // - A consumer writes its 64 rows of O in bf16 into a staging tile of its own (the out map's swizzled
 //   layout), and one of its threads stores the tile with TMA while the warpgroup goes on to the next item:
 //   whole 128-byte lines, no waits for registers.
@@ -29,7 +33,21 @@
 #define HEAD_DIM 64
 #endif
 #define PANELS (HEAD_DIM / 64)     // 128-byte panels per row of D bf16
-#define BM 128                     // query rows per work item: 64 per consumer warpgroup
+#ifndef FWD_CONSUMERS
+#define FWD_CONSUMERS 2            // consumer warpgroups: 3 lets each softmax run under two others' products
+#endif
+#define BM (64 * FWD_CONSUMERS)    // query rows a work item holds in Q's buffer: 64 per consumer warpgroup
+#ifndef FWD_GQA_PACK
+#define FWD_GQA_PACK 0             // 1: a work item is 64 positions of FWD_CONSUMERS query heads of one kv head
+#endif
+#if FWD_GQA_PACK
+#define ITEM_ROWS 64               // positions per work item
+#define ITEM_HEADS FWD_CONSUMERS   // query heads per work item, one a consumer
+static_assert(HEAD_DIM == 64, "the packed Q buffer is one 128-byte panel a row: head_dim 64");
+#else
+#define ITEM_ROWS BM
+#define ITEM_HEADS 1
+#endif
 #define BN 128                     // keys per tile
 #ifndef KV_STAGES
 #define KV_STAGES 2                // buffers of K and of V
@@ -37,7 +55,9 @@
 #ifndef Q_STAGES
 #define Q_STAGES 2                 // buffers of Q: the next item's lands while this one finishes
 #endif
-#define FWD_NT 384                 // producer warpgroup + 2 consumer warpgroups
+#define FWD_NT (128 * (1 + FWD_CONSUMERS))  // producer warpgroup + the consumer warpgroups
+// registers a consumer thread claims (setmaxnreg): the producer's warpgroup keeps 24, 65,536 in all
+#define FWD_CONSUMER_REGS (FWD_CONSUMERS == 2 ? 240 : 160)
 #define Q_BYTES (BM * HEAD_DIM * 2)
 #define KV_BYTES (BN * HEAD_DIM * 2)
 #define O_BYTES (64 * HEAD_DIM * 2)  // a consumer's staging tile of O
@@ -104,17 +124,21 @@ __device__ __forceinline__ void softmax_tile(float* s, unsigned (*p)[4], float* 
     }
 }
 
-// A work item: BM query rows q0.. of head h, batch b, and the K/V tiles they see (causal: none past the item)
+// A work item: ITEM_ROWS query positions q0.. of ITEM_HEADS heads h.. (which share a kv head), batch b, and
+// the K/V tiles they see (causal: none past the item)
 struct WorkItem {
     int q0, h, b, n_tiles;
 };
+__device__ __forceinline__ int work_items(int T, int Hq, int B) {
+    return (T + ITEM_ROWS - 1) / ITEM_ROWS * (Hq / ITEM_HEADS) * B;
+}
 __device__ __forceinline__ WorkItem work_item(int w, int T, int S, int Hq, int B, bool causal) {
-    const int per_tile = Hq * B, n_qt = (T + BM - 1) / BM;
+    const int groups = Hq / ITEM_HEADS, per_tile = groups * B, n_qt = (T + ITEM_ROWS - 1) / ITEM_ROWS;
     WorkItem item;
-    item.q0 = (n_qt - 1 - w / per_tile) * BM;  // the last query tiles see the most keys under a causal mask
-    item.h = (w % per_tile) % Hq;              // neighbouring items: the heads that share a kv head
-    item.b = (w % per_tile) / Hq;
-    const int kv_end = causal ? min(S, S - T + min(item.q0 + BM, T)) : S;
+    item.q0 = (n_qt - 1 - w / per_tile) * ITEM_ROWS;  // the last query tiles see the most keys under a causal mask
+    item.h = ((w % per_tile) % groups) * ITEM_HEADS;  // neighbouring items: the heads that share a kv head
+    item.b = (w % per_tile) / groups;
+    const int kv_end = causal ? min(S, S - T + min(item.q0 + ITEM_ROWS, T)) : S;
     item.n_tiles = (kv_end + BN - 1) / BN;
     return item;
 }
@@ -132,7 +156,7 @@ __device__ __forceinline__ ForwardSmem forward_smem(unsigned base) {
     m.k = m.q + Q_STAGES * Q_BYTES;
     m.v = m.k + KV_STAGES * KV_BYTES;
     m.o = m.v + KV_STAGES * KV_BYTES;
-    m.q_full = m.o + 2 * O_BYTES;
+    m.q_full = m.o + FWD_CONSUMERS * O_BYTES;
     m.q_empty = m.q_full + 8 * Q_STAGES;
     m.k_full = m.q_empty + 8 * Q_STAGES;
     m.k_empty = m.k_full + 8 * KV_STAGES;
@@ -140,28 +164,30 @@ __device__ __forceinline__ ForwardSmem forward_smem(unsigned base) {
     m.v_empty = m.v_full + 8 * KV_STAGES;
     return m;
 }
-#define CONSUMER_WARPS 8  // arrivals that hand a buffer back: lane 0 of each consumer warp
+#define CONSUMER_WARPS (4 * FWD_CONSUMERS)  // arrivals that hand a buffer back: lane 0 of each consumer warp
 #ifndef FWD_PINGPONG
 #define FWD_PINGPONG 1  // 1: the consumers take turns to issue their products (see turn_wait)
 #endif
 
-// Ping-pong between the consumers: each issues its products only after the other has issued its own, so
-// one warpgroup's softmax runs while the other's products occupy the tensor cores. Both walk the same
-// items and tiles, so their issue points pair up one to one. Consumer cw waits on named barrier 3 + cw,
-// which the other consumer arrives at (128 + 128 threads); consumer 1 arrives once at the start so that
-// consumer 0 goes first, and consumer 0 takes that extra arrival at the end.
+// Turns between the consumers: each issues its products only after the one before it (in a ring) has
+// issued its own, so one warpgroup's softmax runs while the others' products occupy the tensor cores. All
+// walk the same items and tiles, so their issue points pair up one to one. Consumer cw waits on named
+// barrier TURN_BARRIER + cw, which the consumer before it arrives at (128 + 128 threads); the last consumer
+// arrives once at the start so that consumer 0 goes first, and consumer 0 takes that extra arrival at the
+// end. (Barrier 0 is __syncthreads, 1 + cw a consumer's own, for its staging tile.)
+#define TURN_BARRIER (1 + FWD_CONSUMERS)
 __device__ __forceinline__ void turn_wait(int cw) {
-    if (FWD_PINGPONG) named_barrier_sync(3 + cw, 256);
+    if (FWD_PINGPONG) named_barrier_sync(TURN_BARRIER + cw, 256);
 }
 __device__ __forceinline__ void turn_pass(int cw) {
-    if (FWD_PINGPONG) named_barrier_arrive(4 - cw, 256);
+    if (FWD_PINGPONG) named_barrier_arrive(TURN_BARRIER + (cw + 1) % FWD_CONSUMERS, 256);
 }
 
 // The producer (one thread): Q of each work item, then its K and V tiles, each into the next buffer once
 // the consumers have handed it back. `n` counts K/V tiles over all items: buffer n % KV_STAGES, use n / KV_STAGES.
 __device__ void produce(const ForwardSmem& sm, const TensorMap* q_map, const TensorMap* k_map,
                         const TensorMap* v_map, int T, int S, int Hq, int Hkv, int B, bool causal) {
-    const int n_work = (T + BM - 1) / BM * Hq * B;
+    const int n_work = work_items(T, Hq, B);
     int n = 0, items = 0;
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
         const WorkItem it = work_item(w, T, S, Hq, B, causal);
@@ -169,7 +195,12 @@ __device__ void produce(const ForwardSmem& sm, const TensorMap* q_map, const Ten
         const int qs = items % Q_STAGES;
         mbar_wait(sm.q_empty + 8 * qs, ((items / Q_STAGES) & 1) ^ 1);
         mbar_expect_tx(sm.q_full + 8 * qs, Q_BYTES);
+#if FWD_GQA_PACK
+        for (int c = 0; c < ITEM_HEADS; c++)  // consumer c's 64 rows: head h + c
+            tma_rows(sm.q + qs * Q_BYTES + c * 64 * 128, 64, q_map, it.h + c, it.q0, it.b, sm.q_full + 8 * qs);
+#else
         tma_rows(sm.q + qs * Q_BYTES, BM, q_map, it.h, it.q0, it.b, sm.q_full + 8 * qs);
+#endif
         for (int j = 0; j < it.n_tiles; j++, n++) {
             const int stage = n % KV_STAGES;
             const unsigned parity = ((n / KV_STAGES) & 1) ^ 1;
@@ -188,15 +219,17 @@ __device__ __forceinline__ void release(unsigned bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(bar);
 }
 
-// A consumer warpgroup (cw = 0, 1: query rows 64 cw .. of each item)
+// A consumer warpgroup (cw = 0 .. FWD_CONSUMERS - 1: query rows 64 cw .. of each item)
 __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* lse, int cw, int T, int S, int Hq,
                         int B, float scale, bool causal) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int n_work = (T + BM - 1) / BM * Hq * B, offset = S - T, row0 = cw * 64 + warp * 16;
+    // this consumer's rows of an item: its own head's 64 positions (packed), or positions 64 cw .. + 63
+    const int slab0 = FWD_GQA_PACK ? 0 : cw * 64, head_of = FWD_GQA_PACK ? cw : 0;
+    const int n_work = work_items(T, Hq, B), offset = S - T, row0 = slab0 + warp * 16;
     const float sl2 = scale * LOG2E;  // scores -> log2 units
     const unsigned o_tile = sm.o + cw * O_BYTES;   // this warpgroup's staging tile of O
     int n = 0, items = 0;  // K/V tiles and items consumed so far (the producer's count)
-    if (cw == 1) turn_pass(cw);  // consumer 0 issues first
+    if (cw == FWD_CONSUMERS - 1) turn_pass(cw);  // consumer 0 issues first
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, items++) {
         const WorkItem it = work_item(w, T, S, Hq, B, causal);
         float o[HEAD_DIM / 2];                // O accumulator (accumulator layout of wgmma.cuh)
@@ -214,7 +247,9 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         auto tile = [&](unsigned tiles, int j) { return tiles + ((n + j) % KV_STAGES) * KV_BYTES; };
         float s[BN / 2];         // raw scores: rows g, g + 8 of this warp; keys 8j + 2t, + 1
         unsigned p[BN / 16][4];  // P of the tile whose P V is next, bf16 A operand
+#if FWD_CONSUMERS == 2
         unsigned p2[BN / 16][4];
+#endif
 
         const int qs = items % Q_STAGES;
         const unsigned q_rows = sm.q + qs * Q_BYTES + cw * 64 * 128;  // this warpgroup's 64 query rows
@@ -234,6 +269,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         release(empty(sm.k_empty, 0));
         if (it.n_tiles == 1) release(q_empty);
         softmax_tile(s, p, m, l, alpha, needs_mask(0), 0, S, causal, pos0, pos1, sl2);
+#if FWD_CONSUMERS == 2
         auto step = [&](int j, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
             full(sm.k_full, j);
             full(sm.v_full, j - 1);
@@ -260,6 +296,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
 #pragma unroll
             for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
         };
+#endif
         auto last_pv = [&](unsigned (&p_last)[BN / 16][4]) {  // P V of the last tile
             const int j = it.n_tiles - 1;
             full(sm.v_full, j);
@@ -275,6 +312,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
             fence_regs<BN / 16>(p_last);
             release(empty(sm.v_empty, j));
         };
+#if FWD_CONSUMERS == 2
         int j = 1;
         for (; j + 1 < it.n_tiles; j += 2) {
             step(j, p, p2);
@@ -286,6 +324,34 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         } else {
             last_pv(p);
         }
+#else
+        // three consumers: the other two cover a softmax, so one P buffer (160 registers a thread), S and
+        // P V waited for together, then the softmax writes the next P over the one P V has read
+        for (int j = 1; j < it.n_tiles; j++) {
+            full(sm.k_full, j);
+            full(sm.v_full, j - 1);
+            fence_regs<HEAD_DIM / 2>(o);
+            fence_regs<BN / 16>(p);
+            turn_wait(cw);
+            wgmma_fence();
+            scores(s, q_rows, tile(sm.k, j));
+            wgmma_commit();
+            add_pv(o, p, tile(sm.v, j - 1));
+            wgmma_commit();
+            turn_pass(cw);
+            wgmma_wait<0>();
+            fence_regs<BN / 2>(s);
+            fence_regs<HEAD_DIM / 2>(o);
+            fence_regs<BN / 16>(p);
+            release(empty(sm.k_empty, j));
+            release(empty(sm.v_empty, j - 1));
+            if (j == it.n_tiles - 1) release(q_empty);  // the item's last use of Q
+            softmax_tile(s, p, m, l, alpha, needs_mask(j * BN), j * BN, S, causal, pos0, pos1, sl2);
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+        }
+        last_pv(p);
+#endif
         n += it.n_tiles;
 
         // O / l -> the staging tile (64 rows, HEAD_DIM / 64 swizzled panels), once the previous item's store
@@ -305,14 +371,14 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16(o[4 * i + 2 * r] * inv,
                                                                                    o[4 * i + 2 * r + 1] * inv)));
             }
-            if (t == 0 && tq < T) lse[((size_t)it.b * Hq + it.h) * T + tq] = (m[r] + log2f(sum)) * LN2;
+            if (t == 0 && tq < T) lse[((size_t)it.b * Hq + it.h + head_of) * T + tq] = (m[r] + log2f(sum)) * LN2;
         }
         fence_proxy_async();  // the staging stores, for the copy engine
         named_barrier_sync(1 + cw, 128);
         if (storer) {
 #pragma unroll
             for (int p = 0; p < PANELS; p++)
-                tma_store_4d(out_map, p * 64, it.h, it.q0 + cw * 64, it.b, o_tile + p * (64 * 128));
+                tma_store_4d(out_map, p * 64, it.h + head_of, it.q0 + slab0, it.b, o_tile + p * (64 * 128));
             bulk_commit();
         }
     }
@@ -345,7 +411,7 @@ flash_attention_forward_sm90(const __grid_constant__ TensorMap out_map, float* l
         regs_release<24>();
         if (threadIdx.x == 0) produce(sm, &q_map, &k_map, &v_map, T, S, Hq, Hkv, B, causal);
     } else {
-        regs_claim<240>();
+        regs_claim<FWD_CONSUMER_REGS>();
         consume(sm, &out_map, lse, threadIdx.x / 128 - 1, T, S, Hq, B, scale, causal);
     }
 }

@@ -22,7 +22,34 @@ from euler_kernels.cuda.tensor_map import head_rows_map, launch, loaded_function
 _SOURCE = "flash_attention_sm90.cu"
 KERNEL_ENV = "EULER_FLASH_KERNEL"
 _CHOICES = ("auto", "sm90", "mma")
-_BM, _BN, _KV_STAGES, _Q_STAGES = 128, 128, 2, 2  # forward: query rows per item, keys per tile, buffers
+_BN, _KV_STAGES, _Q_STAGES = 128, 2, 2  # forward: keys per tile, buffers of K/V and of Q
+
+
+def forward_layout(head_dim: int, T: int, group: int) -> dict[str, int]:
+    """The forward's work items for a shape (-D defines of the .cu): FWD_CONSUMERS, the consumer warpgroups
+    of 64 query rows each, and FWD_GQA_PACK, whether an item is 64 positions of that many query heads of
+    one kv head (`group` = Hq / Hkv query heads a kv head) instead of 64 x consumers positions of one head.
+
+    At head_dim 64 a warpgroup's softmax takes as long as its products, so three consumers let each softmax
+    run under two others' products. Where the group is a multiple of 3, items of three heads are never
+    padding and cost no more diagonal tiles than two consumers' 128-row items: 1.12-1.25x the two-consumer
+    forward on the H200 at T 128 to 8192 (docs/benchmarks/attention_gpu.md). Otherwise three consumers take
+    192-row items, which pay only where they pad T by at most 4% more than 128-row ones do (T 768, 1536,
+    2048, 8192: 1.04-1.09x; T 256, 512, 1024: 0.69-0.96x), from T 768 on. Head_dim 128 has no registers
+    for three.
+
+    >>> forward_layout(64, 512, 3)
+    {'FWD_CONSUMERS': 3, 'FWD_GQA_PACK': 1}
+    >>> forward_layout(64, 512, 1), forward_layout(64, 2048, 1)
+    ({'FWD_CONSUMERS': 2, 'FWD_GQA_PACK': 0}, {'FWD_CONSUMERS': 3, 'FWD_GQA_PACK': 0})
+    >>> forward_layout(128, 8192, 4)
+    {'FWD_CONSUMERS': 2, 'FWD_GQA_PACK': 0}
+    """
+    if head_dim == 64 and group % 3 == 0:
+        return {"FWD_CONSUMERS": 3, "FWD_GQA_PACK": 1}
+    padded = (-(-T // 192) * 192, -(-T // 128) * 128)  # rows computed with 192- and 128-row items
+    three = head_dim == 64 and T >= 768 and padded[0] <= 1.04 * padded[1]
+    return {"FWD_CONSUMERS": 3 if three else 2, "FWD_GQA_PACK": 0}
 
 
 def kernel_sizes(q: Any, k: Any, causal: bool) -> tuple:
@@ -71,28 +98,40 @@ def _sm_count(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-def _forward_smem(head_dim: int, q_stages: int, kv_stages: int) -> int:
-    """q_stages x Q (BM, D) + kv_stages x (K, V) (BN, D) + 2 O staging tiles (64, D) bf16, the barriers
-    (2 per buffer, 8 bytes each), + 1024 to align."""
-    tiles = 2 * head_dim * (q_stages * _BM + 2 * kv_stages * _BN + 2 * 64)
+def _forward_smem(head_dim: int, q_stages: int, kv_stages: int, consumers: int = 2) -> int:
+    """q_stages x Q (BM = 64 consumers, D) + kv_stages x (K, V) (BN, D) + an O staging tile (64, D) a
+    consumer, bf16, the barriers (2 per buffer, 8 bytes each), + 1024 to align."""
+    tiles = 2 * head_dim * (q_stages * 64 * consumers + 2 * kv_stages * _BN + consumers * 64)
     return tiles + 2 * (q_stages + 2 * kv_stages) * 8 + 1024
 
 
 def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **tuning: int) -> None:
     """out16 (B, T, Hq, D) bf16 and lse (B, Hq, T) of contiguous, checked q16 (B, T, Hq, D), k16/v16
     (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item).
-    `tuning`: extra -D defines (timing experiments: Q_STAGES, KV_STAGES, FWD_PINGPONG)."""
+    `tuning`: extra -D defines (timing experiments: Q_STAGES, KV_STAGES, FWD_PINGPONG, FWD_CONSUMERS,
+    FWD_GQA_PACK)."""
     import cupy
 
     B, T, Hq, D = q16.shape
-    defines = {"HEAD_DIM": D, "Q_STAGES": _Q_STAGES, "KV_STAGES": _KV_STAGES, **tuning}
-    smem = _forward_smem(D, defines["Q_STAGES"], defines["KV_STAGES"])
+    defines = {
+        "HEAD_DIM": D,
+        "Q_STAGES": _Q_STAGES,
+        "KV_STAGES": _KV_STAGES,
+        **forward_layout(D, T, Hq // k16.shape[2]),
+        **tuning,
+    }
+    consumers = defines["FWD_CONSUMERS"]
+    heads = consumers if defines["FWD_GQA_PACK"] else 1  # query heads per work item
+    if (Hq // k16.shape[2]) % heads or (heads > 1 and D != 64):
+        raise ValueError(f"FWD_GQA_PACK needs head_dim 64 and a multiple of {heads} query heads a kv head")
+    rows = 64 * consumers // heads  # query positions per work item
+    smem = _forward_smem(D, defines["Q_STAGES"], defines["KV_STAGES"], consumers)
     function = loaded_function(get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines), smem)
-    work = (T + _BM - 1) // _BM * Hq * B
+    work = (T + rows - 1) // rows * (Hq // heads) * B
     grid = (min(work, _sm_count(cupy.cuda.runtime.getDevice())), 1, 1)
-    maps = (head_rows_map(q16, _BM), head_rows_map(k16, _BN), head_rows_map(v16, _BN))
+    maps = (head_rows_map(q16, rows), head_rows_map(k16, _BN), head_rows_map(v16, _BN))
     args = (head_rows_map(out16, 64), lse, *maps, *kernel_sizes(q16, k16, causal), np.int32(B))
-    launch(function, grid, (384, 1, 1), args, smem)
+    launch(function, grid, (128 * (1 + consumers), 1, 1), args, smem)  # a producer warpgroup + the consumers
 
 
 _BK, _BQ, _BWD_STAGES = 128, 64, 2  # backward: keys per block, queries per tile, Q/dO buffers (as in the .cu)
