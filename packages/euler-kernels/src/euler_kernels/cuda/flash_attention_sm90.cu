@@ -269,8 +269,8 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         release(empty(sm.k_empty, 0));
         if (it.n_tiles == 1) release(q_empty);
         softmax_tile(s, p, m, l, alpha, needs_mask(0), 0, S, causal, pos0, pos1, sl2);
-#if FWD_CONSUMERS == 2
-        auto step = [&](int j, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
+        // tile j >= 1, in this consumer's turn: S of tile j and P V of tile j - 1, two commit groups
+        auto issue = [&](int j, unsigned (&p_prev)[BN / 16][4]) {
             full(sm.k_full, j);
             full(sm.v_full, j - 1);
             fence_regs<HEAD_DIM / 2>(o);
@@ -282,6 +282,10 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
             add_pv(o, p_prev, tile(sm.v, j - 1));
             wgmma_commit();
             turn_pass(cw);
+        };
+#if FWD_CONSUMERS == 2
+        auto step = [&](int j, unsigned (&p_prev)[BN / 16][4], unsigned (&p_next)[BN / 16][4]) {
+            issue(j, p_prev);
             wgmma_wait<1>();  // S of tile j
             fence_regs<BN / 2>(s);
             release(empty(sm.k_empty, j));
@@ -328,17 +332,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
         // three consumers: the other two cover a softmax, so one P buffer (160 registers a thread), S and
         // P V waited for together, then the softmax writes the next P over the one P V has read
         for (int j = 1; j < it.n_tiles; j++) {
-            full(sm.k_full, j);
-            full(sm.v_full, j - 1);
-            fence_regs<HEAD_DIM / 2>(o);
-            fence_regs<BN / 16>(p);
-            turn_wait(cw);
-            wgmma_fence();
-            scores(s, q_rows, tile(sm.k, j));
-            wgmma_commit();
-            add_pv(o, p, tile(sm.v, j - 1));
-            wgmma_commit();
-            turn_pass(cw);
+            issue(j, p);
             wgmma_wait<0>();
             fence_regs<BN / 2>(s);
             fence_regs<HEAD_DIM / 2>(o);
