@@ -219,7 +219,8 @@ __device__ __forceinline__ void release(unsigned bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(bar);
 }
 
-// A consumer warpgroup (cw = 0 .. FWD_CONSUMERS - 1: query rows 64 cw .. of each item)
+// A consumer warpgroup (cw = 0 .. FWD_CONSUMERS - 1: query rows 64 cw .. of each item, or with FWD_GQA_PACK
+// the item's 64 rows of head h + cw)
 __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* lse, int cw, int T, int S, int Hq,
                         int B, float scale, bool causal) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -350,7 +351,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
 
         // O / l -> the staging tile (64 rows, HEAD_DIM / 64 swizzled panels), once the previous item's store
         // has read it; then thread 0 of the warpgroup stores it (rows past T are not written). Named
-        // barrier 1 + cw: this consumer's 128 threads (3 and 4 are the turns, 0 is __syncthreads)
+        // barrier 1 + cw: this consumer's 128 threads (TURN_BARRIER + cw are the turns, 0 is __syncthreads)
         const bool storer = threadIdx.x % 128 == 0;
         if (storer) bulk_wait_read<0>();
         named_barrier_sync(1 + cw, 128);
@@ -376,7 +377,7 @@ __device__ void consume(const ForwardSmem& sm, const TensorMap* out_map, float* 
             bulk_commit();
         }
     }
-    if (cw == 0) turn_wait(cw);                    // the other's last arrival
+    if (cw == 0) turn_wait(cw);                    // the last consumer's final arrival
     if (threadIdx.x % 128 == 0) bulk_wait_all();  // the last store is done before the block's memory goes
 }
 
@@ -792,7 +793,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             fence_regs<BQ / 16>(pf);
             fence_regs<BQ / 16>(df);
             __syncwarp();  // the warp's reads of lse and delta come before lane 0's arrival
-            if (lane == 0) mbar_arrive(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
+            release(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
         }
 
         // dQ (scaled) -> staging tile it % 2, once tile it - 2's adds have read it: columns col0 .. (float32
@@ -815,13 +816,13 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
             fence_proxy_async();  // the staging stores, for the copy engine
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(sm.dq_full + 8 * (it % 2));  // every consumer warp, staging or not
+        release(sm.dq_full + 8 * (it % 2));  // every consumer warp, staging or not
         if (BWD_DQ_FIRST) {  // dK, dV have finished (before the loop's end: ptxas serialises every wgmma else)
             wgmma_wait<0>();
             fence_regs<HEAD_DIM / 2>(dv_acc);
             fence_regs<HEAD_DIM / 2>(dk_acc);
             __syncwarp();  // the warp's reads of lse and delta come before lane 0's arrival
-            if (lane == 0) mbar_arrive(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
+            release(sm.qdo_empty + 8 * st);  // every product that reads Q and dO has finished
         }
     }
 #pragma unroll

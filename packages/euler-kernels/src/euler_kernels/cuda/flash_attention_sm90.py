@@ -113,16 +113,17 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **
     import cupy
 
     B, T, Hq, D = q16.shape
+    group = Hq // k16.shape[2]  # query heads a kv head
     defines = {
         "HEAD_DIM": D,
         "Q_STAGES": _Q_STAGES,
         "KV_STAGES": _KV_STAGES,
-        **forward_layout(D, T, Hq // k16.shape[2]),
+        **forward_layout(D, T, group),
         **tuning,
     }
     consumers = defines["FWD_CONSUMERS"]
     heads = consumers if defines["FWD_GQA_PACK"] else 1  # query heads per work item
-    if (Hq // k16.shape[2]) % heads or (heads > 1 and D != 64):
+    if group % heads or (heads > 1 and D != 64):
         raise ValueError(f"FWD_GQA_PACK needs head_dim 64 and a multiple of {heads} query heads a kv head")
     rows = 64 * consumers // heads  # query positions per work item
     smem = _forward_smem(D, defines["Q_STAGES"], defines["KV_STAGES"], consumers)

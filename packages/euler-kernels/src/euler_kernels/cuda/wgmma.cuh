@@ -58,7 +58,6 @@ __device__ __forceinline__ void fence_regs(unsigned (*a)[4]) {
 #pragma unroll
         for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[i][j])::"memory");
 }
-// ordinary shared-memory writes (cp.async too) become visible to the tensor cores' reads
 // four 8 x 8 bf16 matrices from registers to shared memory (stmatrix, sm_90): register i of every lane holds
 // matrix i in mma's fragment layout (lane l: row l / 4, columns 2 (l % 4), + 1), and lanes 8i .. 8i + 7
 // give the shared addresses of matrix i's rows 0 .. 7 (16 contiguous bytes each). The A fragment of a
@@ -68,6 +67,7 @@ __device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned* r) {
                  "r"(r[2]), "r"(r[3])
                  : "memory");
 }
+// ordinary shared-memory writes (cp.async too) become visible to the tensor cores' reads
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // d (64 x 128, f32) (+)= A (64 x 16, smem) B (16 x 128, smem, K-major): one warpgroup
