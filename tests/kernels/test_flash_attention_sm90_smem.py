@@ -24,6 +24,7 @@ def test_backward_fits(head_dim):
         (64, 2, 3, 2),
         (64, 2, 2, 3),
         (64, 1, 2, 3),
+        (64, 2, 3, 3),  # KV_STAGES 3 on the default packed layout
         (128, 2, 2, 2),
         (128, 1, 2, 2),
     ],
