@@ -71,3 +71,31 @@ def test_scale_of_zero_inf_nan_is_one_and_quantize_round_trips():
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="format must be one of"):
         fp8.round_to_fp8(np.zeros(1), "e3m4")
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_a_delayed_scale_of_the_tensors_own_maximum_casts_as_current_scaling(fmt):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(3000) * 7.0).astype(np.float32)
+    k = fp8.delayed_exponent([np.abs(x).max()], fmt)
+    q, saturated = fp8.quantize_fp8_scaled(x, k, fmt)
+    want, scale_inv = fp8.quantize_fp8(x, fmt)
+    np.testing.assert_array_equal(q, want)
+    assert saturated == 0 and scale_inv == 2.0**-k
+
+
+def test_a_delayed_scale_comes_from_the_largest_finite_maximum_of_the_history():
+    assert fp8.delayed_exponent([1.0, 3.0, 0.5], "e4m3") == fp8.scale_exponent(3.0, "e4m3")
+    assert fp8.delayed_exponent([1.0, np.inf, np.nan], "e4m3") == fp8.scale_exponent(1.0, "e4m3")
+    assert fp8.delayed_exponent([0.0] * 16, "e5m2") == 0  # an empty history: scale 1
+    assert fp8.delayed_exponent([np.nan], "e5m2") == 0
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_values_beyond_a_stale_scale_saturate_and_are_counted(fmt):
+    x = np.array([1.0, -3.0, 5.0, np.nan, 0.25], dtype=np.float32)
+    k = fp8.scale_exponent(1.0, fmt)  # a scale from an earlier, smaller maximum
+    q, saturated = fp8.quantize_fp8_scaled(x, k, fmt)
+    assert saturated == 2  # -3 and 5; NaN is not counted
+    assert q[1] == -fp8.largest(fmt) and q[2] == fp8.largest(fmt) and np.isnan(q[3])
+    assert q[4] == fp8.round_to_fp8(0.25 * 2.0**k, fmt)

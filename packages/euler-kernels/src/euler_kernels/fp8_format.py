@@ -96,3 +96,32 @@ def quantize_fp8(x: Any, fmt: str) -> tuple[np.ndarray, float]:
     amax = float(np.max(np.abs(x))) if x.size else 0.0
     k = scale_exponent(amax, fmt)
     return round_to_fp8(x.astype(np.float64) * 2.0**k, fmt), 2.0**-k
+
+
+def delayed_exponent(history: Any, fmt: str) -> int:
+    """k for a tensor scaled from the absolute maxima of its earlier steps (delayed scaling: the kernel that
+    makes the tensor casts it as it goes, so the scale must be known before): scale_exponent of the largest
+    finite entry of `history` (float32 values; inf and NaN entries, from a step that overflowed, are left
+    out); 0 when none is finite and positive.
+
+    >>> delayed_exponent([0.5, 3.0, np.inf, np.nan], "e4m3"), delayed_exponent([0.0, np.nan], "e5m2")
+    (7, 0)
+    """
+    h = np.asarray(history, dtype=np.float32)
+    finite = h[np.isfinite(h)]
+    return scale_exponent(float(finite.max()) if finite.size else 0.0, fmt)
+
+
+def quantize_fp8_scaled(x: Any, k: int, fmt: str) -> tuple[np.ndarray, int]:
+    """x (float32 values) cast with a given scale 2^k, as a kernel with a delayed scale casts it: (the fp8
+    values of x * 2^k, rounded to nearest even and saturating, as float64; how many saturated, i.e. had
+    |x * 2^k| beyond the format's largest value; NaN is not counted).
+
+    >>> q, n = quantize_fp8_scaled(np.array([1.0, -2.0, 600.0], dtype=np.float32), 8, "e4m3")
+    >>> q.tolist(), n
+    ([256.0, -448.0, 448.0], 2)
+    """
+    scaled = np.asarray(x, dtype=np.float32).astype(np.float64) * 2.0**k
+    with np.errstate(invalid="ignore"):
+        saturated = int(np.count_nonzero(np.abs(scaled) > largest(fmt)))
+    return round_to_fp8(scaled, fmt), saturated

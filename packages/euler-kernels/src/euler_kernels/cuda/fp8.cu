@@ -7,6 +7,7 @@
 // scale_inv = 2^-k is what the product multiplies back. amax 0, inf or NaN gives k 0.
 // fp8_format.py holds the NumPy reference of the same rule, bit for bit.
 #include "common.cuh"
+#include "fp8.cuh"
 
 #ifndef FP8_E5M2
 #define FP8_E5M2 0  // 0: e4m3 (largest 448 = 0.875 * 2^9), 1: e5m2 (largest 57344 = 0.875 * 2^16)
@@ -43,24 +44,11 @@ extern "C" __global__ void amax_bf16(const unsigned short* x, long long n, int a
 
 // k of the scale 2^k for this amax (see the header); the same rule as fp8_format.py's scale_exponent.
 __device__ __forceinline__ int scale_exponent(unsigned amax_bits) {
-    const float amax = __uint_as_float(amax_bits);
-    if (!(amax > 0.0f) || amax_bits >= 0x7f800000u) return 0;  // 0, inf or NaN
-    int e;
-    const float m = frexpf(amax, &e);  // amax = m 2^e, m in [0.5, 1)
-    const int k = FP8_MAX_EXPONENT - e - (m > 0.875f ? 1 : 0);
-    return min(max(k, -126), 126);  // 2^k stays a normal float
+    return fp8_scale_exponent(amax_bits, FP8_MAX_EXPONENT);
 }
 
 // Two floats rounded to fp8 (nearest even, saturating), packed: a in the high byte, b in the low one.
-__device__ __forceinline__ unsigned short to_fp8x2(float a, float b) {
-    unsigned short d;
-#if FP8_E5M2
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(a), "f"(b));
-#else
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(a), "f"(b));
-#endif
-    return d;
-}
+__device__ __forceinline__ unsigned short to_fp8x2(float a, float b) { return fp8x2<FP8_E5M2>(a, b); }
 
 #define TILE 64  // a block casts a 64 x 64 tile: 256 threads, 16 consecutive values of one row each
 #define TILE_PITCH (TILE + 4)  // bytes per row of the shared tile (the padding spreads the transposed reads)

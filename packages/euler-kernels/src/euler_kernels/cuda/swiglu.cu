@@ -123,3 +123,85 @@ extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, cons
         block_amax(bits_u, amax_dup);
     }
 }
+
+// --- FP8 outputs with a delayed scale (fp8_scales.py) -----------------------------------------------------
+// gate, up (and dout) bf16 (rows, cols), row-major; the outputs are FP8 (rows_padded, cols) row-major and
+// (cols, rows_padded) transposed, both from one pass (the FP8 products want the summed dimension contiguous
+// in both operands; rows_padded rounds the tokens up to the products' multiple, its extra rows are zeros).
+// Each output x is stored as fp8(x 2^k) with k = *exponent (its slot's, known before the kernel starts),
+// saturating; *amax is raised to the largest |x| (float32, before rounding) and *saturated counts the values
+// beyond the format's range. Grid (ceil(cols / 64), ceil(rows_padded / 64)), 256 threads (fp8.cuh's tile).
+#include "fp8.cuh"
+
+// This thread's 16 values of a bf16 (rows, cols) array (fp8.cuh's tile layout): 0 past rows or cols.
+__device__ __forceinline__ void load_tile16(const unsigned short* x, long long rows, long long cols, int aligned,
+                                            float* v) {
+    const long long row = (long long)blockIdx.y * FP8_TILE + threadIdx.x / 4;
+    const long long col = (long long)blockIdx.x * FP8_TILE + (threadIdx.x % 4) * 16;
+    if (aligned && row < rows && col + 16 <= cols && cols % 16 == 0) {
+        unpack_bf16x8(*reinterpret_cast<const uint4*>(x + row * cols + col), v);
+        unpack_bf16x8(*reinterpret_cast<const uint4*>(x + row * cols + col + 8), v + 8);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = row < rows && col + j < cols ? bf16_to_float(x[row * cols + col + j]) : 0.0f;
+    }
+}
+
+extern "C" __global__ void swiglu_forward_fp8(const unsigned short* gate, const unsigned short* up, long long rows,
+                                              long long cols, long long rows_padded, int aligned, const int* exponent,
+                                              unsigned* amax, unsigned long long* saturated, unsigned char* out,
+                                              unsigned char* out_t) {
+    __shared__ unsigned char tile[FP8_TILE * FP8_TILE_PITCH];
+    float g[16], u[16];
+    load_tile16(gate, rows, cols, aligned, g);
+    load_tile16(up, rows, cols, aligned, u);
+    const float scale = ldexpf(1.0f, *exponent);
+    unsigned bits = 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const float o = g[j] / (1.0f + __expf(-g[j])) * u[j];  // 0 where gate and up are padding
+        bits = max(bits, abs_bits(o));
+        g[j] = o * scale;
+    }
+    const int n = store_fp8_tile<false>(g, rows_padded, cols, aligned, out, out_t, tile);
+    block_amax(bits, amax);
+    __syncthreads();
+    block_count(n, saturated);
+}
+
+// dgate = dout * up * sigmoid(g) * (1 + g * (1 - sigmoid(g))), dup = dout * silu(g), both e5m2 (gradients),
+// each with its own slot (exponent, amax, saturated: [0] dgate, [1] dup of the pointers given)
+extern "C" __global__ void swiglu_backward_fp8(const unsigned short* dout, const unsigned short* gate,
+                                               const unsigned short* up, long long rows, long long cols,
+                                               long long rows_padded, int aligned, const int* exponent_g,
+                                               const int* exponent_u, unsigned* amax_g, unsigned* amax_u,
+                                               unsigned long long* saturated_g, unsigned long long* saturated_u,
+                                               unsigned char* dgate, unsigned char* dgate_t, unsigned char* dup,
+                                               unsigned char* dup_t) {
+    __shared__ unsigned char tile[FP8_TILE * FP8_TILE_PITCH];
+    float g[16], u[16], d[16];
+    load_tile16(gate, rows, cols, aligned, g);
+    load_tile16(up, rows, cols, aligned, u);
+    load_tile16(dout, rows, cols, aligned, d);
+    const float scale_g = ldexpf(1.0f, *exponent_g), scale_u = ldexpf(1.0f, *exponent_u);
+    unsigned bits_g = 0, bits_u = 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const float sig = 1.0f / (1.0f + __expf(-g[j]));
+        const float dg = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig)), du = d[j] * g[j] * sig;
+        bits_g = max(bits_g, abs_bits(dg));
+        bits_u = max(bits_u, abs_bits(du));
+        u[j] = du * scale_u;  // up and gate are not needed again: their registers take the scaled outputs
+        g[j] = dg * scale_g;
+    }
+    const int n_g = store_fp8_tile<true>(g, rows_padded, cols, aligned, dgate, dgate_t, tile);
+    __syncthreads();  // the shared tile is written again
+    const int n_u = store_fp8_tile<true>(u, rows_padded, cols, aligned, dup, dup_t, tile);
+    block_amax(bits_g, amax_g);
+    __syncthreads();
+    block_amax(bits_u, amax_u);
+    __syncthreads();
+    block_count(n_g, saturated_g);
+    __syncthreads();
+    block_count(n_u, saturated_u);
+}

@@ -1,5 +1,7 @@
 """Launchers of swiglu.cu: out = silu(gate) * up and its gradients, elementwise, float32 or bf16; each can
-also raise uint32 scalars (fp8.py's amax_bits form) to the largest |value| of its outputs."""
+also raise uint32 scalars (fp8.py's amax_bits form) to the largest |value| of its outputs. The *_fp8
+launchers write their outputs straight to FP8 with delayed scales (fp8_scales.py), row-major and transposed
+from one pass, as the FP8 products take them."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, contiguous, get_kernel, grid
-from euler_kernels.cuda.fp8 import amax_pointer
+from euler_kernels.cuda.fp8 import Fp8Tensor, amax_pointer
+from euler_kernels.cuda.fp8_scales import Fp8Scales
 
 # storage -> kernel; "bf16x8": bf16 arrays read 8 elements (16 bytes) at a time
 _FORWARD = {"float32": "swiglu_forward", "bf16": "swiglu_forward_bf16", "bf16x8": "swiglu_forward_bf16x8"}
@@ -47,3 +50,60 @@ def swiglu_backward(dout: Any, gate: Any, up: Any, amax: tuple[Any, Any] | None 
     pointers = tuple(amax_pointer(a, "swiglu_backward") for a in (amax or (None, None)))
     kernel(grid(n), (THREADS,), (dgate, dup, dout, gate, up, np.int64(n), *pointers))
     return dgate, dup
+
+
+_FP8_TILE, _FP8_MULTIPLE = 64, 16  # swiglu.cu's tile (fp8.cuh); the FP8 products' multiple of rows
+
+
+def _fp8_outputs(rows_padded: int, cols: int, scales: Fp8Scales, slot: int, fmt: str) -> tuple:
+    """(row-major, transposed) uint8 outputs and the slot's (exponent, scale_inv, amax, saturated)."""
+    import cupy
+
+    if not 0 <= slot < len(scales.formats) or scales.formats[slot] != fmt:
+        raise ValueError(f"swiglu fp8: slot {slot} must be an {fmt} slot of the scales")
+    outs = (cupy.empty((rows_padded, cols), cupy.uint8), cupy.empty((cols, rows_padded), cupy.uint8))
+    return outs, scales.slot(slot)
+
+
+def _fp8_shape(*arrays: Any) -> tuple[int, int, int]:
+    """(rows, cols, rows rounded up to the FP8 products' multiple) of bf16 (..., cols) arrays of one shape."""
+    shape = arrays[0].shape
+    if any(a.dtype != np.uint16 or a.shape != shape for a in arrays) or len(shape) < 1:
+        raise ValueError("swiglu fp8: needs bf16 (uint16) arrays of one shape")
+    cols = shape[-1]
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    return rows, cols, -(-rows // _FP8_MULTIPLE) * _FP8_MULTIPLE
+
+
+def swiglu_forward_fp8(gate: Any, up: Any, scales: Fp8Scales, slot: int) -> Fp8Tensor:
+    """silu(gate) * up of bf16 (..., F) gate and up, as an e4m3 Fp8Tensor of shape (rows padded to 16, F),
+    row-major and transposed (padding rows zero), cast with slot's delayed scale; raises the slot's amax_now
+    to the largest |output| and adds the values that saturated to its count."""
+    gate, up = contiguous(gate, up)
+    rows, cols, rows_padded = _fp8_shape(gate, up)
+    outs, (exponent, scale_inv, amax, saturated) = _fp8_outputs(rows_padded, cols, scales, slot, "e4m3")
+    out, out_t = outs
+    aligned = np.int32(all(a.data.ptr % 16 == 0 for a in (gate, up, out, out_t)))
+    blocks = (-(-cols // _FP8_TILE), -(-rows_padded // _FP8_TILE))
+    sizes = (np.int64(rows), np.int64(cols), np.int64(rows_padded), aligned)
+    args = (gate, up, *sizes, exponent, amax, saturated, out, out_t)
+    get_kernel("swiglu.cu", "swiglu_forward_fp8")(blocks, (256,), args)
+    return Fp8Tensor("e4m3", (rows_padded, cols), out, out_t, scale_inv)
+
+
+def swiglu_backward_fp8(
+    dout: Any, gate: Any, up: Any, scales: Fp8Scales, slots: tuple[int, int]
+) -> tuple[Fp8Tensor, Fp8Tensor]:
+    """(dgate, dup) of bf16 dout, gate, up (..., F) as e5m2 Fp8Tensors (rows padded to 16, F), row-major and
+    transposed, cast with the delayed scales of slots (dgate's, dup's), which they raise and count into."""
+    dout, gate, up = contiguous(dout, gate, up)
+    rows, cols, rows_padded = _fp8_shape(dout, gate, up)
+    (dg, dg_t), (exp_g, inv_g, amax_g, sat_g) = _fp8_outputs(rows_padded, cols, scales, slots[0], "e5m2")
+    (du, du_t), (exp_u, inv_u, amax_u, sat_u) = _fp8_outputs(rows_padded, cols, scales, slots[1], "e5m2")
+    aligned = np.int32(all(a.data.ptr % 16 == 0 for a in (dout, gate, up, dg, dg_t, du, du_t)))
+    blocks = (-(-cols // _FP8_TILE), -(-rows_padded // _FP8_TILE))
+    sizes = (np.int64(rows), np.int64(cols), np.int64(rows_padded), aligned)
+    args = (dout, gate, up, *sizes, exp_g, exp_u, amax_g, amax_u, sat_g, sat_u, dg, dg_t, du, du_t)
+    get_kernel("swiglu.cu", "swiglu_backward_fp8")(blocks, (256,), args)
+    shape = (rows_padded, cols)
+    return Fp8Tensor("e5m2", shape, dg, dg_t, inv_g), Fp8Tensor("e5m2", shape, du, du_t, inv_u)

@@ -1,0 +1,136 @@
+"""Delayed FP8 scales on the GPU (cuda/fp8_scales.py, fp8_scales.cu) and the SwiGLU kernels that cast their
+outputs with them (swiglu.cu's *_fp8): the scale update against fp8_format.delayed_exponent over several
+steps of a ring with inf and NaN maxima in it, a checkpoint's round trip, and the FP8 outputs against the
+NumPy reference of the float32 kernel's values cast with the slot's scale: bit for bit, row-major and
+transposed, padding rows zero, maxima exact, saturated values counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from euler_kernels import fp8_format as ref
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+try:
+    _devices = cp.cuda.runtime.getDeviceCount()
+except cp.cuda.runtime.CUDARuntimeError:
+    _devices = 0
+if _devices == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from euler_kernels.cuda import cast, fp8_scales, swiglu  # noqa: E402
+
+
+def bits_of(values) -> np.ndarray:
+    return np.abs(np.asarray(values, dtype=np.float32)).view(np.uint32)
+
+
+def test_the_update_follows_the_reference_over_a_ring_of_steps():
+    formats = ["e4m3", "e5m2", "e4m3"]
+    scales = fp8_scales.new_scales(formats, history=4)
+    rng = np.random.default_rng(0)
+    seen = [[] for _ in formats]
+    for step in range(7):  # wraps the ring of 4
+        maxima = (np.abs(rng.standard_normal(3)) * 2.0 ** rng.integers(-10, 10, 3)).astype(np.float32)
+        if step == 2:
+            maxima[1] = np.inf  # an overflowed step: left out of the scale
+        if step == 3:
+            maxima[2] = np.nan
+        scales.amax_now[...] = cp.asarray(bits_of(maxima))
+        fp8_scales.update_scales(scales)
+        for s, fmt in enumerate(formats):
+            seen[s].append(maxima[s])
+            k = ref.delayed_exponent(seen[s][-4:], fmt)
+            assert int(scales.exponent[s].get()) == k, (step, s)
+            assert float(scales.scale_inv[s].get()) == 2.0**-k
+        assert int(scales.step.get()) == step + 1
+        assert not scales.amax_now.get().any()
+
+
+def test_a_saved_state_resumes_and_a_mismatched_one_is_refused():
+    scales = fp8_scales.new_scales(["e4m3", "e5m2"])
+    scales.amax_now[...] = cp.asarray(bits_of([3.0, 70.0]))
+    fp8_scales.update_scales(scales)
+    saved = fp8_scales.scale_arrays(scales)
+    again = fp8_scales.scales_from_arrays(["e4m3", "e5m2"], saved)
+    for name, value in fp8_scales.scale_arrays(again).items():
+        np.testing.assert_array_equal(value, saved[name])
+    with pytest.raises(ValueError, match="saved for 2 tensors, need 3"):
+        fp8_scales.scales_from_arrays(["e4m3", "e5m2", "e4m3"], saved)
+
+
+def bf16_inputs(rng, rows, cols, scale=1.0):
+    """bf16 bit patterns on the GPU and the float32 values they hold."""
+    x16 = cast.to_bf16(cp.asarray((rng.standard_normal((rows, cols)) * scale).astype(np.float32)))
+    return x16, cast.from_bf16(x16)
+
+
+def check_output(t, want, k, fmt, rows):
+    """An Fp8Tensor against the reference cast of want (rows, cols) float32 with scale 2^k; returns the
+    reference's count of saturated values."""
+    q, saturated = ref.quantize_fp8_scaled(want, k, fmt)
+    got = ref.fp8_values(fmt)[t.rows.get().astype(np.int64)]
+    np.testing.assert_array_equal(got[:rows], q)
+    np.testing.assert_array_equal(np.signbit(got[:rows]), np.signbit(q))
+    assert not t.rows.get()[rows:].any()  # padding rows are zero
+    np.testing.assert_array_equal(t.cols.get(), t.rows.get().T)
+    assert float(t.scale_inv.get()) == 2.0**-k
+    return saturated
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(128, 256), (100, 48), (1, 16), (300, 2048)])
+@pytest.mark.parametrize("stale", [False, True], ids=["fitting", "stale"])
+def test_swiglu_forward_fp8_is_the_float32_kernel_cast_with_the_slots_scale(rows, cols, stale):
+    rng = np.random.default_rng(rows + cols)
+    (gate, gate32), (up, up32) = bf16_inputs(rng, rows, cols, 2.0), bf16_inputs(rng, rows, cols)
+    want = swiglu.swiglu_forward(gate32, up32).get()  # float32 storage: the values before any rounding
+    scales = fp8_scales.new_scales(["e5m2", "e4m3"])  # slot 1, so a wrong slot shows
+    amax = float(np.abs(want).max())
+    k = ref.scale_exponent(amax / 8 if stale else amax, "e4m3")  # stale: a scale 8x too large saturates
+    scales.exponent[1] = k
+    t = swiglu.swiglu_forward_fp8(gate, up, scales, 1)
+    assert t.shape == (-(-rows // 16) * 16, cols) and t.fmt == "e4m3"
+    saturated = check_output(t, want, k, "e4m3", rows)
+    assert int(scales.saturated[1].get()) == saturated and (saturated > 0) == stale
+    assert int(scales.amax_now[1].get()) == int(bits_of(amax))
+    assert int(scales.amax_now[0].get()) == 0 and int(scales.saturated[0].get()) == 0
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(128, 256), (100, 48), (300, 2048)])
+def test_swiglu_backward_fp8_is_the_float32_kernel_cast_with_the_slots_scales(rows, cols):
+    rng = np.random.default_rng(7 * rows + cols)
+    (gate, gate32), (up, up32), (dout, dout32) = (bf16_inputs(rng, rows, cols, s) for s in (2.0, 1.0, 1e-3))
+    want_g, want_u = (a.get() for a in swiglu.swiglu_backward(dout32, gate32, up32))
+    scales = fp8_scales.new_scales(["e5m2", "e5m2"])
+    k_g = ref.scale_exponent(float(np.abs(want_g).max()), "e5m2")
+    k_u = ref.scale_exponent(float(np.abs(want_u).max()), "e5m2") + 2  # dup's scale stale by 4x
+    scales.exponent[...] = cp.asarray([k_g, k_u], dtype=cp.int32)
+    dg, du = swiglu.swiglu_backward_fp8(dout, gate, up, scales, (0, 1))
+    assert check_output(dg, want_g, k_g, "e5m2", rows) == int(scales.saturated[0].get()) == 0
+    assert check_output(du, want_u, k_u, "e5m2", rows) == int(scales.saturated[1].get()) > 0
+    maxima = [bits_of(np.abs(want).max()) for want in (want_g, want_u)]
+    np.testing.assert_array_equal(scales.amax_now.get(), maxima)
+
+
+def test_a_wrong_slot_format_is_refused():
+    gate = cp.zeros((16, 16), cp.uint16)
+    scales = fp8_scales.new_scales(["e5m2"])
+    with pytest.raises(ValueError, match="slot 0 must be an e4m3 slot"):
+        swiglu.swiglu_forward_fp8(gate, gate, scales, 0)
+
+
+def test_the_update_replays_in_a_cuda_graph():
+    scales = fp8_scales.new_scales(["e4m3"], history=2)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        fp8_scales.update_scales(scales)
+        graph = stream.end_capture()
+        for value in (4.0, 1.0, 0.5):  # each step's maximum, then the captured update
+            scales.amax_now[...] = int(bits_of(value))
+            graph.launch(stream)
+    stream.synchronize()
+    assert int(scales.step.get()) == 3
+    assert int(scales.exponent[0].get()) == ref.scale_exponent(1.0, "e4m3")  # the ring holds 1.0 and 0.5
