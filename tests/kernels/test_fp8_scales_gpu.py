@@ -134,3 +134,53 @@ def test_the_update_replays_in_a_cuda_graph():
     stream.synchronize()
     assert int(scales.step.get()) == 3
     assert int(scales.exponent[0].get()) == ref.scale_exponent(1.0, "e4m3")  # the ring holds 1.0 and 0.5
+
+
+def assert_product(got, a, b) -> None:
+    """got ~ a @ b.T in float64: float32 sums of exact products of FP8 values (as test_linear_fp8_gpu)."""
+    exact = a @ b.T
+    bound = 2.0**-12 * (np.abs(a) @ np.abs(b).T) + 1e-30
+    if got.dtype == cp.uint16:  # and a bf16 output's own rounding
+        bound = bound + 2.0**-8 * np.abs(exact)
+    got = (cast.from_bf16(got) if got.dtype == cp.uint16 else got).get().astype(np.float64)
+    assert np.all(np.abs(got.reshape(exact.shape) - exact) <= bound)
+
+
+def test_the_linear_op_takes_operands_the_swiglu_kernels_cast():
+    """The down projection of an FP8 SwiGLU product, and the gate projection's backward from an FP8 dgate:
+    the products of the FP8 values as cast, nothing cast again; 100 tokens (padded to 112)."""
+    import euler_kernels as ek
+
+    rng = np.random.default_rng(11)
+    n, c, f = 100, 64, 96
+    (gate, gate32), (up, up32) = bf16_inputs(rng, n, f, 2.0), bf16_inputs(rng, n, f)
+    scales = fp8_scales.new_scales(["e4m3", "e5m2", "e5m2"])
+    gated = swiglu.swiglu_forward(gate32, up32).get()
+    scales.exponent[0] = ref.scale_exponent(float(np.abs(gated).max()), "e4m3")
+    gated8 = swiglu.swiglu_forward_fp8(gate, up, scales, 0)
+    w_down = cp.asarray((rng.standard_normal((c, f)) * 0.1).astype(np.float32))
+    (w8,) = ek.fp8_weights([w_down])
+    out, cache = ek.linear_forward(gated8, w8, bf16_out=True)
+    assert out.shape == (n, c)
+    k = int(scales.exponent[0].get())
+    x_q = ref.quantize_fp8_scaled(gated, k, "e4m3")[0] * 2.0**-k
+    w_q = ref.quantize_fp8(w_down.get(), "e4m3")
+    assert_product(out, x_q, w_q[0] * w_q[1])
+    with pytest.raises(ValueError, match="keep_input=False"):
+        ek.linear_forward(gated8, w8, keep_input=False)
+
+    (dout, dout32) = bf16_inputs(rng, n, f, 1e-3)
+    dg32 = swiglu.swiglu_backward(dout32, gate32, up32)[0].get()
+    scales.exponent[1] = ref.scale_exponent(float(np.abs(dg32).max()), "e5m2")
+    dg8, _ = swiglu.swiglu_backward_fp8(dout, gate, up, scales, (1, 2))
+    h = cast.to_bf16(cp.asarray(rng.standard_normal((n, c)).astype(np.float32)))
+    w_gate = cp.asarray((rng.standard_normal((f, c)) * 0.1).astype(np.float32))
+    (wg8,) = ek.fp8_weights([w_gate])
+    _, cache = ek.linear_forward(h, wg8, bf16_out=True)
+    dh, dw = ek.linear_backward(dg8, cache)
+    k_g = int(scales.exponent[1].get())
+    d_q = ref.quantize_fp8_scaled(dg32, k_g, "e5m2")[0] * 2.0**-k_g
+    h_q = ref.quantize_fp8(cast.from_bf16(h).get(), "e4m3")
+    wg_q = ref.quantize_fp8(w_gate.get(), "e4m3")
+    assert_product(dh, d_q, (wg_q[0] * wg_q[1]).T)
+    assert_product(dw, d_q.T, (h_q[0] * h_q[1]).T)

@@ -20,13 +20,16 @@ class Fp8Tensor:
     """An FP8 copy of a (rows, cols) tensor x: x = fp8 value * scale_inv.
 
     rows: (rows, cols) uint8 bit patterns, or None; cols: the transpose, (cols, rows), or None;
-    scale_inv: a float32 device scalar, 2^-k; fmt: "e4m3" or "e5m2"."""
+    scale_inv: a float32 device scalar, 2^-k; fmt: "e4m3" or "e5m2"; n_rows: how many of the rows hold
+    the tensor's values when the rest are zero rows that pad it to the FP8 products' multiple of 16 (None:
+    all of them)."""
 
     fmt: str
     shape: tuple[int, int]
     rows: Any
     cols: Any
     scale_inv: Any
+    n_rows: int | None = None
 
 
 def amax_bits(x: Any, out: Any = None) -> Any:

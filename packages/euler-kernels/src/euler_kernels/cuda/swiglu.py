@@ -88,7 +88,7 @@ def swiglu_forward_fp8(gate: Any, up: Any, scales: Fp8Scales, slot: int) -> Fp8T
     sizes = (np.int64(rows), np.int64(cols), np.int64(rows_padded), aligned)
     args = (gate, up, *sizes, exponent, amax, saturated, out, out_t)
     get_kernel("swiglu.cu", "swiglu_forward_fp8")(blocks, (256,), args)
-    return Fp8Tensor("e4m3", (rows_padded, cols), out, out_t, scale_inv)
+    return Fp8Tensor("e4m3", (rows_padded, cols), out, out_t, scale_inv, rows)
 
 
 def swiglu_backward_fp8(
@@ -106,4 +106,4 @@ def swiglu_backward_fp8(
     args = (dout, gate, up, *sizes, exp_g, exp_u, amax_g, amax_u, sat_g, sat_u, dg, dg_t, du, du_t)
     get_kernel("swiglu.cu", "swiglu_backward_fp8")(blocks, (256,), args)
     shape = (rows_padded, cols)
-    return Fp8Tensor("e5m2", shape, dg, dg_t, inv_g), Fp8Tensor("e5m2", shape, du, du_t, inv_u)
+    return Fp8Tensor("e5m2", shape, dg, dg_t, inv_g, rows), Fp8Tensor("e5m2", shape, du, du_t, inv_u, rows)

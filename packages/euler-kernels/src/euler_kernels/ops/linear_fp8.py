@@ -9,12 +9,17 @@ FP8 copy (one byte a value) in place of x, or with keep_input=False only x's abs
 backward then casts the re-made x it is handed with that maximum, which gives the forward's copy bit for
 bit. Token counts that are not a multiple of 16 (what the FP8 products need) are padded with zero rows,
 which add nothing to the weight gradient.
+
+x and the output gradient may also come already cast (an Fp8Tensor with both its copies, as the kernels
+that cast their outputs with a delayed scale make them: cuda/swiglu.py's *_fp8): then no cast runs here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import numpy as np
 
 from euler_kernels.cuda.fp8 import Fp8Tensor, amax_bits, to_fp8
 from euler_kernels.cuda.gemm_fp8 import FP8_MULTIPLE, gemm_fp8, transposed
@@ -75,6 +80,8 @@ def forward_fp8(
     maximum if its maker measured it (else measured here)."""
     import cupy
 
+    if isinstance(x, Fp8Tensor):
+        return _forward_cast(x, weights, bf16_out, keep_input)
     if not isinstance(x, cupy.ndarray) or x.dtype not in (cupy.float32, cupy.uint16):
         raise ValueError("linear_forward: an FP8 weight needs x as a float32 or bf16 CuPy array")
     for w in weights:
@@ -94,24 +101,52 @@ def forward_fp8(
     return results
 
 
+def _cast_rows(t: Fp8Tensor, fmt: str, c: int, what: str) -> int:
+    """The real rows of an already-cast operand, checked: its format, both copies, c columns."""
+    if t.fmt != fmt or t.rows is None or t.cols is None or t.shape[1] != c:
+        raise ValueError(f"linear: an FP8 {what} must be {fmt} with both copies and {c} columns")
+    return t.shape[0] if t.n_rows is None else t.n_rows
+
+
+def _forward_cast(x8: Fp8Tensor, weights: list[Fp8Tensor], bf16_out: bool, keep_input: bool) -> list:
+    """forward_fp8 of an x that comes cast: its transposed copy is what the cache keeps (a re-made x could
+    not be cast again with the scale it was cast with, so keep_input=False is refused)."""
+    if not keep_input:
+        raise ValueError("linear_forward: an FP8 x is kept as it is (keep_input=False needs an x to re-make)")
+    n = _cast_rows(x8, "e4m3", weights[0].shape[1], "x")
+    kept = dataclasses.replace(x8, rows=None)
+    results = []
+    for w in weights:
+        out = gemm_fp8(x8, w, bf16_out=bf16_out)[:n]  # (n, C_out)
+        results.append((out, ("fp8", kept, None, dataclasses.replace(w, rows=None), (n, w.shape[1]))))
+    return results
+
+
 def backward_fp8(
     dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any, dout_amax: Any = None
 ) -> tuple[Any, Any]:
-    """(dx, dweight) of forward_fp8: dout (..., C_out) float32 or bf16 cast to e5m2; dx bf16 with bf16_dx,
+    """(dx, dweight) of forward_fp8: dout (..., C_out) float32 or bf16 cast to e5m2 (or an e5m2 Fp8Tensor
+    already cast, with both copies, whose n_rows are x's rows); dx bf16 with bf16_dx,
     else float32, or added into dx_into; dweight float32 (C_out, C_in). x: the forward's input, re-made,
     when the cache does not keep its FP8 copy (keep_input=False); dout_amax as forward_fp8's x_amax."""
     import cupy
 
     _, x8, amax, w8, x_shape = cache
     c_out, c_in = w8.shape
-    if tuple(dout.shape) != (*x_shape[:-1], c_out):
+    n_x = int(np.prod(x_shape[:-1], dtype=np.int64))
+    if isinstance(dout, Fp8Tensor) and _cast_rows(dout, "e5m2", c_out, "output gradient") != n_x:
+        raise ValueError(f"linear_backward: an FP8 dout of {dout.n_rows} rows for an x of {n_x} rows")
+    if not isinstance(dout, Fp8Tensor) and tuple(dout.shape) != (*x_shape[:-1], c_out):
         raise ValueError(f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({c_out},)")
     if x8 is None:  # cast as the forward cast it: the same values and maximum give the same bits
         x2 = cupy.ascontiguousarray(x.reshape(-1, x_shape[-1]))
         x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
-    d2 = cupy.ascontiguousarray(dout.reshape(-1, c_out))  # (N, C_out)
-    n = d2.shape[0]
-    d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True, amax=dout_amax)
+    if isinstance(dout, Fp8Tensor):  # cast by the kernel that made it
+        n, d8 = _cast_rows(dout, "e5m2", c_out, "output gradient"), dout
+    else:
+        d2 = cupy.ascontiguousarray(dout.reshape(-1, c_out))  # (N, C_out)
+        n = d2.shape[0]
+        d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True, amax=dout_amax)
     padded = n % FP8_MULTIPLE != 0
     if dx_into is not None and not padded:  # cuBLASLt adds the product into it
         gemm_fp8(d8, transposed(w8), out=dx_into.reshape(-1, c_in))
