@@ -33,7 +33,8 @@ weights, weight gradients, moments, softmax statistics and loss) against PyTorch
 (bf16 activations, bf16 FlashAttention); MFU against the dense bf16 rate, 989.4 TFLOP/s.
 --precision fp8: ours as bf16 but with the MLP's and the heads' products in FP8 (e4m3 activations and
 weights, e5m2 gradients; run.precision = "fp8") against the same PyTorch bf16 autocast step: not like for
-like in precision, so the loss check's tolerance is FP8's; MFU still against the dense bf16 rate.
+like in precision, so the loss check's tolerance is FP8's; MFU still against the dense bf16 rate. With
+`--set train.fp8_scaling="delayed"` SwiGLU writes its FP8 operands directly, with delayed scales.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ import cupy as cp
 import numpy as np
 import torch
 
+import euler_kernels as ek
 import euler_model
 from euler_model import count_params, init_params, loss_and_grads
+from euler_model.blocks import fp8_scale_formats
 from euler_train.comm import Comm
 from euler_train.config import ConfigError, resolve_config
 from euler_train.graph_step import GraphStep
@@ -76,7 +79,8 @@ def bench_config(args) -> tuple[dict, object]:
     resolve_config (the --set parser, key and type checks) and model_overrides; the preset's vocabulary
     stays unless model.vocab_size is set. ConfigError or ValueError names the bad key."""
     overrides = list(args.set) + ([f"model.context={args.context}"] if args.context else [])
-    cfg = resolve_config(args.preset, overrides=overrides)
+    flags = {"run.precision": args.precision} if args.precision else {}  # checked with the [train] keys
+    cfg = resolve_config(args.preset, overrides=overrides, flags=flags)
     return cfg, euler_model.preset(cfg["model"]["preset"], **model_overrides(cfg))
 
 
@@ -87,7 +91,12 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
     params = {k: v.copy() for k, v in params.items()}
     train = {**train, **changes}
     opt = make_optimizer(params, train)
-    runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), max_norm, train["recompute"])
+    # train.fp8_scaling = "delayed" (--set, with --precision fp8): SwiGLU casts with delayed scales; the
+    # graph's dry run measures their first maxima, an eager runner's first step does
+    scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.get("fp8_scaling") == "delayed" else None
+    runner = (GraphStep if graph else EagerStep)(
+        cfg, params, opt, Comm(), max_norm, train["recompute"], scales
+    )
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
     def step():

@@ -76,6 +76,8 @@ def test_int_where_float_expected_is_accepted() -> None:
         (["train.min_lr=1.0"], {}, "train.min_lr"),
         (["train.beta2=1.0"], {}, "train.beta2"),
         (["train.on_nonfinite=ignore"], {}, "train.on_nonfinite"),
+        (["train.fp8_scaling=late"], {}, "train.fp8_scaling"),
+        (["train.fp8_scaling=delayed"], {}, "train.fp8_scaling"),  # FP8 scales need run.precision=fp8
         ([], {"run.device": "tpu"}, "run.device"),
         ([], {"run.precision": "tf32"}, "run.precision"),  # the CPU is fp32 only
         ([], {"run.gpus": 2}, "run.gpus"),  # several GPUs need the GPU device

@@ -154,6 +154,30 @@ def test_an_fp8_run_resumes_where_it_stopped(tmp_path, dataset, capsys) -> None:
     assert_runs_match(tmp_path / "ref", tmp_path / "run", 1e-5, 1e-4, 1e-6)
 
 
+DELAYED = ("--device", "gpu", "--precision", "fp8", "--set", 'train.fp8_scaling="delayed"', *HEAD_DIM_64)
+
+
+def test_delayed_fp8_scales_train_like_current_ones_and_resume_exactly(tmp_path, dataset, capsys) -> None:
+    """train.fp8_scaling = "delayed" (SwiGLU's outputs cast with their earlier steps' maxima) follows the
+    current-scaling run's losses within FP8's rounding, the step is captured (the dry run measured the
+    first maxima), each checkpoint holds the scales, and a run resumed from its step-3 checkpoint takes the
+    uninterrupted run's steps."""
+    import shutil
+
+    flags = (*DELAYED, "--ckpt-every", "3")
+    train(dataset, tmp_path / "ref", *flags)
+    assert "captured as a CUDA graph" in capsys.readouterr().err
+    assert (tmp_path / "ref" / "checkpoints" / "step_3" / "fp8_scales.safetensors").is_file()
+    train(dataset, tmp_path / "current", "--device", "gpu", "--precision", "fp8", *HEAD_DIM_64)
+    delayed, current = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("ref", "current"))
+    np.testing.assert_allclose([r["loss"] for r in delayed], [r["loss"] for r in current], rtol=3e-2)
+    shutil.copytree(tmp_path / "ref", tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_6")
+    train(dataset, tmp_path / "run", *flags, "--resume")
+    assert "resuming at step 3" in capsys.readouterr().err
+    assert_runs_match(tmp_path / "ref", tmp_path / "run", 1e-5, 1e-4, 1e-6)
+
+
 def test_tf32_runs(tmp_path, dataset) -> None:
     train(dataset, tmp_path / "tf32", "--device", "gpu", "--precision", "tf32")
     assert (tmp_path / "tf32" / "checkpoints" / "step_6").is_dir()

@@ -12,6 +12,11 @@ from euler_kernels.cuda import bf16_activations, fp8_products, kernel_settings
 from euler_kernels.cuda.cast import to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
 from euler_kernels.cuda.flash_attention_sm90 import flash_kernel_choice
+from euler_kernels.cuda.fp8_scales import Fp8Scales
+from euler_kernels.cuda.fp8_scales import new_scales as new_fp8_scales
+from euler_kernels.cuda.fp8_scales import scale_arrays as fp8_scale_arrays
+from euler_kernels.cuda.fp8_scales import scales_from_arrays as fp8_scales_from_arrays
+from euler_kernels.cuda.fp8_scales import update_scales as update_fp8_scales
 from euler_kernels.cuda.multi_tensor import keep_tables
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar, judged
 from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
@@ -49,10 +54,11 @@ from euler_kernels.ops.residual_rmsnorm import (
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_backward_bf16_copy, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
 from euler_kernels.ops.step_control import step_control
-from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
+from euler_kernels.ops.swiglu import swiglu_backward, swiglu_backward_fp8, swiglu_forward, swiglu_forward_fp8
 
 __all__ = [
     "NS_COEFFICIENTS",
+    "Fp8Scales",
     "GradcheckReport",
     "__version__",
     "accumulate_scaled_many",
@@ -81,6 +87,8 @@ __all__ = [
     "fp8_amax",
     "fp8_fits",
     "fp8_products",
+    "fp8_scale_arrays",
+    "fp8_scales_from_arrays",
     "fp8_weights",
     "get_array_module",
     "global_grad_norm",
@@ -99,6 +107,7 @@ __all__ = [
     "muon_scratch",
     "muon_shape_scale",
     "muon_update",
+    "new_fp8_scales",
     "newton_schulz",
     "require_cuda",
     "residual_backward",
@@ -106,6 +115,7 @@ __all__ = [
     "residual_rmsnorm_backward",
     "residual_rmsnorm_backward_bf16_copy",
     "residual_rmsnorm_forward",
+    "restore_fp8_scales",
     "rmsnorm_backward",
     "rmsnorm_backward_bf16_copy",
     "rmsnorm_forward",
@@ -115,9 +125,12 @@ __all__ = [
     "step_control",
     "sum_squares_many",
     "swiglu_backward",
+    "swiglu_backward_fp8",
     "swiglu_forward",
+    "swiglu_forward_fp8",
     "synchronize",
     "to_bf16_many",
     "to_device",
     "to_numpy",
+    "update_fp8_scales",
 ]

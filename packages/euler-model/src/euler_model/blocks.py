@@ -27,6 +27,10 @@ fp8 (EULER_MATMUL_PRECISION=fp8): the bf16 path, with the MLP's weights handed i
 (model.py); the same code runs, the linear op multiplying those in FP8 (euler_kernels' linear_fp8). Its
 FFN block re-makes nothing: the products keep the transposed FP8 copies of h and of the SwiGLU product
 that their weight gradients take (C + F bytes per token and layer, half of what bf16 copies would hold).
+With delayed FP8 scales in the layer's params (FP8_SCALES, model.trunk_forward's fp8_scales), the SwiGLU
+kernels write their product and its gradients straight to FP8 (ek.swiglu_forward_fp8 / _backward_fp8)
+instead of bf16 arrays that a cast pass reads again; until the scales hold a step's maxima (the first
+step) the block runs as without them, raising the scales' maxima for the next steps.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ from typing import Any
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
+
+FP8_SCALES = "fp8.scales"  # in a layer's params: (ek.Fp8Scales, the layer's first slot)
+FP8_SLOT_FORMATS = ("e4m3", "e5m2", "e5m2")  # a layer's slots: the SwiGLU product, dgate, dup
+
+
+def fp8_scale_formats(config: ModelConfig) -> list[str]:
+    """The formats of the delayed FP8 scales of a model (ek.new_fp8_scales): three slots a layer.
+
+    >>> from euler_model import preset
+    >>> fp8_scale_formats(preset("tiny"))[:4]
+    ['e4m3', 'e5m2', 'e5m2', 'e4m3']
+    """
+    return list(FP8_SLOT_FORMATS) * config.n_layers
 
 
 def norm_in(
@@ -138,6 +155,8 @@ def ffn_block_forward(
     """stream (x, branch) (N, C) -> (s, o): s = x + branch, o = w_down(silu(w_gate h) * w_up h) with
     h = rmsnorm(s); the stream after the block is s + o."""
     fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: the norm and SwiGLU measure their outputs' maxima
+    scaled = p.get(FP8_SCALES) if fp8 else None  # (scales, first slot): delayed scales for SwiGLU's outputs
+    delayed = scaled is not None and scaled[0].calibrated
     a_h = ek.fp8_amax() if fp8 else None
     s, h, c_norm = norm_in(config, p[prefix + "ffn_norm"], stream, bf16, amax=a_h)  # (N, C) each
     weights = [p[prefix + "w_gate"], p[prefix + "w_up"]]
@@ -146,11 +165,15 @@ def ffn_block_forward(
     keep = not bf16 or fp8
     gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=keep, x_amax=a_h)
     (g, c_gate), (u, c_up) = gate_up  # (N, F) each
-    a_gated = ek.fp8_amax() if fp8 else None
-    gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
-    o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=keep, x_amax=a_gated)  # (N, C)
+    if delayed:  # the product straight to FP8 (rows padded to 16), cast with the slot's delayed scale
+        gated8, c_swi = ek.swiglu_forward_fp8(g, u, scaled[0], scaled[1])
+        o, c_down = ek.linear_forward(gated8, p[prefix + "w_down"])  # (N, C)
+    else:  # without delayed scales, or calibrating them: the maximum goes into the slot for later steps
+        a_gated = (ek.fp8_amax() if scaled is None else scaled[0].amax_now[scaled[1]]) if fp8 else None
+        gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
+        o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=keep, x_amax=a_gated)  # (N, C)
     remake = None if keep else ((s, p[prefix + "ffn_norm"], config.norm_eps), (g, u))  # h's, gated's
-    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8), remake)
+    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake)
 
 
 def ffn_block_backward(
@@ -158,14 +181,21 @@ def ffn_block_backward(
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of ffn_block_forward: dout = (g, g16, amax16) as in attention_block_backward -> ((the same
     three for x and branch), {name: dweight})."""
-    c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8), remake = cache
+    c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake = cache
     g, g16, a16 = dout
     gated = None if remake is None else ek.swiglu_forward(*remake[1])[0]  # (N, F): the forward's, again
     d_o = g if g16 is None else g16  # o's gradient is g
     dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, x=gated, dout_amax=a16)
     del gated
-    a_dg, a_du = (ek.fp8_amax(), ek.fp8_amax()) if fp8 else (None, None)
-    dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
+    if delayed:  # dgate and dup straight to FP8 with their slots' delayed scales
+        scales, slot = scaled
+        dg, du = ek.swiglu_backward_fp8(dgated, c_swi, scales, (slot + 1, slot + 2))
+        a_dg = a_du = None
+    else:
+        a_dg, a_du = (ek.fp8_amax(), ek.fp8_amax()) if fp8 else (None, None)
+        if scaled is not None:  # calibrating: the maxima go into the slots
+            a_dg, a_du = scaled[0].amax_now[scaled[1] + 1], scaled[0].amax_now[scaled[1] + 2]
+        dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
     h = norm_again(None if remake is None else remake[0])  # (N, C) or None (kept by the caches)
     dh, dw_up = ek.linear_backward(du, c_up, x=h, dout_amax=a_du)
     dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg)

@@ -13,7 +13,14 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_kernels.heap import keep_freed_memory
-from euler_model.blocks import layer_backward, layer_forward, norm_backward, norm_in
+from euler_model.blocks import (
+    FP8_SCALES,
+    FP8_SLOT_FORMATS,
+    layer_backward,
+    layer_forward,
+    norm_backward,
+    norm_in,
+)
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import cpu_workers, one_blas_thread_for, run_parts
 from euler_model.recompute import LayerInput, layer_caches
@@ -36,7 +43,12 @@ def rope_for(config: ModelConfig, like: Any, positions: int | None = None) -> tu
 
 
 def trunk_forward(
-    config: ModelConfig, params: dict[str, Any], tokens: Any, kv: Any = None, recompute: bool = False
+    config: ModelConfig,
+    params: dict[str, Any],
+    tokens: Any,
+    kv: Any = None,
+    recompute: bool = False,
+    fp8_scales: Any = None,
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
 
@@ -46,6 +58,8 @@ def trunk_forward(
     kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
     recompute: keep only the stream entering each layer, not its caches; trunk_backward re-runs the
     layer's forward from it (recompute.py). Also what a forward without backward uses (less memory).
+    fp8_scales: delayed FP8 scales (ek.new_fp8_scales(blocks.fp8_scale_formats(config))) for the FFN's
+    SwiGLU outputs in the fp8 mode (blocks.py); None: each FP8 operand cast with its own maximum.
     """
     if kv is not None and recompute:
         raise ValueError("trunk_forward: recompute is for a forward without KV cache")
@@ -72,6 +86,8 @@ def trunk_forward(
         # FP8 copies a layer at a time: the caches keep only their transposed parts (the backward's), so
         # the row-major parts are freed with this dict, one layer's at most alive at once
         layer_params = _with_fp8_copies(params, [k for k in fp8 if k.startswith(f"layers.{i}.")])
+        if fp8_scales is not None and fp8:  # the layer's slots of the delayed FP8 scales (blocks.py)
+            layer_params = {**layer_params, FP8_SCALES: (fp8_scales, len(FP8_SLOT_FORMATS) * i)}
         saved = LayerInput(config, layer_params, i, stream, (b, t), rope, bf16) if recompute else None
         stream, cache = layer_forward(config, layer_params, i, stream, (b, t), rope, layer_kv, bf16)
         del layer_params
@@ -272,6 +288,7 @@ def loss_and_grads_on_device(
     loss_mask: Any = None,
     recompute: bool = False,
     grad_scale: Any = None,
+    fp8_scales: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
@@ -279,19 +296,23 @@ def loss_and_grads_on_device(
 
     grad_scale: a 0-d array on the parameters' device (nothing is copied from the host) that multiplies
     every gradient (not the loss), applied to the loss's gradient before the backward: the gradients come
-    out already weighted, with no pass over them afterwards (the training step's one micro-batch, step.py)."""
+    out already weighted, with no pass over them afterwards (the training step's one micro-batch, step.py).
+    fp8_scales: as trunk_forward's (GPU, fp8 mode)."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
     if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
         return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute, grad_scale)
-    return _loss_and_grads_rows(config, params, tokens, targets, loss_mask, None, recompute, grad_scale)
+    return _loss_and_grads_rows(
+        config, params, tokens, targets, loss_mask, None, recompute, grad_scale, fp8_scales
+    )
 
 
 def _loss_and_grads_rows(
-    config, params, tokens, targets, loss_mask, head_scales=None, recompute=False, grad_scale=None
-) -> tuple[Any, dict]:
+    config, params, tokens, targets, loss_mask, head_scales=None, recompute=False, grad_scale=None,
+    fp8_scales=None,
+) -> tuple[Any, dict]:  # fmt: skip
     """The loss and every gradient of one batch (or one slice of rows of it, head_scales and grad_scale
     as in _heads_loss_and_grads), in the calling thread."""
-    h, trunk_caches = trunk_forward(config, params, tokens, recompute=recompute)
+    h, trunk_caches = trunk_forward(config, params, tokens, recompute=recompute, fp8_scales=fp8_scales)
     loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales, grad_scale)
     from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
     grads.update(trunk_backward(config, dh, trunk_caches))

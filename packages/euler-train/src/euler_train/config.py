@@ -54,6 +54,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
         "zero": 0,  # 1: ZeRO stage 1, each process keeps its share of the optimizer state (zero.py)
         "recompute": False,  # keep only each layer's input, re-run the layer in the backward (less memory)
+        # run.precision fp8: "current" casts each FP8 operand with its own maximum (a cast pass a tensor);
+        # "delayed": SwiGLU writes its FP8 outputs directly, scaled from their last 16 steps' maxima
+        "fp8_scaling": "current",
     },
     "eval": {
         "every": 25,  # steps between evaluations (and at the last step); 0: only at the last step
@@ -119,6 +122,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "train.on_nonfinite": ("stop", "skip"),
     "train.optimizer": ("adamw", "muon"),
+    "train.fp8_scaling": ("current", "delayed"),
     "train.zero": (0, 1),
     "run.device": ("cpu", "gpu", "auto"),
     "run.precision": ("fp32", "tf32", "bf16", "fp8"),
@@ -272,6 +276,11 @@ def validate(cfg: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"train.{beta} must be in [0, 1), got {cfg['train'][beta]!r}")
     if cfg["run"]["device"] == "cpu" and cfg["run"]["precision"] != "fp32":
         raise ConfigError(f"run.precision={cfg['run']['precision']!r} needs run.device=gpu (CPU is fp32)")
+    if cfg["train"]["fp8_scaling"] == "delayed" and cfg["run"]["precision"] != "fp8":
+        raise ConfigError(
+            f"train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "
+            f"{cfg['run']['precision']!r}"
+        )
     if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1 and not cpu_world():
         raise ConfigError(f"run.gpus={cfg['run']['gpus']} needs run.device=gpu")
 

@@ -34,31 +34,39 @@ class GraphStep:
         comm: Any,
         max_norm: float,
         recompute: bool = False,
+        fp8_scales: Any = None,
     ) -> None:
         import cupy as cp  # only on the GPU path
 
         self.cp, self.mcfg, self.params, self.opt, self.comm = cp, mcfg, params, opt, comm
-        self.max_norm, self.recompute = max_norm, recompute
+        self.max_norm, self.recompute, self.fp8_scales = max_norm, recompute, fp8_scales
         self.buf: StepBuffers | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
         self.graph = None
 
     def _body(self) -> None:
-        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm, self.recompute)
+        args = (self.max_norm, self.recompute, self.fp8_scales)
+        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
 
     def _capture(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> None:
-        """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing), then the
+        """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing; with
+        delayed FP8 scales it measures their first maxima, so the graph casts with them), then the
         capture of the same work into a graph."""
         cp = self.cp
         dry = np.array(hyper, dtype=np.float32)
         dry[3] = 0.0  # enable = 0
         # the graph holds the addresses of the multi-tensor tables: keep them alive as long as it lives
+        scales = self.fp8_scales  # scales a resumed run saved: the dry run must not move them
+        kept = ek.fp8_scale_arrays(scales) if scales is not None and scales.calibrated else None
         with ek.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
             self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
             self.buf.write(micro, shares, dry, stream=self.stream)
             self._body()
             self.stream.synchronize()
+            if kept is not None:
+                ek.restore_fp8_scales(scales, kept)
+                self.stream.synchronize()
             self.stream.begin_capture()
             try:
                 self._body()

@@ -42,6 +42,19 @@ def read_optimizer(folder: Path) -> dict[str, np.ndarray]:
     return load_file(str(folder / "optimizer.safetensors"))
 
 
+FP8_SCALES = "fp8_scales.safetensors"  # the delayed FP8 scales of an fp8 run (train.fp8_scaling = "delayed")
+
+
+def write_fp8_scales(folder: Path, arrays: dict[str, Any]) -> None:
+    save_file(to_host(arrays), str(folder / FP8_SCALES))
+
+
+def read_fp8_scales(folder: Path) -> dict[str, np.ndarray] | None:
+    """The saved delayed FP8 scales, or None for a checkpoint without them."""
+    path = Path(folder) / FP8_SCALES
+    return load_file(str(path)) if path.is_file() else None
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder from a checkpoint folder, a run folder (its newest valid one) or checkpoints/."""
     path = Path(path)

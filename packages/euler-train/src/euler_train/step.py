@@ -93,9 +93,12 @@ def train_step(
     buf: StepBuffers,
     max_norm: float,
     recompute: bool = False,
+    fp8_scales: Any = None,
 ) -> None:
     """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
-    layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py).
+    layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py);
+    `fp8_scales`: delayed FP8 scales of the fp8 mode (euler_model.blocks), updated at the step's end from
+    the maxima its kernels measured (on the device: a captured step updates them every replay).
 
     Several micro-batches: each one's gradients are weighted by its share and summed into buf.grads. One
     micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
@@ -106,8 +109,9 @@ def train_step(
     for i in range(count):
         mask = None if buf.masks is None else buf.masks[i]
         share = buf.shares[i]  # a 0-d array: no host value enters the step
+        scale = share if count == 1 else None
         loss, grads = euler_model.loss_and_grads_on_device(
-            mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute, share if count == 1 else None
+            mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute, scale, fp8_scales
         )
         if count == 1:
             buf.grads = grads
@@ -120,6 +124,9 @@ def train_step(
     grads = [buf.grads[n] for n in params]
     ek.step_control(ek.sum_squares_many(grads), buf.loss, buf.hyper, max_norm, out=buf.control)
     opt.update(params, buf.grads, buf.control, buf.hyper)
+    if fp8_scales is not None:  # this step's maxima into the histories: the next step casts with them
+        ek.update_fp8_scales(fp8_scales)
+        fp8_scales.calibrated = True
 
 
 class EagerStep:
@@ -133,9 +140,10 @@ class EagerStep:
         comm: Any,
         max_norm: float,
         recompute: bool = False,
+        fp8_scales: Any = None,
     ) -> None:
         self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
-        self.recompute = recompute
+        self.recompute, self.fp8_scales = recompute, fp8_scales
         self.buf: StepBuffers | None = None
 
     def run(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> tuple[float, float, bool]:
@@ -144,5 +152,6 @@ class EagerStep:
             xp = ek.get_array_module(next(iter(self.params.values())))
             self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro, len(hyper))
         self.buf.write(micro, shares, hyper)
-        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, self.max_norm, self.recompute)
+        args = (self.max_norm, self.recompute, self.fp8_scales)
+        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
         return self.buf.read()

@@ -19,6 +19,7 @@ import numpy as np
 
 import euler_kernels as ek
 import euler_model
+from euler_model.blocks import fp8_scale_formats
 from euler_train import modelio
 from euler_train.batches import Batches, bits_per_byte, make_batches
 from euler_train.checkpoint import CheckpointManager, read_state
@@ -62,6 +63,8 @@ class Trainer:
     params: dict[str, Any] = field(default_factory=dict)
     state: State = field(default_factory=State)
     stepper: Any = None  # step.EagerStep, or a CUDA graph of the same step (see _stepper)
+    fp8_scales: Any = None  # delayed FP8 scales (train.fp8_scaling = "delayed"), else None
+    fp8_saturated: int = 0  # values saturated by those scales as of the last report
 
     # --- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -74,6 +77,13 @@ class Trainer:
         else:
             self.params = euler_model.init_params(self.spec.mcfg, seed=tcfg["seed"], xp=xp)
         self.opt = make_sharded_or_not(self.params, tcfg, self.comm)
+        if tcfg["fp8_scaling"] == "delayed":  # the first step measures the maxima they start from
+            if self.comm.world_size > 1:
+                raise ConfigError(
+                    "train.fp8_scaling='delayed' runs on one GPU (each process would keep scales of its "
+                    f"own, and a checkpoint holds one set); with {self.comm.world_size} use 'current'"
+                )
+            self.fp8_scales = ek.new_fp8_scales(fp8_scale_formats(self.spec.mcfg))
         if self.spec.resume_from is not None:
             self._restore(self.spec.resume_from)
         self.batches: Batches = make_batches(
@@ -117,8 +127,39 @@ class Trainer:
         saved = read_state(folder)
         self.opt.load_state_tensors(modelio.read_optimizer(folder), saved["opt_t"], self.device.xp)
         self.state = State(saved["step"], saved["tokens"], saved.get("skipped", 0), saved.get("val_loss"))
+        if self.fp8_scales is not None:
+            self._restore_fp8_scales(folder)
         if saved.get("seed") != self.spec.cfg["train"]["seed"]:
             print(f"euler-train: note: resuming a run started with seed {saved.get('seed')}", file=sys.stderr)
+
+    def _restore_fp8_scales(self, folder: Any) -> None:
+        """The delayed FP8 scales a checkpoint saved (so the resumed run casts as the uninterrupted one);
+        a checkpoint without them (a run with current scaling) starts them afresh, with a note."""
+        arrays = modelio.read_fp8_scales(folder)
+        if arrays is None:
+            print(
+                "euler-train: note: the checkpoint holds no FP8 scales; the first step measures them",
+                file=sys.stderr,
+            )
+            return
+        try:
+            self.fp8_scales = ek.fp8_scales_from_arrays(fp8_scale_formats(self.spec.mcfg), arrays)
+        except ValueError as err:
+            raise ConfigError(f"{folder}/{modelio.FP8_SCALES}: {err}") from None
+        self.fp8_saturated = int(self.fp8_scales.saturated.get().sum())
+
+    def _fp8_report(self, step: int) -> None:
+        """One line when the delayed FP8 scales saturated values since the last report (never silently)."""
+        if self.fp8_scales is None:
+            return
+        total = int(self.fp8_scales.saturated.get().sum())
+        if total > self.fp8_saturated and self.comm.is_main:
+            print(
+                f"euler-train: note: {total - self.fp8_saturated} FP8 values saturated up to step {step + 1} "
+                "(larger than their delayed scale allowed: clipped to the format's largest value)",
+                file=sys.stderr,
+            )
+        self.fp8_saturated = total
 
     # --- one step ------------------------------------------------------------------------------------
     def micro_weights(self, micro: list[tuple]) -> list[float]:
@@ -179,10 +220,11 @@ class Trainer:
         if self.stepper is not None:
             return self.stepper
         tcfg, args = self.spec.cfg["train"], (self.spec.mcfg, self.params, self.opt, self.comm)
-        self.stepper = EagerStep(*args, tcfg["grad_clip"], tcfg["recompute"])
+        options = (tcfg["grad_clip"], tcfg["recompute"], self.fp8_scales)
+        self.stepper = EagerStep(*args, *options)
         graphable = self.device.kind == "gpu" and self.comm.world_size == 1
         if tcfg["cuda_graph"] and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
-            graph = GraphStep(*args, tcfg["grad_clip"], tcfg["recompute"])
+            graph = GraphStep(*args, *options)
             self.stepper = CapturedOrEager(graph, self.stepper)
         return self.stepper
 
@@ -256,6 +298,8 @@ class Trainer:
                 folder, self.spec.mcfg, self.params, {"step": str(self.state.step)}, self.spec.tokenizer_path
             )
             modelio.write_optimizer(folder, opt_state)
+            if self.fp8_scales is not None:
+                modelio.write_fp8_scales(folder, ek.fp8_scale_arrays(self.fp8_scales))
 
         self.ckpts.save(self.state.step, write, state)
 
@@ -311,8 +355,10 @@ class Trainer:
             val = self._maybe_eval(done, total, row)
             row["elapsed_s"] = time.perf_counter() - start  # wall time of this process's loop so far
             bar.update(row)
-            if log is not None and (done % every == 0 or "val_loss" in row or done == total):
-                log.write(row)  # before the checkpoint: a checkpoint of step N has its metrics rows on disk
+            if done % every == 0 or "val_loss" in row or done == total:
+                self._fp8_report(step)
+                if log is not None:
+                    log.write(row)  # before the checkpoint: a checkpoint of step N has its rows on disk
             saved = self._maybe_save(done, total, val)
             if stopping and done < total:
                 if not saved:  # decided alike on every rank (save is a collective under ZeRO)

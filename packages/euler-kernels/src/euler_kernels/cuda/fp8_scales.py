@@ -44,6 +44,7 @@ class Fp8Scales:
     saturated: Any
     step: Any
     max_exponent: Any
+    calibrated: bool = False  # host flag: the histories hold a step's maxima (the kernels may cast with them)
 
     def slot(self, i: int) -> tuple[Any, Any, Any, Any]:
         """Slot i's device scalars as a kernel takes them: (exponent, scale_inv, amax_now, saturated)."""
@@ -94,8 +95,6 @@ def scale_arrays(scales: Fp8Scales) -> dict[str, np.ndarray]:
 def scales_from_arrays(formats: list[str], arrays: dict[str, np.ndarray]) -> Fp8Scales:
     """The state `scale_arrays` saved, checked against the tensors it is for: one line naming what does not
     match (ValueError) rather than scales for the wrong tensors."""
-    import cupy
-
     missing = [name for name in _ARRAYS if name not in arrays]
     if missing:
         raise ValueError(f"fp8 scales: the saved state lacks {', '.join(missing)}")
@@ -105,10 +104,19 @@ def scales_from_arrays(formats: list[str], arrays: dict[str, np.ndarray]) -> Fp8
         saved = history.shape[0] if history.ndim else "?"
         raise ValueError(f"fp8 scales: saved for {saved} tensors, need {n}")
     scales = new_scales(formats, history.shape[1])
+    restore_scales(scales, arrays)
+    return scales
+
+
+def restore_scales(scales: Fp8Scales, arrays: dict[str, np.ndarray]) -> None:
+    """Put a state `scale_arrays` took back into `scales`, in place (the arrays a captured step reads stay
+    where they are); calibrated when it holds at least one update."""
+    import cupy
+
     for name in _ARRAYS:
         target = getattr(scales, name)
         value = np.asarray(arrays[name])
         if value.shape != target.shape:
             raise ValueError(f"fp8 scales: {name} has shape {value.shape}, need {target.shape}")
         target[...] = cupy.asarray(value.astype(target.dtype, copy=False))
-    return scales
+    scales.calibrated = int(np.asarray(arrays["step"])) > 0

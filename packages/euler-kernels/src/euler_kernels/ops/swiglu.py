@@ -76,3 +76,25 @@ def swiglu_backward(dout: Any, cache: tuple, amax: tuple[Any, Any] | None = None
     dgate *= up
     dgate *= dout
     return dgate, dup
+
+
+def swiglu_forward_fp8(gate: Any, up: Any, scales: Any, slot: int) -> tuple[Any, tuple]:
+    """silu(gate) * up of bf16 activations (GPU), cast straight to e4m3 with the delayed scale of `slot`
+    in `scales` (cuda/fp8_scales.py): an Fp8Tensor, row-major and transposed, rows padded to 16, for the
+    FP8 products (linear_forward takes it as x); raises the slot's maximum and counts saturated values.
+    The cache is swiglu_forward's, for swiglu_backward or swiglu_backward_fp8."""
+    check_activations("swiglu_forward_fp8", gate=gate, up=up)
+    if not (is_bf16(gate) and is_bf16(up)) or gate.shape != up.shape:
+        raise shape_error("swiglu_forward_fp8", "gate and up must be bf16 of one shape", gate=gate, up=up)
+    return swiglu_cuda.swiglu_forward_fp8(gate, up, scales, slot), ("cuda", gate, up)
+
+
+def swiglu_backward_fp8(dout: Any, cache: tuple, scales: Any, slots: tuple[int, int]) -> tuple[Any, Any]:
+    """(dgate, dup) of a bf16 forward as e5m2 Fp8Tensors cast with the delayed scales of `slots` (dgate's,
+    dup's), for the FP8 products (linear_backward takes them as dout)."""
+    if not cuda.fused_cache(cache) or not is_bf16(cache[1]):
+        raise ValueError("swiglu_backward_fp8: needs the cache of a bf16 swiglu forward on the GPU")
+    _, gate, up = cache
+    if dout.shape != up.shape:
+        raise shape_error("swiglu_backward_fp8", "dout must match gate", dout=dout, gate=up)
+    return swiglu_cuda.swiglu_backward_fp8(cast.as_bf16(dout), gate, up, scales, slots)
