@@ -89,6 +89,8 @@ def test_a_delayed_scale_comes_from_the_largest_finite_maximum_of_the_history():
     assert fp8.delayed_exponent([1.0, np.inf, np.nan], "e4m3") == fp8.scale_exponent(1.0, "e4m3")
     assert fp8.delayed_exponent([0.0] * 16, "e5m2") == 0  # an empty history: scale 1
     assert fp8.delayed_exponent([np.nan], "e5m2") == 0
+    assert fp8.delayed_exponent([1.0, 3.0], "e5m2", margin=2) == fp8.scale_exponent(3.0, "e5m2") - 2
+    assert fp8.delayed_exponent([0.0], "e5m2", margin=2) == 0  # still scale 1 with nothing measured
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

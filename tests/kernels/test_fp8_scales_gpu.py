@@ -27,9 +27,10 @@ def bits_of(values) -> np.ndarray:
     return np.abs(np.asarray(values, dtype=np.float32)).view(np.uint32)
 
 
-def test_the_update_follows_the_reference_over_a_ring_of_steps():
+@pytest.mark.parametrize("margin", [0, 2])
+def test_the_update_follows_the_reference_over_a_ring_of_steps(margin):
     formats = ["e4m3", "e5m2", "e4m3"]
-    scales = fp8_scales.new_scales(formats, history=4)
+    scales = fp8_scales.new_scales(formats, history=4, margin=margin)
     rng = np.random.default_rng(0)
     seen = [[] for _ in formats]
     for step in range(7):  # wraps the ring of 4
@@ -42,10 +43,10 @@ def test_the_update_follows_the_reference_over_a_ring_of_steps():
         fp8_scales.update_scales(scales)
         for s, fmt in enumerate(formats):
             seen[s].append(maxima[s])
-            k = ref.delayed_exponent(seen[s][-4:], fmt)
+            k = ref.delayed_exponent(seen[s][-4:], fmt, margin)
             assert int(scales.exponent[s].get()) == k, (step, s)
-            assert float(scales.scale_inv[s].get()) == 2.0**-k
-        assert int(scales.step.get()) == step + 1
+            assert float(scales.scale_inv[s, 0].get()) == 2.0**-k
+        assert int(scales.step.get()[0]) == step + 1
         assert not scales.amax_now.get().any()
 
 
@@ -57,6 +58,8 @@ def test_a_saved_state_resumes_and_a_mismatched_one_is_refused():
     again = fp8_scales.scales_from_arrays(["e4m3", "e5m2"], saved)
     for name, value in fp8_scales.scale_arrays(again).items():
         np.testing.assert_array_equal(value, saved[name])
+    np.testing.assert_array_equal(again.scale_inv.get(), scales.scale_inv.get())  # derived, not saved
+    assert float(again.scale_inv[1, 0].get()) != 1.0 and again.calibrated
     with pytest.raises(ValueError, match="saved for 2 tensors, need 3"):
         fp8_scales.scales_from_arrays(["e4m3", "e5m2", "e4m3"], saved)
 
@@ -65,6 +68,13 @@ def bf16_inputs(rng, rows, cols, scale=1.0):
     """bf16 bit patterns on the GPU and the float32 values they hold."""
     x16 = cast.to_bf16(cp.asarray((rng.standard_normal((rows, cols)) * scale).astype(np.float32)))
     return x16, cast.from_bf16(x16)
+
+
+def set_exponents(scales, first, *ks):
+    """Slots first, first + 1, ... cast with exponents ks (products read 2^-k), as after an update."""
+    for i, k in enumerate(ks):
+        scales.exponent[first + i] = k
+        scales.scale_inv[first + i, 0] = 2.0**-k
 
 
 def check_output(t, want, k, fmt, rows):
@@ -89,7 +99,7 @@ def test_swiglu_forward_fp8_is_the_float32_kernel_cast_with_the_slots_scale(rows
     scales = fp8_scales.new_scales(["e5m2", "e4m3"])  # slot 1, so a wrong slot shows
     amax = float(np.abs(want).max())
     k = ref.scale_exponent(amax / 8 if stale else amax, "e4m3")  # stale: a scale 8x too large saturates
-    scales.exponent[1] = k
+    set_exponents(scales, 1, k)
     t = swiglu.swiglu_forward_fp8(gate, up, scales, 1)
     assert t.shape == (-(-rows // 16) * 16, cols) and t.fmt == "e4m3"
     saturated = check_output(t, want, k, "e4m3", rows)
@@ -106,7 +116,7 @@ def test_swiglu_backward_fp8_is_the_float32_kernel_cast_with_the_slots_scales(ro
     scales = fp8_scales.new_scales(["e5m2", "e5m2"])
     k_g = ref.scale_exponent(float(np.abs(want_g).max()), "e5m2")
     k_u = ref.scale_exponent(float(np.abs(want_u).max()), "e5m2") + 2  # dup's scale stale by 4x
-    scales.exponent[...] = cp.asarray([k_g, k_u], dtype=cp.int32)
+    set_exponents(scales, 0, k_g, k_u)
     dg, du = swiglu.swiglu_backward_fp8(dout, gate, up, scales, (0, 1))
     assert check_output(dg, want_g, k_g, "e5m2", rows) == int(scales.saturated[0].get()) == 0
     assert check_output(du, want_u, k_u, "e5m2", rows) == int(scales.saturated[1].get()) > 0
@@ -132,14 +142,16 @@ def test_the_update_replays_in_a_cuda_graph():
             scales.amax_now[...] = int(bits_of(value))
             graph.launch(stream)
     stream.synchronize()
-    assert int(scales.step.get()) == 3
-    assert int(scales.exponent[0].get()) == ref.scale_exponent(1.0, "e4m3")  # the ring holds 1.0 and 0.5
+    assert int(scales.step.get()[0]) == 3
+    want = ref.scale_exponent(1.0, "e4m3") - fp8_scales.MARGIN  # the ring holds 1.0 and 0.5
+    assert int(scales.exponent[0].get()) == want
 
 
 def assert_product(got, a, b) -> None:
-    """got ~ a @ b.T in float64: float32 sums of exact products of FP8 values (as test_linear_fp8_gpu)."""
+    """got ~ a @ b.T in float64: sums of exact products of FP8 values. Hopper's FP8 products keep about 14
+    bits of their running sums within a 32-product step of K: the bound is 32 x 2^-14 of the |products|."""
     exact = a @ b.T
-    bound = 2.0**-12 * (np.abs(a) @ np.abs(b).T) + 1e-30
+    bound = 2.0**-9 * (np.abs(a) @ np.abs(b).T) + 1e-30
     if got.dtype == cp.uint16:  # and a bf16 output's own rounding
         bound = bound + 2.0**-8 * np.abs(exact)
     got = (cast.from_bf16(got) if got.dtype == cp.uint16 else got).get().astype(np.float64)
@@ -156,7 +168,7 @@ def test_the_linear_op_takes_operands_the_swiglu_kernels_cast():
     (gate, gate32), (up, up32) = bf16_inputs(rng, n, f, 2.0), bf16_inputs(rng, n, f)
     scales = fp8_scales.new_scales(["e4m3", "e5m2", "e5m2"])
     gated = swiglu.swiglu_forward(gate32, up32).get()
-    scales.exponent[0] = ref.scale_exponent(float(np.abs(gated).max()), "e4m3")
+    set_exponents(scales, 0, ref.scale_exponent(float(np.abs(gated).max()), "e4m3"))
     gated8 = swiglu.swiglu_forward_fp8(gate, up, scales, 0)
     w_down = cp.asarray((rng.standard_normal((c, f)) * 0.1).astype(np.float32))
     (w8,) = ek.fp8_weights([w_down])
@@ -171,7 +183,7 @@ def test_the_linear_op_takes_operands_the_swiglu_kernels_cast():
 
     (dout, dout32) = bf16_inputs(rng, n, f, 1e-3)
     dg32 = swiglu.swiglu_backward(dout32, gate32, up32)[0].get()
-    scales.exponent[1] = ref.scale_exponent(float(np.abs(dg32).max()), "e5m2")
+    set_exponents(scales, 1, ref.scale_exponent(float(np.abs(dg32).max()), "e5m2"))
     dg8, _ = swiglu.swiglu_backward_fp8(dout, gate, up, scales, (1, 2))
     h = cast.to_bf16(cp.asarray(rng.standard_normal((n, c)).astype(np.float32)))
     w_gate = cp.asarray((rng.standard_normal((f, c)) * 0.1).astype(np.float32))

@@ -103,7 +103,12 @@ def test_delayed_fp8_scales_calibrate_on_the_first_step_then_cast_in_swiglu(monk
     loss0, g0 = step(None)  # current scaling
     scales = ek.new_fp8_scales(fp8_scale_formats(cfg))
     loss1, g1 = step(scales)  # calibrating: the same arithmetic
-    assert loss1 == loss0 and all(np.array_equal(g1[n], g0[n]) for n in g0)
+    assert loss1 == loss0
+    for n in g0:  # the norms' and the embedding's gradients are summed with atomics: their order varies
+        if n == "embed" or n.endswith("norm"):
+            np.testing.assert_allclose(g1[n], g0[n], rtol=0, atol=1e-5 * float(np.abs(g0[n]).max()))
+        else:
+            np.testing.assert_array_equal(g1[n], g0[n], err_msg=n)
     maxima = scales.amax_now.get().view(np.float32)
     assert np.all(maxima > 0) and np.all(np.isfinite(maxima))
     ek.update_fp8_scales(scales)
@@ -122,6 +127,10 @@ def test_delayed_fp8_scales_calibrate_on_the_first_step_then_cast_in_swiglu(monk
     # float32 maximum up to 2^-9 above one may saturate (by that much) when it sat at its scale's top
     assert int(scales.saturated.get().sum()) <= len(scales.formats)
     assert abs(loss2 - loss0) < 1e-3 * abs(loss0)
-    diffs = {n: float(np.linalg.norm(g2[n] - g0[n]) / np.linalg.norm(g0[n])) for n in g0}
-    assert max(diffs.values()) < 0.05, diffs  # cast from float32 instead of bf16-rounded values
-    assert diffs["layers.0.w_up"] > 0  # the delayed path really ran
+    assert not np.array_equal(g2["layers.0.w_up"], g0["layers.0.w_up"])  # the delayed path really ran
+    # each gradient as far from the bf16 mode's as current scaling's is (FP8 rounds another way: its
+    # values are cast from float32, not from bf16-rounded ones)
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    _, g16 = step(None)
+    err = {n: [float(np.linalg.norm(g[n] - g16[n]) / np.linalg.norm(g16[n])) for g in (g0, g2)] for n in g0}
+    assert all(delayed <= 1.5 * current + 0.01 for current, delayed in err.values()), err

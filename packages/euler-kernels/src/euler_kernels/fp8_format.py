@@ -98,18 +98,20 @@ def quantize_fp8(x: Any, fmt: str) -> tuple[np.ndarray, float]:
     return round_to_fp8(x.astype(np.float64) * 2.0**k, fmt), 2.0**-k
 
 
-def delayed_exponent(history: Any, fmt: str) -> int:
+def delayed_exponent(history: Any, fmt: str, margin: int = 0) -> int:
     """k for a tensor scaled from the absolute maxima of its earlier steps (delayed scaling: the kernel that
     makes the tensor casts it as it goes, so the scale must be known before): scale_exponent of the largest
     finite entry of `history` (float32 values; inf and NaN entries, from a step that overflowed, are left
-    out); 0 when none is finite and positive.
+    out), less `margin` (binades of headroom for a tensor that grows past its history); 0 when none is
+    finite and positive.
 
     >>> delayed_exponent([0.5, 3.0, np.inf, np.nan], "e4m3"), delayed_exponent([0.0, np.nan], "e5m2")
     (7, 0)
     """
     h = np.asarray(history, dtype=np.float32)
     finite = h[np.isfinite(h)]
-    return scale_exponent(float(finite.max()) if finite.size else 0.0, fmt)
+    amax = float(finite.max()) if finite.size else 0.0
+    return scale_exponent(amax, fmt) - margin if amax > 0 else 0
 
 
 def quantize_fp8_scaled(x: Any, k: int, fmt: str) -> tuple[np.ndarray, int]:

@@ -65,6 +65,7 @@ class Trainer:
     stepper: Any = None  # step.EagerStep, or a CUDA graph of the same step (see _stepper)
     fp8_scales: Any = None  # delayed FP8 scales (train.fp8_scaling = "delayed"), else None
     fp8_saturated: int = 0  # values saturated by those scales as of the last report
+    fp8_reported: int = 0  # steps done at the last report
 
     # --- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -147,6 +148,7 @@ class Trainer:
         except ValueError as err:
             raise ConfigError(f"{folder}/{modelio.FP8_SCALES}: {err}") from None
         self.fp8_saturated = int(self.fp8_scales.saturated.get().sum())
+        self.fp8_reported = self.state.step
 
     def _fp8_report(self, step: int) -> None:
         """One line when the delayed FP8 scales saturated values since the last report (never silently)."""
@@ -155,11 +157,12 @@ class Trainer:
         total = int(self.fp8_scales.saturated.get().sum())
         if total > self.fp8_saturated and self.comm.is_main:
             print(
-                f"euler-train: note: {total - self.fp8_saturated} FP8 values saturated up to step {step + 1} "
-                "(larger than their delayed scale allowed: clipped to the format's largest value)",
+                f"euler-train: note: {total - self.fp8_saturated:,} FP8 values saturated in steps "
+                f"{self.fp8_reported + 1}-{step + 1} (larger than their delayed scale allowed: clipped to "
+                "the format's largest value)",
                 file=sys.stderr,
             )
-        self.fp8_saturated = total
+        self.fp8_saturated, self.fp8_reported = total, step + 1
 
     # --- one step ------------------------------------------------------------------------------------
     def micro_weights(self, micro: list[tuple]) -> list[float]:

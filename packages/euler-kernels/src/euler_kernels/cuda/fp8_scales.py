@@ -23,7 +23,9 @@ import numpy as np
 from euler_kernels.fp8_format import FORMATS
 
 HISTORY = 16  # steps of maxima a scale looks back on
-_ARRAYS = ("history", "amax_now", "exponent", "scale_inv", "saturated", "step")
+MARGIN = 1  # binades a scale leaves above its history's maximum: tensors that grow fast saturate less
+SCALE_INV_STRIDE = 4  # floats between slots' scale_inv: cuBLASLt refuses a scale pointer not 16-byte aligned
+_ARRAYS = ("history", "amax_now", "exponent", "saturated", "step")  # scale_inv is 2^-exponent: not saved
 
 
 @dataclass
@@ -32,9 +34,10 @@ class Fp8Scales:
 
     formats: each slot's format ("e4m3" or "e5m2"); history (slots, H) uint32: the maxima of the last H
     steps as float bit patterns; amax_now (slots,) uint32: this step's, raised by the kernels that make the
-    tensors; exponent (slots,) int32: the k they cast with (x stored as fp8(x 2^k)); scale_inv (slots,)
-    float32: 2^-k, for the products; saturated (slots,) uint64: values saturated so far; step () int32:
-    updates so far (the ring's position); max_exponent (slots,) int32: the formats' (9 e4m3, 16 e5m2)."""
+    tensors; exponent (slots,) int32: the k they cast with (x stored as fp8(x 2^k)); scale_inv (slots,
+    SCALE_INV_STRIDE) float32: 2^-k in column 0, for the products; saturated (slots,) uint64: values
+    saturated so far; step (1,) int32: updates so far (the ring's position); max_exponent (slots,) int32:
+    the formats' (9 e4m3, 16 e5m2); margin: binades of headroom (fp8_format.delayed_exponent's)."""
 
     formats: tuple[str, ...]
     history: Any
@@ -44,14 +47,15 @@ class Fp8Scales:
     saturated: Any
     step: Any
     max_exponent: Any
+    margin: int = MARGIN
     calibrated: bool = False  # host flag: the histories hold a step's maxima (the kernels may cast with them)
 
     def slot(self, i: int) -> tuple[Any, Any, Any, Any]:
         """Slot i's device scalars as a kernel takes them: (exponent, scale_inv, amax_now, saturated)."""
-        return self.exponent[i], self.scale_inv[i], self.amax_now[i], self.saturated[i]
+        return self.exponent[i], self.scale_inv[i, 0], self.amax_now[i], self.saturated[i]
 
 
-def new_scales(formats: list[str], history: int = HISTORY) -> Fp8Scales:
+def new_scales(formats: list[str], history: int = HISTORY, margin: int = MARGIN) -> Fp8Scales:
     """A state for len(formats) tensors with empty histories: scale 1 (k 0) until `update_scales`."""
     import cupy
 
@@ -66,10 +70,11 @@ def new_scales(formats: list[str], history: int = HISTORY) -> Fp8Scales:
         history=cupy.zeros((n, history), dtype=cupy.uint32),
         amax_now=cupy.zeros(n, dtype=cupy.uint32),
         exponent=cupy.zeros(n, dtype=cupy.int32),
-        scale_inv=cupy.ones(n, dtype=cupy.float32),
+        scale_inv=cupy.ones((n, SCALE_INV_STRIDE), dtype=cupy.float32),
         saturated=cupy.zeros(n, dtype=cupy.uint64),
-        step=cupy.zeros((), dtype=cupy.int32),
+        step=cupy.zeros(1, dtype=cupy.int32),  # (1,), not (): a checkpoint's arrays are at least 1-D
         max_exponent=cupy.asarray([FORMATS[f][3] for f in formats], dtype=cupy.int32),
+        margin=margin,
     )
 
 
@@ -81,8 +86,9 @@ def update_scales(scales: Fp8Scales) -> None:
     slots, h = scales.history.shape
     if slots == 0:
         return
-    args = (scales.history, scales.amax_now, scales.exponent, scales.scale_inv, scales.max_exponent,
-            scales.step, np.int32(slots), np.int32(h))  # fmt: skip
+    stride, margin = np.int32(SCALE_INV_STRIDE), np.int32(scales.margin)
+    args = (scales.history, scales.amax_now, scales.exponent, scales.scale_inv, stride, scales.max_exponent,
+            margin, scales.step, np.int32(slots), np.int32(h))  # fmt: skip
     get_kernel("fp8_scales.cu", "fp8_scales_update")((1,), (256,), args)
 
 
@@ -110,7 +116,7 @@ def scales_from_arrays(formats: list[str], arrays: dict[str, np.ndarray]) -> Fp8
 
 def restore_scales(scales: Fp8Scales, arrays: dict[str, np.ndarray]) -> None:
     """Put a state `scale_arrays` took back into `scales`, in place (the arrays a captured step reads stay
-    where they are); calibrated when it holds at least one update."""
+    where they are), scale_inv from its exponents; calibrated when it holds at least one update."""
     import cupy
 
     for name in _ARRAYS:
@@ -119,4 +125,5 @@ def restore_scales(scales: Fp8Scales, arrays: dict[str, np.ndarray]) -> None:
         if value.shape != target.shape:
             raise ValueError(f"fp8 scales: {name} has shape {value.shape}, need {target.shape}")
         target[...] = cupy.asarray(value.astype(target.dtype, copy=False))
-    scales.calibrated = int(np.asarray(arrays["step"])) > 0
+    scales.scale_inv[:, 0] = cupy.ldexp(cupy.ones(len(scales.formats), cupy.float32), -scales.exponent)
+    scales.calibrated = int(np.asarray(arrays["step"]).reshape(-1)[0]) > 0
