@@ -11,7 +11,8 @@ tensor-core math (`matmul_precision()`): "fp32" exact float32 products; "tf32" o
 cores; "bf16fast" hands float32 operands to cuBLAS with COMPUTE_32F_FAST_16BF and lets it down-convert
 them itself (to bf16 or TF32, its choice); "fp8" multiplies as "bf16" here, and the linear op sends the
 products whose weight is an FP8 copy (the MLP's and the heads', see model.py) to gemm_fp8.py.
-EULER_MATMUL_PRECISION picks bf16, bf16fast or fp8.
+EULER_MATMUL_PRECISION picks bf16, bf16fast or fp8. A bf16 product runs with cuBLASLt instead of
+cublasGemmEx where one of cuBLASLt's algorithms was timed faster for its kind (gemm_tuned.py).
 
 Row-major arrays are column-major transposes, so C = op(A) @ op(B) (M x N) is computed as
 C^T = op(B)^T @ op(A)^T: cuBLAS gets B first, then A, with m = N and n = M.
@@ -23,13 +24,21 @@ import ctypes
 import os
 from typing import Any
 
+from euler_kernels.cuda import gemm_tuned
+from euler_kernels.cuda.blas import (
+    CUBLAS_COMPUTE_32F,
+    CUBLAS_COMPUTE_32F_FAST_16BF,
+    CUBLAS_COMPUTE_32F_FAST_TF32,
+    CUBLAS_GEMM_DEFAULT,
+    CUBLAS_OP_N,
+    CUBLAS_OP_T,
+    CUDA_R_16BF,
+    CUDA_R_32F,
+    WORKSPACE_BYTES,
+    load_cuda_library,
+)
 from euler_kernels.cuda.cast import to_bf16
 
-CUDA_R_32F = 0
-CUDA_R_16BF = 14
-CUBLAS_COMPUTE_32F = 68
-CUBLAS_COMPUTE_32F_FAST_16BF = 75
-CUBLAS_COMPUTE_32F_FAST_TF32 = 77
 COMPUTE_TYPES = {
     "fp32": CUBLAS_COMPUTE_32F,
     "tf32": CUBLAS_COMPUTE_32F_FAST_TF32,
@@ -38,36 +47,12 @@ COMPUTE_TYPES = {
     "fp8": CUBLAS_COMPUTE_32F,  # the products that are not FP8 ones: as bf16
 }
 BF16_MODES = ("bf16", "fp8")  # the modes whose float32 operands are rounded to bf16 by us
-CUBLAS_GEMM_DEFAULT = -1
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 # Without this cuBLAS may reduce split-K partial sums in the output type (bf16): the sums must be float32
 # and rounded once, so a bf16 output is the float32 result rounded.
 CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
-WORKSPACE_BYTES = 32 * 2**20
 
 _lib: Any = None
 _handles: dict[int, _Handle] = {}
-
-
-def load_cuda_library(sonames: tuple[str, ...], wheel_name: str) -> Any:
-    """A CUDA library CuPy loads too (libcublas, libcublasLt), by soname, or where CuPy's loader finds the
-    pip wheel's copy (cuda.pathfinder's name for it: `wheel_name`)."""
-    import cupy
-
-    cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas (and its libcublasLt) into the process
-    errors = []
-    for name in sonames:
-        try:
-            return ctypes.CDLL(name)
-        except OSError as err:
-            errors.append(str(err))
-    try:  # CUDA from pip wheels: ask where CuPy's loader found it
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
-        return ctypes.CDLL(load_nvidia_dynamic_lib(wheel_name).abs_path)
-    except Exception as err:
-        errors.append(str(err))
-        raise RuntimeError(f"euler_kernels: cannot load {sonames[-1]} ({'; '.join(errors)})") from err
 
 
 def _cublas() -> Any:
@@ -116,6 +101,11 @@ class _Handle:
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise RuntimeError(f"euler_kernels.gemm: {what} failed with cuBLAS status {status}")
+
+
+def _tuned(*args: Any) -> bool:
+    """gemm_tuned.run_tuned(*args) unless EULER_GEMM_TUNE=0 (then False: cublasGemmEx runs the product)."""
+    return gemm_tuned.tuning_enabled() and gemm_tuned.run_tuned(*args)
 
 
 def matmul_precision() -> str:
@@ -218,12 +208,19 @@ def _gemm_ex(
     op_b, op_a = (CUBLAS_OP_T if t else CUBLAS_OP_N for t in (trans_b, trans_a))
     lib = _cublas()
     if not batch:
-        status = lib.cublasGemmEx(
-            handle, op_b, op_a, n, m, k, ctypes.addressof(alpha),
-            b.data.ptr, dtype, b.shape[1], a.data.ptr, dtype, a.shape[1],
-            ctypes.addressof(beta), out.data.ptr, out_type, n, compute, CUBLAS_GEMM_DEFAULT,
-        )  # fmt: skip
-        _check(status, "cublasGemmEx")
+
+        def gemm_ex(target: Any, add: bool) -> None:
+            scale = ctypes.c_float(1.0 if add else 0.0)
+            status = lib.cublasGemmEx(
+                handle, op_b, op_a, n, m, k, ctypes.addressof(alpha),
+                b.data.ptr, dtype, b.shape[1], a.data.ptr, dtype, a.shape[1],
+                ctypes.addressof(scale), target.data.ptr, out_type, n, compute, CUBLAS_GEMM_DEFAULT,
+            )  # fmt: skip
+            _check(status, "cublasGemmEx")
+
+        if dtype == CUDA_R_16BF and _tuned(a, b, (trans_a, trans_b), out, out_type, accumulate, gemm_ex):
+            return out  # a cuBLASLt algorithm timed faster for this kind of product ran it
+        gemm_ex(out, accumulate)
         return out
     stride = [x.shape[-2] * x.shape[-1] for x in (b, a, out)]  # elements between consecutive matrices
     status = lib.cublasGemmStridedBatchedEx(

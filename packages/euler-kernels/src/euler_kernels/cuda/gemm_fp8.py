@@ -17,107 +17,32 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from euler_kernels.cuda import cublaslt
+from euler_kernels.cuda.blas import CUDA_R_16BF, CUDA_R_32F
+from euler_kernels.cuda.cublaslt import DESC_A_SCALE_POINTER, DESC_B_SCALE_POINTER
 from euler_kernels.cuda.fp8 import Fp8Tensor
-from euler_kernels.cuda.gemm import (
-    CUBLAS_COMPUTE_32F,
-    CUBLAS_OP_N,
-    CUBLAS_OP_T,
-    CUDA_R_16BF,
-    CUDA_R_32F,
-    WORKSPACE_BYTES,
-    load_cuda_library,
-)
 
 CUDA_R_8F = {"e4m3": 28, "e5m2": 29}
-# cublasLtMatmulDescAttributes_t, cublasLtMatmulPreferenceAttributes_t (cublasLt.h)
-DESC_TRANSA, DESC_TRANSB = 3, 4
-DESC_A_SCALE_POINTER, DESC_B_SCALE_POINTER = 17, 18
-PREF_MAX_WORKSPACE_BYTES = 1
-PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
 FP8_MULTIPLE = 16  # every dimension of an FP8 product (its operands' rows are multiples of 16 bytes)
-HEURISTIC_RESULT_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo (64 bytes), workspaceSize, state, ...
 
-_lib: Any = None
-_handles: dict[int, Any] = {}
-_plans: dict[tuple, _Plan] = {}
+_products: dict[tuple, cublaslt.Product] = {}
 
 
-def _cublaslt() -> Any:
-    global _lib
-    if _lib is None:
-        lib = load_cuda_library(("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"), "cublasLt")
-        p, i, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
-        lib.cublasLtCreate.argtypes = [ctypes.POINTER(p)]
-        lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(p), i, i]
-        lib.cublasLtMatmulDescSetAttribute.argtypes = [p, i, p, sz]
-        lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(p), i, u64, u64, i64]
-        lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(p)]
-        lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [p, i, p, sz]
-        lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [p, p, p, p, p, p, p, i, p, ctypes.POINTER(i)]
-        lib.cublasLtMatmul.argtypes = [p, p, p, p, p, p, p, p, p, p, p, p, p, p, sz, p]
-        _lib = lib
-    return _lib
+def _product(m: int, n: int, k: int, a_fmt: str, b_fmt: str, out_type: int, align: int) -> cublaslt.Product:
+    """The kind's description and the heuristic's first algorithm, made when the kind is first seen."""
+    import cupy
 
-
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"euler_kernels.gemm_fp8: {what} failed with cuBLAS status {status}")
-
-
-def _set(setter: Any, obj: Any, attr: int, value: Any) -> None:
-    _check(setter(obj, attr, ctypes.addressof(value), ctypes.sizeof(value)), f"attribute {attr}")
-
-
-class _Plan:
-    """A matmul description, the four matrix layouts and the chosen algorithm of one kind of product."""
-
-    def __init__(
-        self, handle: Any, m: int, n: int, k: int, a_fmt: str, b_fmt: str, out_type: int, align: int
-    ) -> None:
-        lib = _cublaslt()
-        self.desc = ctypes.c_void_p()
-        status = lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), CUBLAS_COMPUTE_32F, CUDA_R_32F)
-        _check(status, "DescCreate")
-        set_desc = lib.cublasLtMatmulDescSetAttribute
-        _set(set_desc, self.desc, DESC_TRANSA, ctypes.c_int32(CUBLAS_OP_T))
-        _set(set_desc, self.desc, DESC_TRANSB, ctypes.c_int32(CUBLAS_OP_N))
-        self.layouts = []
-        for dtype, rows, cols, ld in (
-            (CUDA_R_8F[b_fmt], k, n, k),  # cuBLASLt's A: our b (N, K) row-major = K x N column-major
-            (CUDA_R_8F[a_fmt], k, m, k),  # its B: our a (M, K) = K x M column-major
-            (out_type, n, m, n),  # C and D: out (M, N) row-major = N x M column-major
-        ):
-            layout = ctypes.c_void_p()
-            status = lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), dtype, rows, cols, ld)
-            _check(status, "LayoutCreate")
-            self.layouts.append(layout)
-        pref = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "PreferenceCreate")
-        set_pref = lib.cublasLtMatmulPreferenceSetAttribute
-        _set(set_pref, pref, PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
-        for attr in PREF_MIN_ALIGNMENT.values():
-            _set(set_pref, pref, attr, ctypes.c_uint32(align))
-        result = (ctypes.c_char * HEURISTIC_RESULT_BYTES)()
-        found = ctypes.c_int(0)
-        a_layout, b_layout, c_layout = self.layouts
-        status = lib.cublasLtMatmulAlgoGetHeuristic(
-            handle, self.desc, a_layout, b_layout, c_layout, c_layout, pref, 1, result, ctypes.byref(found)
-        )
-        if status != 0 or found.value == 0:
+    key = (cupy.cuda.Device().id, m, n, k, a_fmt, b_fmt, out_type, align)
+    if key not in _products:
+        types = (CUDA_R_8F[a_fmt], CUDA_R_8F[b_fmt], out_type)
+        product = cublaslt.Product(m, n, k, (False, True), types, align)
+        if product.count == 0:
             raise RuntimeError(
-                f"gemm_fp8: cuBLASLt has no FP8 algorithm for ({m}, {k}) {a_fmt} x ({n}, {k}) {b_fmt} "
-                f"(status {status}); FP8 products need an sm_89+ GPU and a CUDA 12+ cuBLASLt"
+                f"gemm_fp8: cuBLASLt has no FP8 algorithm for ({m}, {k}) {a_fmt} x ({n}, {k}) {b_fmt}; FP8 "
+                "products need an sm_89+ GPU and a CUDA 12+ cuBLASLt"
             )
-        self.algo = result  # its first 64 bytes are the cublasLtMatmulAlgo_t
-
-
-def _alignment(*arrays: Any) -> int:
-    """The largest power of two, up to 256, that divides every array's address."""
-    align = 256
-    for a in arrays:
-        while a.data.ptr % align:
-            align //= 2
-    return align
+        _products[key] = product
+    return _products[key]
 
 
 def gemm_fp8(a: Fp8Tensor, b: Fp8Tensor, out: Any = None, bf16_out: bool = True) -> Any:
@@ -150,29 +75,12 @@ def gemm_fp8(a: Fp8Tensor, b: Fp8Tensor, out: Any = None, bf16_out: bool = True)
     if out.size == 0:
         return out
     out_type = CUDA_R_16BF if out.dtype == cupy.uint16 else CUDA_R_32F
-    device = cupy.cuda.Device().id
-    lib = _cublaslt()
-    if device not in _handles:
-        handle = ctypes.c_void_p()
-        _check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
-        _handles[device] = (handle, cupy.empty((WORKSPACE_BYTES,), dtype=cupy.uint8))
-    handle, workspace = _handles[device]
-    align = _alignment(a.rows, b.rows, out)
-    key = (device, m, n, k, a.fmt, b.fmt, out_type, align)
-    if key not in _plans:
-        _plans[key] = _Plan(handle, m, n, k, a.fmt, b.fmt, out_type, align)
-    plan = _plans[key]
-    set_desc = lib.cublasLtMatmulDescSetAttribute
-    _set(set_desc, plan.desc, DESC_A_SCALE_POINTER, ctypes.c_void_p(b.scale_inv.data.ptr))  # its A is our b
-    _set(set_desc, plan.desc, DESC_B_SCALE_POINTER, ctypes.c_void_p(a.scale_inv.data.ptr))
-    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if accumulate else 0.0)  # host scalars
-    a_layout, b_layout, c_layout = plan.layouts
-    status = lib.cublasLtMatmul(
-        handle, plan.desc, ctypes.addressof(alpha), b.rows.data.ptr, a_layout, a.rows.data.ptr, b_layout,
-        ctypes.addressof(beta), out.data.ptr, c_layout, out.data.ptr, c_layout, plan.algo,
-        workspace.data.ptr, WORKSPACE_BYTES, cupy.cuda.get_current_stream().ptr,
-    )  # fmt: skip
-    _check(status, "cublasLtMatmul")
+    product = _product(m, n, k, a.fmt, b.fmt, out_type, cublaslt.alignment(a.rows, b.rows, out))
+    set_desc = cublaslt.library().cublasLtMatmulDescSetAttribute
+    b_scale, a_scale = ctypes.c_void_p(b.scale_inv.data.ptr), ctypes.c_void_p(a.scale_inv.data.ptr)
+    cublaslt.set_attribute(set_desc, product.desc, DESC_A_SCALE_POINTER, b_scale)  # its A is our b
+    cublaslt.set_attribute(set_desc, product.desc, DESC_B_SCALE_POINTER, a_scale)
+    cublaslt.check(product.run(0, a.rows, b.rows, out, accumulate), "FP8 matmul")
     return out
 
 

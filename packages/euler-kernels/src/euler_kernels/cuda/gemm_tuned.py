@@ -1,0 +1,104 @@
+"""bf16 products with the algorithm that is fastest on this GPU: cublasGemmEx's own choice, or one of
+cuBLASLt's first TUNE_CANDIDATES heuristic candidates, each timed once per kind of product (sizes,
+transposes, output type, pointer alignment) the first time that kind runs outside a CUDA graph capture.
+
+cublasGemmEx's default choice is poor for some of a model's shapes: on an H200 the 116M model's k and v
+projections (16,384 x 768 x 256) run at about half the speed of cuBLASLt's best candidate. A cuBLASLt
+algorithm replaces cublasGemmEx only when it is TUNE_MARGIN faster, so close timings do not flip a kind's
+choice from one run to the next. Either way the sums are float32 and a bf16 output is rounded once
+(cuBLASLt's split-K partial sums are kept out of bf16: cublaslt.REDUCTION_IN_FLOAT32). Another algorithm
+sums in another order, so a run whose choices differ from an earlier one's differs in float32 rounding
+only, as the GPU's atomic adds already make it.
+
+A kind first seen while a stream is being captured is not timed there (timing needs the GPU to finish): it
+runs cublasGemmEx, and is timed at its first call outside a capture. EULER_GEMM_TUNE=0 turns timing off
+(cublasGemmEx for every product).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from euler_kernels.cuda import cublaslt
+from euler_kernels.cuda.blas import CUDA_R_16BF
+
+TUNE_CANDIDATES = 8  # cuBLASLt's heuristic candidates timed against cublasGemmEx
+TUNE_REPS = 5  # timed calls of each, after one untimed
+TUNE_MARGIN = 0.05  # how much faster a cuBLASLt algorithm must be to replace cublasGemmEx
+GEMM_EX = -1  # a kind's choice: cublasGemmEx, else the index of a cuBLASLt candidate
+
+_choices: dict[tuple, int] = {}
+_products: dict[tuple, cublaslt.Product] = {}
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("EULER_GEMM_TUNE", "1") != "0"
+
+
+def choices() -> dict[tuple, int]:
+    """Each kind timed so far -> its choice (GEMM_EX or a cuBLASLt candidate's index); a copy."""
+    return dict(_choices)
+
+
+def run_tuned(
+    a: Any,
+    b: Any,
+    trans: tuple[bool, bool],
+    out: Any,
+    out_type: int,
+    accumulate: bool,
+    gemm_ex: Callable[[Any, bool], None],
+) -> bool:
+    """out = op(a) @ op(b) (or out += it) for bf16 a, b with this kind's chosen cuBLASLt algorithm: True; or
+    False when cublasGemmEx is the choice, or the kind is new and the stream is capturing (the caller runs
+    cublasGemmEx). gemm_ex(target, accumulate) runs cublasGemmEx's product into target, for the timing."""
+    import cupy
+
+    (m, k), n = (a.shape[::-1] if trans[0] else a.shape), (b.shape[0] if trans[1] else b.shape[1])
+    key = (cupy.cuda.Device().id, m, n, k, trans, out_type, cublaslt.alignment(a, b, out))
+    if key not in _choices:
+        if cupy.cuda.get_current_stream().is_capturing():
+            return False
+        _choices[key] = _time_choice(key, a, b, out, gemm_ex)
+    choice = _choices[key]
+    if choice == GEMM_EX:
+        return False
+    cublaslt.check(_products[key].run(choice, a, b, out, accumulate), "bf16 matmul")
+    return True
+
+
+def _time_choice(key: tuple, a: Any, b: Any, out: Any, gemm_ex: Callable[[Any, bool], None]) -> int:
+    """The kind's choice: the fastest cuBLASLt candidate if TUNE_MARGIN faster than cublasGemmEx, timed into
+    a scratch output (out keeps its values)."""
+    import cupy
+
+    _, m, n, k, trans, out_type, align = key
+    mask = cublaslt.REDUCTION_IN_FLOAT32 if out_type == CUDA_R_16BF else None
+    types = (CUDA_R_16BF, CUDA_R_16BF, out_type)
+    product = cublaslt.Product(m, n, k, trans, types, align, TUNE_CANDIDATES, mask)
+    _products[key] = product
+    scratch = cupy.empty_like(out)
+    best, best_ms = GEMM_EX, _time(lambda: gemm_ex(scratch, False)) * (1.0 - TUNE_MARGIN)
+    for i in range(product.count):
+        if product.run(i, a, b, scratch, False) != 0:  # a candidate this call cannot take
+            continue
+        ms = _time(lambda i=i: product.run(i, a, b, scratch, False))
+        if ms < best_ms:
+            best, best_ms = i, ms
+    return best
+
+
+def _time(call: Callable[[], Any]) -> float:
+    """Milliseconds for TUNE_REPS calls on the current stream, after one untimed."""
+    import cupy
+
+    call()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(TUNE_REPS):
+        call()
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop)
