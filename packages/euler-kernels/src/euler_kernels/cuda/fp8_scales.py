@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.cuda._module import get_kernel
 from euler_kernels.fp8_format import FORMATS
 
 HISTORY = 16  # steps of maxima a scale looks back on
@@ -81,8 +82,6 @@ def new_scales(formats: list[str], history: int = HISTORY, margin: int = MARGIN)
 def update_scales(scales: Fp8Scales) -> None:
     """End of a step (on the device, no synchronisation): this step's maxima into the histories, the next
     step's exponents and scale_inv from them, amax_now back to 0."""
-    from euler_kernels.cuda._module import get_kernel
-
     slots, h = scales.history.shape
     if slots == 0:
         return
