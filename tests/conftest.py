@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,16 @@ def cuda_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+def cupy_with_a_device() -> Any:
+    """CuPy, for a GPU test module that needs a device at import (its module-level code or imports);
+    without one the whole module is skipped with the reason."""
+    if not cuda_available():
+        pytest.skip("needs a CUDA device and CuPy", allow_module_level=True)
+    import cupy
+
+    return cupy
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -25,15 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from euler_kernels.testing import bf16_bits, bf16_values, relative_error
+from tests.conftest import cupy_with_a_device
 
 pytestmark = pytest.mark.gpu
-cp = pytest.importorskip("cupy")
-try:
-    _devices = cp.cuda.runtime.getDeviceCount()
-except cp.cuda.runtime.CUDARuntimeError:
-    _devices = 0
-if _devices == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+cp = cupy_with_a_device()
 
 from euler_kernels.cuda import flash_attention, flash_attention_sm90  # noqa: E402
 from euler_kernels.cuda.flash_attention import (  # noqa: E402

@@ -14,6 +14,18 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 
+def count_calls(monkeypatch, name: str) -> dict[str, int]:
+    """ek.<name> wrapped to count its calls: the returned dict's "calls"."""
+    calls, real = {"calls": 0}, getattr(ek, name)
+
+    def counted(*args, **kwargs):
+        calls["calls"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ek, name, counted)
+    return calls
+
+
 def run(monkeypatch, mode, cfg, params, tokens, targets):
     monkeypatch.setenv("EULER_MATMUL_PRECISION", mode)
     loss, grads = loss_and_grads(cfg, params, tokens, targets)
@@ -50,18 +62,11 @@ def test_fp8_mode_keeps_fp8_copies_instead_of_remaking(monkeypatch):
     rng = np.random.default_rng(1)
     tokens = cp.asarray(rng.integers(0, 512, (4, 64)))
     targets = cp.asarray(rng.integers(0, 512, (4, 64 + cfg.n_mtp_heads - 1)))
-    calls = {"swiglu": 0}
-    real = ek.swiglu_forward
-
-    def counted(*args, **kwargs):
-        calls["swiglu"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ek, "swiglu_forward", counted)
+    calls = count_calls(monkeypatch, "swiglu_forward")
     for mode, per_layer in (("bf16", 2), ("fp8", 1)):
-        calls["swiglu"] = 0
+        calls["calls"] = 0
         run(monkeypatch, mode, cfg, params, tokens, targets)
-        assert calls["swiglu"] == per_layer * cfg.n_layers, mode
+        assert calls["calls"] == per_layer * cfg.n_layers, mode
 
 
 def test_fp8_caches_keep_only_the_backwards_parts(monkeypatch):
@@ -113,16 +118,9 @@ def test_delayed_fp8_scales_calibrate_on_the_first_step_then_cast_in_swiglu(monk
     assert np.all(maxima > 0) and np.all(np.isfinite(maxima))
     ek.update_fp8_scales(scales)
     scales.calibrated = True
-    calls = {"fp8": 0}
-    real = ek.swiglu_forward_fp8
-
-    def counted(*args, **kwargs):
-        calls["fp8"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ek, "swiglu_forward_fp8", counted)
+    calls = count_calls(monkeypatch, "swiglu_forward_fp8")
     loss2, g2 = step(scales)
-    assert calls["fp8"] == cfg.n_layers
+    assert calls["calls"] == cfg.n_layers
     # the same batch: its own maxima fit, but they were measured bf16-rounded in the calibrating step, so a
     # float32 maximum up to 2^-9 above one may saturate (by that much) when it sat at its scale's top
     assert int(scales.saturated.get().sum()) <= len(scales.formats)
