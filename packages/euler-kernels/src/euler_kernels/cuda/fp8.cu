@@ -50,20 +50,18 @@ __device__ __forceinline__ int scale_exponent(unsigned amax_bits) {
 // Two floats rounded to fp8 (nearest even, saturating), packed: a in the high byte, b in the low one.
 __device__ __forceinline__ unsigned short to_fp8x2(float a, float b) { return fp8x2<FP8_E5M2>(a, b); }
 
-#define TILE 64  // a block casts a 64 x 64 tile: 256 threads, 16 consecutive values of one row each
-#define TILE_PITCH (TILE + 4)  // bytes per row of the shared tile (the padding spreads the transposed reads)
-
-// x (rows, cols) -> out (rows, cols) and/or out_t (cols, rows), fp8 bytes of x * 2^k; scale_inv = 2^-k.
+// x (rows, cols) -> out (rows, cols) and/or out_t (cols, rows), fp8 bytes of x * 2^k; scale_inv = 2^-k; in
+// fp8.cuh's 64 x 64 tiles (FP8_TILE): 256 threads, 16 consecutive values of one row each.
 // Grid: (ceil(cols / 64), ceil(rows / 64)). A null out or out_t is not written. aligned: x, out and out_t
 // start on 16 bytes (then rows of a multiple of 16 values are read and written 16 bytes at a time).
 template <typename T>
 __device__ void cast_body(const T* x, long long rows, long long cols, int aligned, const unsigned* amax_bits,
                           unsigned char* out, unsigned char* out_t, float* scale_inv) {
-    __shared__ unsigned char tile[TILE * TILE_PITCH];
+    __shared__ unsigned char tile[FP8_TILE * FP8_TILE_PITCH];
     const int k = scale_exponent(*amax_bits);
     const float scale = ldexpf(1.0f, k);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = ldexpf(1.0f, -k);
-    const long long r0 = (long long)blockIdx.y * TILE, c0 = (long long)blockIdx.x * TILE;
+    const long long r0 = (long long)blockIdx.y * FP8_TILE, c0 = (long long)blockIdx.x * FP8_TILE;
     const int r = threadIdx.x / 4, c = (threadIdx.x % 4) * 16;  // this thread's row and first column
     const long long row = r0 + r, col = c0 + c;
     unsigned char q[16];
@@ -89,13 +87,13 @@ __device__ void cast_body(const T* x, long long rows, long long cols, int aligne
     }
     if (!out_t) return;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) tile[r * TILE_PITCH + c + j] = q[j];
+    for (int j = 0; j < 16; ++j) tile[r * FP8_TILE_PITCH + c + j] = q[j];
     __syncthreads();
     // transposed: this thread writes out_t row (c0 + r), 16 values from x's rows r0 + c ... r0 + c + 15
     const long long t_row = c0 + r, t_col = r0 + c;
     if (t_row >= cols) return;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) q[j] = tile[(c + j) * TILE_PITCH + r];
+    for (int j = 0; j < 16; ++j) q[j] = tile[(c + j) * FP8_TILE_PITCH + r];
     if (aligned && t_col + 16 <= rows && rows % 16 == 0) {
         *reinterpret_cast<uint4*>(out_t + t_row * rows + t_col) = *reinterpret_cast<const uint4*>(q);
     } else {

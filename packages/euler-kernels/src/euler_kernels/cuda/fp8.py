@@ -12,7 +12,7 @@ import numpy as np
 from euler_kernels.cuda._module import THREADS, get_kernel, grid
 from euler_kernels.fp8_format import FORMATS
 
-CAST_TILE = 64  # fp8.cu's TILE: a block casts 64 x 64 values
+FP8_TILE = 64  # fp8.cuh's FP8_TILE: a block of fp8.cu's or swiglu.cu's FP8 kernels writes 64 x 64 values
 
 
 @dataclass
@@ -76,7 +76,7 @@ def to_fp8(x: Any, fmt: str, rows: bool = True, cols: bool = False, amax: Any = 
     if x.size:
         name = "cast_fp8_bf16" if x.dtype == np.uint16 else "cast_fp8_f32"
         kernel = get_kernel("fp8.cu", name, FP8_E5M2=int(fmt == "e5m2"))
-        blocks = ((n_cols + CAST_TILE - 1) // CAST_TILE, (n_rows + CAST_TILE - 1) // CAST_TILE)
+        blocks = ((n_cols + FP8_TILE - 1) // FP8_TILE, (n_rows + FP8_TILE - 1) // FP8_TILE)
         null = np.uint64(0)
         aligned = np.int32(all(_aligned(a) for a in (x, out, out_t) if a is not None))
         args = (x, np.int64(n_rows), np.int64(n_cols), aligned, amax, null if out is None else out,

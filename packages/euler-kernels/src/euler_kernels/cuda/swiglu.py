@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, contiguous, get_kernel, grid
-from euler_kernels.cuda.fp8 import Fp8Tensor, amax_pointer
+from euler_kernels.cuda.fp8 import FP8_TILE, Fp8Tensor, amax_pointer
 from euler_kernels.cuda.fp8_scales import Fp8Scales
+from euler_kernels.cuda.gemm_fp8 import FP8_MULTIPLE
 
 # storage -> kernel; "bf16x8": bf16 arrays read 8 elements (16 bytes) at a time
 _FORWARD = {"float32": "swiglu_forward", "bf16": "swiglu_forward_bf16", "bf16x8": "swiglu_forward_bf16x8"}
@@ -52,9 +53,6 @@ def swiglu_backward(dout: Any, gate: Any, up: Any, amax: tuple[Any, Any] | None 
     return dgate, dup
 
 
-_FP8_TILE, _FP8_MULTIPLE = 64, 16  # swiglu.cu's tile (fp8.cuh); the FP8 products' multiple of rows
-
-
 def _fp8_outputs(rows_padded: int, cols: int, scales: Fp8Scales, slot: int, fmt: str) -> tuple:
     """(row-major, transposed) uint8 outputs and the slot's (exponent, scale_inv, amax, saturated)."""
     import cupy
@@ -72,7 +70,17 @@ def _fp8_shape(*arrays: Any) -> tuple[int, int, int]:
         raise ValueError("swiglu fp8: needs bf16 (uint16) arrays of one shape")
     cols = shape[-1]
     rows = int(np.prod(shape[:-1], dtype=np.int64))
-    return rows, cols, -(-rows // _FP8_MULTIPLE) * _FP8_MULTIPLE
+    return rows, cols, -(-rows // FP8_MULTIPLE) * FP8_MULTIPLE
+
+
+def _launch_fp8(name: str, inputs: tuple, shape: tuple[int, int, int], scalars: tuple, outs: tuple) -> None:
+    """swiglu.cu's kernel `name` over fp8.cuh's 64 x 64 tiles of the (rows_padded, cols) outputs, with args
+    (*inputs, rows, cols, rows_padded, aligned, *scalars, *outs); aligned: every array starts on 16 bytes."""
+    rows, cols, rows_padded = shape
+    aligned = np.int32(all(a.data.ptr % 16 == 0 for a in (*inputs, *outs)))
+    blocks = (-(-cols // FP8_TILE), -(-rows_padded // FP8_TILE))
+    sizes = (np.int64(rows), np.int64(cols), np.int64(rows_padded), aligned)
+    get_kernel("swiglu.cu", name)(blocks, (THREADS,), (*inputs, *sizes, *scalars, *outs))
 
 
 def swiglu_forward_fp8(gate: Any, up: Any, scales: Fp8Scales, slot: int) -> Fp8Tensor:
@@ -80,15 +88,10 @@ def swiglu_forward_fp8(gate: Any, up: Any, scales: Fp8Scales, slot: int) -> Fp8T
     row-major and transposed (padding rows zero), cast with slot's delayed scale; raises the slot's amax_now
     to the largest |output| and adds the values that saturated to its count."""
     gate, up = contiguous(gate, up)
-    rows, cols, rows_padded = _fp8_shape(gate, up)
+    rows, cols, rows_padded = shape = _fp8_shape(gate, up)
     outs, (exponent, scale_inv, amax, saturated) = _fp8_outputs(rows_padded, cols, scales, slot, "e4m3")
-    out, out_t = outs
-    aligned = np.int32(all(a.data.ptr % 16 == 0 for a in (gate, up, out, out_t)))
-    blocks = (-(-cols // _FP8_TILE), -(-rows_padded // _FP8_TILE))
-    sizes = (np.int64(rows), np.int64(cols), np.int64(rows_padded), aligned)
-    args = (gate, up, *sizes, exponent, amax, saturated, out, out_t)
-    get_kernel("swiglu.cu", "swiglu_forward_fp8")(blocks, (256,), args)
-    return Fp8Tensor("e4m3", (rows_padded, cols), out, out_t, scale_inv, rows)
+    _launch_fp8("swiglu_forward_fp8", (gate, up), shape, (exponent, amax, saturated), outs)
+    return Fp8Tensor("e4m3", (rows_padded, cols), *outs, scale_inv, rows)
 
 
 def swiglu_backward_fp8(
@@ -97,13 +100,10 @@ def swiglu_backward_fp8(
     """(dgate, dup) of bf16 dout, gate, up (..., F) as e5m2 Fp8Tensors (rows padded to 16, F), row-major and
     transposed, cast with the delayed scales of slots (dgate's, dup's), which they raise and count into."""
     dout, gate, up = contiguous(dout, gate, up)
-    rows, cols, rows_padded = _fp8_shape(dout, gate, up)
+    rows, cols, rows_padded = shape = _fp8_shape(dout, gate, up)
     (dg, dg_t), (exp_g, inv_g, amax_g, sat_g) = _fp8_outputs(rows_padded, cols, scales, slots[0], "e5m2")
     (du, du_t), (exp_u, inv_u, amax_u, sat_u) = _fp8_outputs(rows_padded, cols, scales, slots[1], "e5m2")
-    aligned = np.int32(all(a.data.ptr % 16 == 0 for a in (dout, gate, up, dg, dg_t, du, du_t)))
-    blocks = (-(-cols // _FP8_TILE), -(-rows_padded // _FP8_TILE))
-    sizes = (np.int64(rows), np.int64(cols), np.int64(rows_padded), aligned)
-    args = (dout, gate, up, *sizes, exp_g, exp_u, amax_g, amax_u, sat_g, sat_u, dg, dg_t, du, du_t)
-    get_kernel("swiglu.cu", "swiglu_backward_fp8")(blocks, (256,), args)
-    shape = (rows_padded, cols)
-    return Fp8Tensor("e5m2", shape, dg, dg_t, inv_g, rows), Fp8Tensor("e5m2", shape, du, du_t, inv_u, rows)
+    scalars = (exp_g, exp_u, amax_g, amax_u, sat_g, sat_u)
+    _launch_fp8("swiglu_backward_fp8", (dout, gate, up), shape, scalars, (dg, dg_t, du, du_t))
+    padded = (rows_padded, cols)
+    return Fp8Tensor("e5m2", padded, dg, dg_t, inv_g, rows), Fp8Tensor("e5m2", padded, du, du_t, inv_u, rows)
