@@ -133,20 +133,20 @@ def backward_fp8(
 
     _, x8, amax, w8, x_shape = cache
     c_out, c_in = w8.shape
-    n_x = int(np.prod(x_shape[:-1], dtype=np.int64))
-    if isinstance(dout, Fp8Tensor) and _cast_rows(dout, "e5m2", c_out, "output gradient") != n_x:
-        raise ValueError(f"linear_backward: an FP8 dout of {dout.n_rows} rows for an x of {n_x} rows")
-    if not isinstance(dout, Fp8Tensor) and tuple(dout.shape) != (*x_shape[:-1], c_out):
-        raise ValueError(f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({c_out},)")
-    if x8 is None:  # cast as the forward cast it: the same values and maximum give the same bits
-        x2 = cupy.ascontiguousarray(x.reshape(-1, x_shape[-1]))
-        x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
     if isinstance(dout, Fp8Tensor):  # cast by the kernel that made it
         n, d8 = _cast_rows(dout, "e5m2", c_out, "output gradient"), dout
+        n_x = int(np.prod(x_shape[:-1], dtype=np.int64))
+        if n != n_x:
+            raise ValueError(f"linear_backward: an FP8 dout of {n} rows for an x of {n_x} rows")
     else:
+        if tuple(dout.shape) != (*x_shape[:-1], c_out):
+            raise ValueError(f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({c_out},)")
         d2 = cupy.ascontiguousarray(dout.reshape(-1, c_out))  # (N, C_out)
         n = d2.shape[0]
         d8 = to_fp8(_pad_rows(d2), "e5m2", rows=True, cols=True, amax=dout_amax)
+    if x8 is None:  # cast as the forward cast it: the same values and maximum give the same bits
+        x2 = cupy.ascontiguousarray(x.reshape(-1, x_shape[-1]))
+        x8 = to_fp8(_pad_rows(x2), "e4m3", rows=False, cols=True, amax=amax)
     padded = n % FP8_MULTIPLE != 0
     if dx_into is not None and not padded:  # cuBLASLt adds the product into it
         gemm_fp8(d8, transposed(w8), out=dx_into.reshape(-1, c_in))
