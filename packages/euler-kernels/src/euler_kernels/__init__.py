@@ -17,6 +17,7 @@ from euler_kernels.cuda.fp8_scales import new_scales as new_fp8_scales
 from euler_kernels.cuda.fp8_scales import scale_arrays as fp8_scale_arrays
 from euler_kernels.cuda.fp8_scales import scales_from_arrays as fp8_scales_from_arrays
 from euler_kernels.cuda.fp8_scales import update_scales as update_fp8_scales
+from euler_kernels.cuda.gemm_tuned import tuning_enabled as gemm_tuning_enabled
 from euler_kernels.cuda.multi_tensor import keep_tables
 from euler_kernels.gradcheck import GradcheckReport, gradcheck, gradcheck_scalar, judged
 from euler_kernels.op_checks import gradcheck_cases, gradcheck_ops
@@ -90,6 +91,7 @@ __all__ = [
     "fp8_scale_arrays",
     "fp8_scales_from_arrays",
     "fp8_weights",
+    "gemm_tuning_enabled",
     "get_array_module",
     "global_grad_norm",
     "gradcheck",

@@ -75,7 +75,8 @@ def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
         raise ValueError(f"setup_device: precision must be fp32, tf32, bf16 or fp8, got {precision!r}")
     try:
         ek.flash_kernel_choice()
-    except ValueError as err:  # a bad EULER_FLASH_KERNEL: one line and exit 2 (ConfigError), before any work
+        ek.gemm_tuning_enabled()
+    except ValueError as err:  # a bad EULER_FLASH_KERNEL or EULER_GEMM_TUNE: one line and exit 2, before work
         raise ConfigError(str(err)) from None
     os.environ["CUPY_TF32"] = "0" if precision == "fp32" else "1"  # read when CuPy is imported
     chosen = os.environ.get("EULER_MATMUL_PRECISION", "")

@@ -34,7 +34,13 @@ def kernels_on() -> bool:
     return os.environ.get("EULER_FUSED_KERNELS", "1") != "0"
 
 
-KERNEL_SETTINGS = ("EULER_FUSED_KERNELS", "EULER_MATMUL_PRECISION", "CUPY_TF32", "EULER_FLASH_KERNEL")
+KERNEL_SETTINGS = (
+    "EULER_FUSED_KERNELS",
+    "EULER_MATMUL_PRECISION",
+    "CUPY_TF32",
+    "EULER_FLASH_KERNEL",
+    "EULER_GEMM_TUNE",
+)
 
 
 def kernel_settings() -> tuple:

@@ -34,7 +34,16 @@ _products: dict[tuple, cublaslt.Product] = {}
 
 
 def tuning_enabled() -> bool:
-    return os.environ.get("EULER_GEMM_TUNE", "1") != "0"
+    """EULER_GEMM_TUNE (default 1), checked: a ValueError for a value other than 0 or 1, so a program can
+    refuse a typo before it starts work (euler-train does, in setup_device).
+
+    >>> tuning_enabled() in (True, False)
+    True
+    """
+    value = os.environ.get("EULER_GEMM_TUNE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"EULER_GEMM_TUNE must be 0 (cublasGemmEx for every product) or 1, got {value!r}")
+    return value == "1"
 
 
 def choices() -> dict[tuple, int]:
