@@ -49,6 +49,61 @@ def test_rmsnorm_bf16_out_is_the_float32_output_rounded(n, c, seed):
 
 
 @settings(max_examples=12, deadline=None)
+@given(
+    st.integers(1, 70),
+    st.sampled_from([100, 768, 2048]),  # 100: the general kernels; 768 one warp a row; 2048 four
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_rmsnorm_backward_of_a_bf16_dout_is_the_float32_kernel_on_its_values(n, c, with_add, copy16, seed):
+    """The bf16 products' summed gradient feeds the norm as bf16: dx (and its bf16 copy) are the float32
+    kernel's bits on dout's values, with or without the residual's gradient added."""
+    from euler_kernels.cuda import rmsnorm
+
+    rng = np.random.default_rng(seed)
+    x, w = cp.asarray(randn(rng, n, c)), cp.asarray(randn(rng, c))
+    _, (_, xs, ws, rstd) = ek.rmsnorm_forward(x, w)
+    g16, g = bf16_pair(rng, n, c)
+    add = cp.asarray(randn(rng, n, c)) if with_add else None
+    dx, dw, dx16 = rmsnorm.rmsnorm_backward(g16, xs, ws, rstd, add, copy16)
+    dx_ref, dw_ref, dx16_ref = rmsnorm.rmsnorm_backward(g, xs, ws, rstd, add, copy16)
+    np.testing.assert_array_equal(dx.get(), dx_ref.get())
+    np.testing.assert_allclose(dw.get(), dw_ref.get(), rtol=1e-5, atol=1e-5)  # atomics: order varies
+    assert (dx16 is None) == (not copy16)
+    if copy16:
+        same_bits(dx16, dx16_ref)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 90), st.integers(0, 2**31))
+def test_linear_backward_sums_three_projections_dx_in_bf16(n, c_in, c_out, seed):
+    """h feeding three projections (q, k, v): dx of the first as bf16, the others added into it, each sum
+    rounded once to bf16 (cuBLAS adds the float32 product to the bf16 values, then rounds): within a bf16
+    rounding of each partial sum; a bf16 dx_into with a float32 forward is refused."""
+    rng = np.random.default_rng(seed)
+    h16, h = bf16_pair(rng, n, c_in)
+    ws = [cp.asarray(randn(rng, c_out + i, c_in)) for i in range(3)]
+    douts = [bf16_pair(rng, n, c_out + i) for i in range(3)]
+    caches = [ek.linear_forward(h16, w, bf16_out=True)[1] for w in ws]
+    dx, _ = ek.linear_backward(douts[0][0], caches[0], bf16_dx=True)
+    for (d16, _), cache in zip(douts[1:], caches[1:]):
+        dx, _ = ek.linear_backward(d16, cache, dx_into=dx)
+    assert ek.is_bf16(dx)
+    partial, bound = 0.0, 0.0
+    for (_, d), w in zip(douts, ws):
+        wr = cast.from_bf16(cast.to_bf16(w)).get().astype(np.float64)
+        product = d.get().astype(np.float64) @ wr
+        partial = partial + product
+        # each partial sum rounded to bf16 (half an ulp: 2^-9 of it), the product's float32 sum before it
+        bound = bound + 2.0**-9 * np.abs(partial) + 1e-5 * (np.abs(d.get()) @ np.abs(wr))
+    assert np.all(np.abs(cast.from_bf16(dx).get() - partial) <= bound)
+    _, cache32 = ek.linear_forward(h, ws[0])  # float32 CuPy arrays outside the bf16 mode: a float32 product
+    with pytest.raises(ValueError, match="bf16 dx_into"):
+        ek.linear_backward(cp.asarray(randn(rng, n, c_out)), cache32, dx_into=cp.zeros((n, c_in), cp.uint16))
+
+
+@settings(max_examples=12, deadline=None)
 @given(st.one_of(st.integers(1, 3000), st.integers(1, 400).map(lambda k: 8 * k)), st.integers(0, 2**31))
 def test_swiglu_bf16_is_the_float32_kernel_rounded(n, seed):
     """n % 8 == 0 runs the 8-wide kernel, other sizes the scalar one: both must match."""

@@ -70,7 +70,8 @@ def norm_in(
 def norm_backward(
     ds: Any, dh: Any, cache: tuple, bf16: bool, amax: bool = False
 ) -> tuple[tuple[Any, Any, Any], Any]:
-    """Gradients of norm_in: ds, the gradient reaching s from the stream (or None), and dh that of h ->
+    """Gradients of norm_in: ds, the gradient reaching s from the stream (or None), and dh that of h (in
+    bf16 mode bf16 where bf16 products summed it) ->
     ((dx, dx16, amax16), dweight), dx that of x and of branch; in bf16 mode dx16 is dx rounded to bf16 in
     the same pass (the next block back feeds it to its output projection's products), else None; with
     amax (bf16 mode), amax16 is dx16's maximum measured in that pass (for FP8 products), else None."""
@@ -140,8 +141,9 @@ def attention_block_backward(
     dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
     dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
-    dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h)
-    dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)  # h feeds three projections: their dh add up
+    # h feeds three projections: their dh add up, in bf16 with bf16 products (each sum rounded once)
+    dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h, bf16_dx=bf16)
+    dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)
     dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16, amax=fp8)  # s reaches the output directly and via h
@@ -197,7 +199,7 @@ def ffn_block_backward(
             a_dg, a_du = scaled[0].amax_now[scaled[1] + 1], scaled[0].amax_now[scaled[1] + 2]
         dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
     h = norm_again(None if remake is None else remake[0])  # (N, C) or None (kept by the caches)
-    dh, dw_up = ek.linear_backward(du, c_up, x=h, dout_amax=a_du)
+    dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16 and not fp8, dout_amax=a_du)  # as attention's
     dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h

@@ -80,6 +80,14 @@ __device__ __forceinline__ float load_act(const unsigned short* p, size_t i) { r
 __device__ __forceinline__ void store_act(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_act(unsigned short* p, size_t i, float v) { p[i] = float_to_bf16(v); }
 
+// Four values at float4 index i4: one 16-byte load, or 4 bf16 in one 8-byte load.
+__device__ __forceinline__ float4 load4(const float* p, size_t i4) { return reinterpret_cast<const float4*>(p)[i4]; }
+__device__ __forceinline__ float4 load4(const unsigned short* p, size_t i4) {
+    const uint2 v = reinterpret_cast<const uint2*>(p)[i4];
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
+}
+
 // Store four values at float4 index i4: one 16-byte store, or 4 bf16 in one 8-byte store.
 __device__ __forceinline__ void store4(float* out, size_t i4, float4 v) { reinterpret_cast<float4*>(out)[i4] = v; }
 __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v) {

@@ -192,10 +192,11 @@ __device__ __forceinline__ float norm_grad(float r, float g, float w, float x, f
 // dweight is summed in registers per thread over its team's rows, then over the block's teams in shared
 // memory, then added to global memory once per block (atomics: no update is lost). COPY16: dx is also
 // written rounded to bf16 (into dx16), for the bf16 products that take it next; amax (null: not wanted) is
-// raised to dx16's largest |value|, for the FP8 cast that takes it.
-template <bool ADD, bool COPY16>
+// raised to dx16's largest |value|, for the FP8 cast that takes it. G: dout's storage, float32 or bf16 (the
+// bf16 products' sum of gradients); a bf16 dout gives the bits of the float32 kernel on its values.
+template <bool ADD, bool COPY16, typename G>
 __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned short* dx16, float* dweight,
-                                                          const float* dout, const float* x, const float* weight,
+                                                          const G* dout, const float* x, const float* weight,
                                                           const float* rstd, const float* add, int N,
                                                           unsigned* amax) {
     unsigned bits = 0;
@@ -218,7 +219,7 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
 #pragma unroll
         for (int j = 0; j < ROW_PIECES; j++) {
             if (!piece_in_row(t, j)) continue;
-            gv[j] = reinterpret_cast<const float4*>(dout)[row4 + t + ROW_THREADS * j];
+            gv[j] = load4(dout, row4 + t + ROW_THREADS * j);
             xv[j] = reinterpret_cast<const float4*>(x)[row4 + t + ROW_THREADS * j];
             dot += gv[j].x * w[j].x * xv[j].x + gv[j].y * w[j].y * xv[j].y + gv[j].z * w[j].z * xv[j].z +
                    gv[j].w * w[j].w * xv[j].w;
@@ -261,24 +262,53 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
 
 extern "C" __global__ void rmsnorm_backward_vec(float* dx, float* dweight, const float* dout, const float* x,
                                                 const float* weight, const float* rstd, int N) {
-    rmsnorm_backward_vec_body<false, false>(dx, nullptr, dweight, dout, x, weight, rstd, nullptr, N, nullptr);
+    rmsnorm_backward_vec_body<false, false, float>(dx, nullptr, dweight, dout, x, weight, rstd, nullptr, N, nullptr);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_add(float* dx, float* dweight, const float* dout, const float* x,
                                                     const float* weight, const float* rstd, const float* add, int N) {
-    rmsnorm_backward_vec_body<true, false>(dx, nullptr, dweight, dout, x, weight, rstd, add, N, nullptr);
+    rmsnorm_backward_vec_body<true, false, float>(dx, nullptr, dweight, dout, x, weight, rstd, add, N, nullptr);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_copy16(float* dx, unsigned short* dx16, float* dweight,
                                                        const float* dout, const float* x, const float* weight,
                                                        const float* rstd, int N, unsigned* amax) {
-    rmsnorm_backward_vec_body<false, true>(dx, dx16, dweight, dout, x, weight, rstd, nullptr, N, amax);
+    rmsnorm_backward_vec_body<false, true, float>(dx, dx16, dweight, dout, x, weight, rstd, nullptr, N, amax);
 }
 
 extern "C" __global__ void rmsnorm_backward_vec_add_copy16(float* dx, unsigned short* dx16, float* dweight,
                                                            const float* dout, const float* x, const float* weight,
                                                            const float* rstd, const float* add, int N,
                                                            unsigned* amax) {
-    rmsnorm_backward_vec_body<true, true>(dx, dx16, dweight, dout, x, weight, rstd, add, N, amax);
+    rmsnorm_backward_vec_body<true, true, float>(dx, dx16, dweight, dout, x, weight, rstd, add, N, amax);
+}
+
+// The same four with a bf16 dout (the sum of bf16 products' gradients that feeds the norm).
+extern "C" __global__ void rmsnorm_backward_vec_g16(float* dx, float* dweight, const unsigned short* dout,
+                                                    const float* x, const float* weight, const float* rstd, int N) {
+    rmsnorm_backward_vec_body<false, false, unsigned short>(dx, nullptr, dweight, dout, x, weight, rstd, nullptr, N,
+                                                            nullptr);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec_add_g16(float* dx, float* dweight, const unsigned short* dout,
+                                                        const float* x, const float* weight, const float* rstd,
+                                                        const float* add, int N) {
+    rmsnorm_backward_vec_body<true, false, unsigned short>(dx, nullptr, dweight, dout, x, weight, rstd, add, N,
+                                                           nullptr);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec_copy16_g16(float* dx, unsigned short* dx16, float* dweight,
+                                                           const unsigned short* dout, const float* x,
+                                                           const float* weight, const float* rstd, int N,
+                                                           unsigned* amax) {
+    rmsnorm_backward_vec_body<false, true, unsigned short>(dx, dx16, dweight, dout, x, weight, rstd, nullptr, N,
+                                                           amax);
+}
+
+extern "C" __global__ void rmsnorm_backward_vec_add_copy16_g16(float* dx, unsigned short* dx16, float* dweight,
+                                                               const unsigned short* dout, const float* x,
+                                                               const float* weight, const float* rstd,
+                                                               const float* add, int N, unsigned* amax) {
+    rmsnorm_backward_vec_body<true, true, unsigned short>(dx, dx16, dweight, dout, x, weight, rstd, add, N, amax);
 }
 #endif

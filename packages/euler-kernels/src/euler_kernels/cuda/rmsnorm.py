@@ -35,6 +35,7 @@ _BACKWARD = {
     (True, False, True): "rmsnorm_backward_vec_copy16",
     (True, True, True): "rmsnorm_backward_vec_add_copy16",
 }
+BF16_DOUT = "_g16"  # the vectorised backward kernels' name suffix for a bf16 dout
 
 
 def _rmsnorm_vec(C: int) -> dict[str, int]:
@@ -108,7 +109,8 @@ def rmsnorm_backward(
     """(dx, dweight, dx16); dx_add (like x): a gradient added to dx in the same pass (the residual branch's);
     bf16_copy: dx16 is dx rounded to bf16 (uint16 bit patterns; written by the same pass where the row is
     vectorised, else cast afterwards), for bf16 products that take dx next; else dx16 is None. amax: raised
-    to dx16's maximum (bf16_copy only)."""
+    to dx16's maximum (bf16_copy only). dout float32, or bf16 (the sum of bf16 products' gradients): the
+    gradients are the float32 ones of its values."""
     import cupy
 
     if amax is not None and not bf16_copy:
@@ -122,9 +124,12 @@ def rmsnorm_backward(
     vec = _rmsnorm_vec(C)
     grid = (min(blocks(N, _rows_per_block(vec)), 132 * 2),)  # few blocks: each adds its dweight once
     add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
+    if dout.dtype == cupy.uint16 and not vec:  # the general kernels read float32 only
+        dout = cast.from_bf16(dout)
     if vec:
         dx16 = cupy.empty(x.shape, dtype=cupy.uint16) if bf16_copy else None
-        kernel = get_kernel("rmsnorm.cu", _BACKWARD[True, dx_add is not None, bf16_copy], **vec)
+        suffix = BF16_DOUT if dout.dtype == cupy.uint16 else ""
+        kernel = get_kernel("rmsnorm.cu", _BACKWARD[True, dx_add is not None, bf16_copy] + suffix, **vec)
         outs = (dx, dx16) if bf16_copy else (dx,)
         maximum = (pointer,) if bf16_copy else ()  # the copy16 kernels' last argument
         kernel(grid, (THREADS,), (*outs, dweight, dout, x, weight, rstd, *add, np.int32(N), *maximum))

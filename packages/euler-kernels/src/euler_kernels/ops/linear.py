@@ -110,14 +110,18 @@ def linear_backward(
     dx_into: an earlier dx of the same shape (say, of another projection of the same input): this dx is
     added into it in place and it is returned, so the sum costs no extra pass (on the GPU cuBLAS adds the
     product straight into it).
-    bf16 products (GPU): dout may be a bf16 activation; bf16_dx makes dx one (not with dx_into).
+    bf16 products (GPU): dout may be a bf16 activation; bf16_dx makes dx one, and a bf16 dx_into (an
+    earlier bf16_dx) takes the sum rounded to bf16 once (cuBLAS adds in float32, then rounds).
     dout_amax (FP8 path only): dout's absolute maximum from the kernel that made it, as linear_forward's
     x_amax.
     """
     if dx_into is not None and not dx_into.flags.c_contiguous:
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
+    into16 = dx_into is not None and is_bf16(dx_into)
     if bf16_dx and (dx_into is not None or not isinstance(cache[0], str)):
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
+    if into16 and not (isinstance(cache[0], str) and cache[0] != "fp8"):
+        raise ValueError("linear_backward: a bf16 dx_into needs a bf16 product (the bf16 mode's)")
     if isinstance(cache[0], str) and cache[0] == "fp8":
         x_shape = cache[4]
         _check_into(dx_into, x_shape)
@@ -134,7 +138,7 @@ def linear_backward(
         _check_into(dx_into, x_shape)
         d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
-        dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx).reshape(x_shape)
+        dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx or into16).reshape(x_shape)
         return (dx if dx_into is None else dx_into), gemm.gemm_bf16(d16, x16, trans_a=True)
     kept, weight = cache
     x = kept if kept is not None else _input_again(x, None)  # dout's check below holds x's shape

@@ -80,7 +80,7 @@ def rmsnorm_backward_bf16_copy(dout: Any, cache: tuple, dx_add: Any = None, amax
     """(dx, dweight, dx16): rmsnorm_backward's gradients and dx16, dx rounded to bf16 in the same pass, for
     the bf16 products that take dx next (a residual stream's gradient: float32 for the stream, bf16 for the
     products). amax: raised to dx16's largest |value|, as in rmsnorm_forward. GPU only: the cache of a
-    fused rmsnorm_forward."""
+    fused rmsnorm_forward; dout float32, or bf16 (the gradients are the float32 ones of its values)."""
     if not cuda.fused_cache(cache):
         raise ValueError("rmsnorm_backward_bf16_copy needs the fused GPU path (float32 CuPy arrays)")
     return _fused_backward("rmsnorm_backward_bf16_copy", dout, cache, dx_add, bf16_copy=True, amax=amax)
