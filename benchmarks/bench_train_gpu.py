@@ -51,6 +51,7 @@ import torch
 
 import euler_kernels as ek
 import euler_model
+from euler_kernels.cuda import gemm_tuned
 from euler_model import count_params, init_params, loss_and_grads
 from euler_model.blocks import fp8_scale_formats
 from euler_train.comm import Comm
@@ -256,6 +257,16 @@ def timed(step, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def print_gemm_choices() -> None:
+    """Which kinds of bf16 product (M x N x K, transposes) run on a cuBLASLt candidate instead of
+    cublasGemmEx's choice, as gemm_tuned timed them in this process."""
+    choices = gemm_tuned.choices()
+    lt = sorted(key[1:5] for key, i in choices.items() if i != gemm_tuned.GEMM_EX)  # (M, N, K, transposes)
+    named = ", ".join(f"{m}x{n}x{k}{'T' if ta else 'N'}{'T' if tb else 'N'}" for m, n, k, (ta, tb) in lt)
+    listed = f": {named}" if lt else ""
+    print(f"bf16 products timed: {len(choices)} kinds, {len(lt)} on cuBLASLt candidates{listed}")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="gpu", help="euler-train run preset (default: gpu)")
@@ -349,6 +360,7 @@ def main() -> None:
     rows.append(("euler CUDA graph", sec_graph, mem_graph, state_bytes(graph) + pool_peak.peak))
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
+    print_gemm_choices()
     del graph_step, graph
     if args.recompute:  # the cost of re-making each layer's activations in the backward, and what it saves
         rerun = not train["recompute"]
