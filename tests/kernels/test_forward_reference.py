@@ -117,7 +117,13 @@ def test_linear_formula(data, lead, c_in, c_out) -> None:
 def test_swiglu_formula(data, shape) -> None:
     g, u = data.draw(normal_arrays(shape, scales=(0.1, 1.0, 10.0))), data.draw(normal_arrays(shape))
     ref = g / (1.0 + np.exp(-g)) * u
-    np.testing.assert_allclose(ek.swiglu_forward(g, u)[0], ref, rtol=1e-12, atol=1e-300)
+    out, cache = ek.swiglu_forward(g, u)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-300)
+    d = data.draw(normal_arrays(shape))  # the backward's product=True hands the forward's output back
+    *grads, again = ek.swiglu_backward(d, cache, product=True)
+    np.testing.assert_array_equal(again, out)
+    for got, want in zip(grads, ek.swiglu_backward(d, cache)):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_embedding_is_row_lookup_and_backward_counts_repeats() -> None:

@@ -119,6 +119,11 @@ def test_swiglu_bf16_is_the_float32_kernel_rounded(n, seed):
     same_bits(du16, cast.to_bf16(du))
     # a float32 gradient into the bf16 cache is rounded first
     same_bits(ek.swiglu_backward(d, cache)[0], dg16)
+    # product=True: the forward's output again, from the backward's pass, and the same gradients
+    for got, want in zip(ek.swiglu_backward(d16, cache, product=True), (dg16, du16, out16)):
+        same_bits(got, want)
+    for got, want in zip(ek.swiglu_backward(d, c32, product=True), (dg, du, out)):
+        np.testing.assert_array_equal(got.get(), want.get())
 
 
 @settings(max_examples=12, deadline=None)

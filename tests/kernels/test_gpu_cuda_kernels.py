@@ -230,6 +230,40 @@ def test_adamw_multi_and_norm_match_per_tensor_numpy():
         assert rel(got, ref) < 1e-6
 
 
+def unaligned(a):
+    """a on the device one float32 past a 16-byte boundary (a C-contiguous view into a larger array)."""
+    base = cp.empty(a.size + 1, dtype=a.dtype)
+    view = base[1:].reshape(a.shape)
+    view[...] = cp.asarray(a)
+    return view
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["float4", "unaligned"])
+def test_adamw_ctl_writes_bf16_copies_in_its_pass(aligned):
+    """adamw_multi_ctl four elements a thread (aligned arrays; sizes not a multiple of 4 leave a tail) or
+    one at a time (arrays off a 16-byte boundary): NumPy's AdamW either way, and each given bf16 copy is
+    its updated weight rounded (to_bf16) while a tensor without one has nothing written."""
+    rng = np.random.default_rng(11)
+    shapes = [(3 * 8192 + 5,), (37, 3), (1,), (64, 64)]
+    groups = [[randn(rng, *s) for s in shapes] for _ in range(4)]
+    groups[2] = [np.abs(v) for v in groups[2]]
+    put = cp.asarray if aligned else unaligned
+    dev = [[put(a) for a in group] for group in groups]
+    copies = [cp.zeros(s, cp.uint16) for s in shapes]
+    copies[2] = None
+    control = np.array([0.7, 1.0, 2e-3, 1 - 0.9**3, 1 - 0.95**3, 0.0], np.float32)
+    wds = [0.1, 0.0, 0.0, 0.1]
+    ek.adamw_update_ctl(*dev, wds, cp.asarray(control), 0.9, 0.95, 1e-8, copies=copies)
+    ek.adamw_update_ctl(*groups, wds, control, 0.9, 0.95, 1e-8)  # NumPy
+    for got, ref in zip(dev[0] + dev[1] + dev[2], groups[0] + groups[1] + groups[2]):
+        assert rel(got, ref) < 1e-6
+    for copy, p in zip(copies, dev[0]):
+        if copy is not None:
+            np.testing.assert_array_equal(copy.get(), kc.cast.to_bf16(cp.ascontiguousarray(p)).get())
+    with pytest.raises(ValueError, match="uint16 array of its weight's shape"):
+        ek.adamw_update_ctl(*dev, wds, cp.asarray(control), copies=[cp.zeros((2,), cp.uint16)] * 4)
+
+
 def test_sum_squares_over_many_chunks_is_exact_and_deterministic():
     """More chunks than the final one-block sum has threads (1,300 > 1,024): float64 partials, fixed order."""
     rng = np.random.default_rng(7)

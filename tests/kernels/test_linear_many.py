@@ -66,3 +66,22 @@ def test_a_cache_without_its_input_gives_the_same_gradients_from_the_input_hande
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match=r"kept no input.*pass it as x"):
         ek.linear_backward(dout, lean)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_dx_alone_then_the_weight_gradient_equal_one_backward(keep):
+    """dweight=False gives dx without x (even when the cache kept none); linear_weight_grad then gives
+    dweight from x handed back: the one-call backward's arrays bit for bit."""
+    rng = np.random.default_rng(4)
+    x, w, dout = rng.standard_normal((3, 6)), rng.standard_normal((5, 6)), rng.standard_normal((3, 5))
+    _, cache = ek.linear_forward(x, w, keep_input=keep)
+    dx_ref, dw_ref = ek.linear_backward(dout, ek.linear_forward(x, w)[1])
+    dx, none = ek.linear_backward(dout, cache, dweight=False)
+    assert none is None
+    np.testing.assert_array_equal(dx, dx_ref)
+    np.testing.assert_array_equal(ek.linear_weight_grad(dout, cache, x=x.copy()), dw_ref)
+    with pytest.raises(ValueError, match="dout must be"):
+        ek.linear_backward(dout[:, :4], cache, dweight=False)
+    if not keep:
+        with pytest.raises(ValueError, match=r"kept no input.*pass it as x"):
+            ek.linear_weight_grad(dout, cache)

@@ -42,7 +42,7 @@ from euler_kernels.ops.decode_record import decode_record
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.grad_accumulate import accumulate_scaled_many
 from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm, sum_squares_many
-from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many
+from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many, linear_weight_grad
 from euler_kernels.ops.linear_fp8 import fp8_amax, fp8_fits, fp8_weights, is_fp8
 from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
 from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
@@ -106,6 +106,7 @@ __all__ = [
     "linear_backward",
     "linear_forward",
     "linear_forward_many",
+    "linear_weight_grad",
     "muon_scratch",
     "muon_shape_scale",
     "muon_update",

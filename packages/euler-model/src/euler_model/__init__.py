@@ -18,7 +18,13 @@ from euler_model.generate_batch import Completion, generate_batch
 from euler_model.hf import load_hf, save_hf
 from euler_model.kv_cache import KVCache
 from euler_model.memory import step_memory
-from euler_model.model import forward_loss, logits, loss_and_grads, loss_and_grads_on_device
+from euler_model.model import (
+    bf16_weight_names,
+    forward_loss,
+    logits,
+    loss_and_grads,
+    loss_and_grads_on_device,
+)
 from euler_model.params import count_params, describe_params, gradcheck_params, init_params, param_shapes
 
 __all__ = [
@@ -29,6 +35,7 @@ __all__ = [
     "KVCache",
     "ModelConfig",
     "__version__",
+    "bf16_weight_names",
     "checked_draft_tree",
     "count_params",
     "default_draft_tree",

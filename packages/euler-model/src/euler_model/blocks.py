@@ -174,8 +174,22 @@ def ffn_block_forward(
         a_gated = (ek.fp8_amax() if scaled is None else scaled[0].amax_now[scaled[1]]) if fp8 else None
         gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
         o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=keep, x_amax=a_gated)  # (N, C)
-    remake = None if keep else ((s, p[prefix + "ffn_norm"], config.norm_eps), (g, u))  # h's, gated's
+    remake = None if keep else (s, p[prefix + "ffn_norm"], config.norm_eps)  # h's (gated's: c_swi)
     return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake)
+
+
+def _swiglu_backward_fp8_or_kept(dgated: Any, c_swi: tuple, fp8: bool, scaled: Any, delayed: bool) -> tuple:
+    """(dg, du, dg's maximum, du's maximum) of SwiGLU's backward when the forward kept its product: FP8
+    outputs with delayed scales (no maxima to hand on), or the kernel that measures the maxima FP8 casts
+    need (into the scales' slots while calibrating them), or plain (None, None)."""
+    if delayed:  # dgate and dup straight to FP8 with their slots' delayed scales
+        scales, slot = scaled
+        return (*ek.swiglu_backward_fp8(dgated, c_swi, scales, (slot + 1, slot + 2)), None, None)
+    a_dg, a_du = (ek.fp8_amax(), ek.fp8_amax()) if fp8 else (None, None)
+    if scaled is not None:  # calibrating: the maxima go into the slots
+        a_dg, a_du = scaled[0].amax_now[scaled[1] + 1], scaled[0].amax_now[scaled[1] + 2]
+    dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
+    return dg, du, a_dg, a_du
 
 
 def ffn_block_backward(
@@ -185,20 +199,18 @@ def ffn_block_backward(
     three for x and branch), {name: dweight})."""
     c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake = cache
     g, g16, a16 = dout
-    gated = None if remake is None else ek.swiglu_forward(*remake[1])[0]  # (N, F): the forward's, again
     d_o = g if g16 is None else g16  # o's gradient is g
-    dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, x=gated, dout_amax=a16)
-    del gated
-    if delayed:  # dgate and dup straight to FP8 with their slots' delayed scales
-        scales, slot = scaled
-        dg, du = ek.swiglu_backward_fp8(dgated, c_swi, scales, (slot + 1, slot + 2))
+    if remake is not None:  # bf16: dgated first; SwiGLU's backward re-makes the product (N, F) in its pass
+        dgated, _ = ek.linear_backward(d_o, c_down, bf16_dx=True, dweight=False)
+        dg, du, gated = ek.swiglu_backward(dgated, c_swi, product=True)
+        del dgated  # three (N, F) arrays alive at once, as when the product was re-made before
+        dw_down = ek.linear_weight_grad(d_o, c_down, x=gated)  # w_down's gradient needs the product
+        del gated
         a_dg = a_du = None
     else:
-        a_dg, a_du = (ek.fp8_amax(), ek.fp8_amax()) if fp8 else (None, None)
-        if scaled is not None:  # calibrating: the maxima go into the slots
-            a_dg, a_du = scaled[0].amax_now[scaled[1] + 1], scaled[0].amax_now[scaled[1] + 2]
-        dg, du = ek.swiglu_backward(dgated, c_swi, amax=None if a_dg is None else (a_dg, a_du))
-    h = norm_again(None if remake is None else remake[0])  # (N, C) or None (kept by the caches)
+        dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, dout_amax=a16)
+        dg, du, a_dg, a_du = _swiglu_backward_fp8_or_kept(dgated, c_swi, fp8, scaled, delayed)
+    h = norm_again(remake)  # (N, C) or None (kept by the caches)
     dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16 and not fp8, dout_amax=a_du)  # as attention's
     dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg)
     del h

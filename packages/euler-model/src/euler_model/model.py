@@ -75,9 +75,9 @@ def trunk_forward(
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
     fp8: list[str] = []
     if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
-        matrices = [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
-        fp8 = [k for k in matrices if k.endswith(FP8_MATRICES) and _fp8_fits(params, k)]
-        params = _with_bf16_copies(params, [k for k in matrices if k not in fp8])
+        bf16_names = _block_bf16_names(params)
+        fp8 = [k for k in _block_matrices(params) if k not in bf16_names]
+        params = _with_bf16_copies(params, bf16_names)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
     caches: list = [c_emb]
@@ -127,10 +127,32 @@ def _with_fp8_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]
     return _with_copies(params, names, ek.fp8_weights)
 
 
+def _block_matrices(params: dict[str, Any]) -> list[str]:
+    return [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
+
+
+def _block_bf16_names(params: dict[str, Any]) -> list[str]:
+    """The block matrices a bf16 forward multiplies as bf16 copies: all but those FP8 takes."""
+    return [k for k in _block_matrices(params) if not (k.endswith(FP8_MATRICES) and _fp8_fits(params, k))]
+
+
+def _head_bf16_names(config: ModelConfig, params: dict[str, Any]) -> list[str]:
+    """The heads a bf16 forward multiplies as bf16 copies: all but those FP8 takes."""
+    return [n for n in (f"heads.{k}" for k in range(config.n_mtp_heads)) if not _fp8_fits(params, n)]
+
+
+def bf16_weight_names(config: ModelConfig, params: dict[str, Any]) -> list[str]:
+    """The float32 weights that the GPU's bf16 training forward multiplies as bf16 copies (every block
+    matrix and head that FP8 does not take). A caller may pass those copies in params under the same
+    names (uint16 arrays, ek.to_bf16_many): the forward then uses them instead of casting the weights."""
+    return _block_bf16_names(params) + _head_bf16_names(config, params)
+
+
 def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """params with the named float32 GPU matrices replaced by bf16 copies, all made in one launch (the
-    copies are rewritten by the next call with the same weights; weight gradients stay float32)."""
-    return _with_copies(params, names, ek.to_bf16_many)
+    copies are rewritten by the next call with the same weights; weight gradients stay float32). Names
+    that hold a bf16 copy already (given by the caller) are left as they are."""
+    return _with_copies(params, [n for n in names if not ek.is_bf16(params[n])], ek.to_bf16_many)
 
 
 def _with_copies(params: dict[str, Any], names: list[str], make: Any) -> dict[str, Any]:
@@ -230,11 +252,11 @@ def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tup
 def _head_params(config: ModelConfig, params: dict[str, Any], h: Any) -> dict[str, Any]:
     """The heads' weights, as bf16 copies made in one launch when h is a bf16 activation (e4m3 copies in
     the fp8 mode)."""
-    names = [f"heads.{k}" for k in range(config.n_mtp_heads)]
     if not ek.is_bf16(h):
         return params
-    fp8 = [n for n in names if _fp8_fits(params, n)]
-    return _with_bf16_copies(_with_fp8_copies(params, fp8), [n for n in names if n not in fp8])
+    bf16 = _head_bf16_names(config, params)
+    fp8 = [f"heads.{k}" for k in range(config.n_mtp_heads) if f"heads.{k}" not in bf16]
+    return _with_bf16_copies(_with_fp8_copies(params, fp8), bf16)
 
 
 def _heads_loss(config, params, h, targets, loss_mask) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
-from euler_train.step import StepBuffers, train_step
+from euler_train.step import StepBuffers, bf16_weight_copies, train_step
 
 
 class GraphStep:
@@ -44,9 +44,10 @@ class GraphStep:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
         self.graph = None
+        self.copies: dict[str, Any] = {}  # bf16_weight_copies, made before the capture
 
     def _body(self) -> None:
-        args = (self.max_norm, self.recompute, self.fp8_scales)
+        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
 
     def _capture(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> None:
@@ -61,6 +62,7 @@ class GraphStep:
         kept = ek.fp8_scale_arrays(scales) if scales is not None and scales.calibrated else None
         with ek.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
             self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
+            self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
             self.buf.write(micro, shares, dry, stream=self.stream)
             self._body()
             self.stream.synchronize()

@@ -30,7 +30,10 @@ from euler_model.cpu_threads import cpu_workers, run_parts
 
 
 class AdamW:
-    """First and second moments per parameter, keyed like `params`; `t` counts updates from 0."""
+    """First and second moments per parameter, keyed like `params`; `t` counts updates from 0. Its
+    update can rewrite bf16 copies of the weights in the same pass (`writes_bf16_copies`)."""
+
+    writes_bf16_copies = True
 
     def __init__(
         self,
@@ -53,10 +56,19 @@ class AdamW:
         """step_control's host input for the next update: float32 [lr, bc1, bc2, enable] (NumPy)."""
         return adamw_hyper(lr, self.t + 1, self.beta1, self.beta2, enable)
 
-    def update(self, params: dict[str, Any], grads: dict[str, Any], control: Any, hyper: Any = None) -> None:
+    def update(
+        self,
+        params: dict[str, Any],
+        grads: dict[str, Any],
+        control: Any,
+        hyper: Any = None,
+        copies: dict[str, Any] | None = None,
+    ) -> None:
         """Update every parameter in place from `control` (no host read on the GPU: capturable); the
         caller counts the update (`t += 1`) once it knows control's apply flag was set. `hyper` is unused
-        (every AdamW scalar is in control): it is there so AdamW and Muon take the same arguments."""
+        (every AdamW scalar is in control): it is there so AdamW and Muon take the same arguments.
+        copies: name -> bf16 copy of that weight (GPU), rewritten from the updated weight in the same
+        launch (so the next forward need not cast it)."""
         names = list(params)
         adamw_update_ctl(
             [params[n] for n in names],
@@ -68,6 +80,7 @@ class AdamW:
             self.beta1,
             self.beta2,
             self.eps,
+            None if copies is None else [copies.get(n) for n in names],
         )
 
     def step(self, params: dict[str, Any], grads: dict[str, Any], lr: float) -> None:

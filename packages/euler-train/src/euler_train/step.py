@@ -85,6 +85,21 @@ class StepBuffers:
         return float(ek.to_numpy(self.loss)), float(control[5]), bool(control[1] != 0.0)
 
 
+def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str, Any]:
+    """bf16 copies of the weights that the GPU's bf16 step multiplies (euler_model.bf16_weight_names),
+    made once here and from then on rewritten by the optimizer's update in the pass that updates the
+    weights: the forward reads them instead of casting every weight each step. {} where the forward casts
+    for itself: the CPU, the float32 and TF32 modes, and optimizers that do not write copies (Muon, ZeRO).
+    The copies hold only while nothing but that optimizer changes the weights: a runner makes them at
+    its first step."""
+    if not getattr(opt, "writes_bf16_copies", False) or not ek.bf16_activations(params["embed"]):
+        return {}
+    xp = ek.get_array_module(params["embed"])
+    names = euler_model.bf16_weight_names(mcfg, params)
+    out = [xp.empty(params[n].shape, dtype=xp.uint16) for n in names]
+    return dict(zip(names, ek.to_bf16_many([params[n] for n in names], out=out)))
+
+
 def train_step(
     mcfg: Any,
     params: dict[str, Any],
@@ -94,11 +109,13 @@ def train_step(
     max_norm: float,
     recompute: bool = False,
     fp8_scales: Any = None,
+    copies: dict[str, Any] | None = None,
 ) -> None:
     """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
     layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py);
     `fp8_scales`: delayed FP8 scales of the fp8 mode (euler_model.blocks), updated at the step's end from
-    the maxima its kernels measured (on the device: a captured step updates them every replay).
+    the maxima its kernels measured (on the device: a captured step updates them every replay);
+    `copies`: bf16_weight_copies(...), which the forward multiplies and the update rewrites.
 
     Several micro-batches: each one's gradients are weighted by its share and summed into buf.grads. One
     micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
@@ -111,7 +128,14 @@ def train_step(
         share = buf.shares[i]  # a 0-d array: no host value enters the step
         scale = share if count == 1 else None
         loss, grads = euler_model.loss_and_grads_on_device(
-            mcfg, params, buf.tokens[i], buf.targets[i], mask, recompute, scale, fp8_scales
+            mcfg,
+            {**params, **copies} if copies else params,
+            buf.tokens[i],
+            buf.targets[i],
+            mask,
+            recompute,
+            scale,
+            fp8_scales,
         )
         if count == 1:
             buf.grads = grads
@@ -123,7 +147,10 @@ def train_step(
     comm.allreduce_grads(buf.grads)  # a no-op on one process
     grads = [buf.grads[n] for n in params]
     ek.step_control(ek.sum_squares_many(grads), buf.loss, buf.hyper, max_norm, out=buf.control)
-    opt.update(params, buf.grads, buf.control, buf.hyper)
+    if copies:
+        opt.update(params, buf.grads, buf.control, buf.hyper, copies=copies)
+    else:
+        opt.update(params, buf.grads, buf.control, buf.hyper)
     if fp8_scales is not None:  # this step's maxima into the histories: the next step casts with them
         ek.update_fp8_scales(fp8_scales)
         fp8_scales.calibrated = True
@@ -145,13 +172,16 @@ class EagerStep:
         self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
         self.recompute, self.fp8_scales = recompute, fp8_scales
         self.buf: StepBuffers | None = None
+        self.copies: dict[str, Any] | None = None  # bf16_weight_copies, made at the first step
 
     def run(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> tuple[float, float, bool]:
         """Step on these micro-batches; returns (loss, norm, applied)."""
         if self.buf is None or not self.buf.fits(micro):
             xp = ek.get_array_module(next(iter(self.params.values())))
             self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro, len(hyper))
+        if self.copies is None:
+            self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
         self.buf.write(micro, shares, hyper)
-        args = (self.max_norm, self.recompute, self.fp8_scales)
+        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
         return self.buf.read()

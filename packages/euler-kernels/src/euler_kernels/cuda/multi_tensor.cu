@@ -2,14 +2,45 @@
 #include "common.cuh"
 
 // One AdamW element update: decoupled weight decay, bias correction; g already scaled by the clip factor.
-__device__ __forceinline__ void adamw_element(float* p, float* m, float* v, float g, float decay, float lr,
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float decay, float lr,
                                               float beta1, float beta2, float eps, float bc1, float bc2) {
-    const float mj = beta1 * *m + (1.0f - beta1) * g;
-    const float vj = beta2 * *v + (1.0f - beta2) * g * g;
-    *m = mj;
-    *v = vj;
-    const float update = (mj / bc1) / (sqrtf(vj / bc2) + eps);
-    *p = *p - lr * (update + decay * *p);
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
+    const float update = (m / bc1) / (sqrtf(v / bc2) + eps);
+    p = p - lr * (update + decay * p);
+}
+
+// AdamW's constants of one launch: clip factor, lr, betas, eps, bias corrections.
+struct AdamWScalars {
+    float gs, lr, beta1, beta2, eps, bc1, bc2;
+};
+
+// AdamW over elements [begin, end) of one tensor (begin a multiple of 4): four elements a thread (one
+// 16-byte load and store per array) where p, m, v and g are 16-byte aligned, then the tail one at a time;
+// copy (nullptr: none) gets the updated weights rounded to bf16 in the same pass (the next step's copy).
+__device__ __forceinline__ void adamw_chunk(float* p, float* m, float* v, const float* g, unsigned short* copy,
+                                            long long begin, long long end, float decay, const AdamWScalars& s) {
+    const size_t bits = reinterpret_cast<size_t>(p) | reinterpret_cast<size_t>(m) | reinterpret_cast<size_t>(v) |
+                        reinterpret_cast<size_t>(g);
+    const bool vec = (bits & 15) == 0 && (reinterpret_cast<size_t>(copy) & 7) == 0;
+    const long long vec_end = vec ? begin + ((end - begin) & ~3LL) : begin;
+    for (long long j = begin + 4 * threadIdx.x; j < vec_end; j += 4 * blockDim.x) {
+        const size_t j4 = j / 4;
+        float4 pj = load4(p, j4), mj = load4(m, j4), vj = load4(v, j4);
+        const float4 gj = load4(g, j4);
+        adamw_element(pj.x, mj.x, vj.x, gj.x * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
+        adamw_element(pj.y, mj.y, vj.y, gj.y * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
+        adamw_element(pj.z, mj.z, vj.z, gj.z * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
+        adamw_element(pj.w, mj.w, vj.w, gj.w * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
+        store4(p, j4, pj);
+        store4(m, j4, mj);
+        store4(v, j4, vj);
+        if (copy != nullptr) store4(copy, j4, pj);
+    }
+    for (long long j = vec_end + threadIdx.x; j < end; j += blockDim.x) {
+        adamw_element(p[j], m[j], v[j], g[j] * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
+        if (copy != nullptr) copy[j] = float_to_bf16(p[j]);
+    }
 }
 
 // AdamW over every tensor; grad_scale (device scalar) is the clipping factor, the rest come from the host.
@@ -21,30 +52,24 @@ extern "C" __global__ void adamw_multi(float* const* params, float* const* ms, f
     int t;
     long long begin, end;
     chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
-    const float gs = grad_scale[0], decay = weight_decay[t];
-    float *p = params[t], *m = ms[t], *v = vs[t];
-    const float* g = grads[t];
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x)
-        adamw_element(p + j, m + j, v + j, g[j] * gs, decay, lr, beta1, beta2, eps, bias_correction1,
-                      bias_correction2);
+    const AdamWScalars s{grad_scale[0], lr, beta1, beta2, eps, bias_correction1, bias_correction2};
+    adamw_chunk(params[t], ms[t], vs[t], grads[t], nullptr, begin, end, weight_decay[t], s);
 }
 
 // The same update with everything that changes per step read from the device (a CUDA graph replays it):
-// control = [grad_scale, apply, lr, bias_correction1, bias_correction2, norm], written by step_control.
+// control = [grad_scale, apply, lr, bias_correction1, bias_correction2, norm], written by step_control;
+// copies[t] (nullptr: none) is tensor t's bf16 copy, rewritten from the updated weights.
 extern "C" __global__ void adamw_multi_ctl(float* const* params, float* const* ms, float* const* vs,
                                            const float* const* grads, const float* weight_decay,
                                            const int* chunk_tensor, const long long* chunk_start,
-                                           const long long* sizes, const float* control, float beta1,
-                                           float beta2, float eps) {
-    if (control[1] == 0.0f) return;  // a non-finite loss or gradient: leave weights and moments alone
+                                           const long long* sizes, unsigned short* const* copies,
+                                           const float* control, float beta1, float beta2, float eps) {
+    if (control[1] == 0.0f) return;  // a non-finite loss or gradient: leave weights, moments and copies alone
     int t;
     long long begin, end;
     chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
-    const float gs = control[0], lr = control[2], bc1 = control[3], bc2 = control[4], decay = weight_decay[t];
-    float *p = params[t], *m = ms[t], *v = vs[t];
-    const float* g = grads[t];
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x)
-        adamw_element(p + j, m + j, v + j, g[j] * gs, decay, lr, beta1, beta2, eps, bc1, bc2);
+    const AdamWScalars s{control[0], control[2], beta1, beta2, eps, control[3], control[4]};
+    adamw_chunk(params[t], ms[t], vs[t], grads[t], copies[t], begin, end, weight_decay[t], s);
 }
 
 // Per-step control on the device, from the gradients' sum of squares and the loss:

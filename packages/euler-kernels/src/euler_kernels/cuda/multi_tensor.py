@@ -122,6 +122,15 @@ def step_control(sum_squares: Any, loss: Any, hyper: Any, max_norm: float, out: 
     return control
 
 
+def _copy_table(copies: list[Any | None]) -> Any:
+    """Device pointers of AdamW's bf16 copies, 0 where a tensor has none (cached by address)."""
+    pointers = tuple(0 if c is None else c.data.ptr for c in copies)
+    # the cache keeps the whole upload: inside a capture its pinned host buffer is what the graph copies
+    key = ("bf16 copy pointers", *pointers)
+    (table,) = table_cache.get(key, lambda: upload(np.array(pointers, dtype=np.uint64)))
+    return table
+
+
 def adamw_multi_ctl(
     params: list[Any],
     ms: list[Any],
@@ -132,11 +141,26 @@ def adamw_multi_ctl(
     beta1: float,
     beta2: float,
     eps: float,
+    copies: list[Any | None] | None = None,
 ) -> None:
-    """`adamw_multi` with the clip factor, lr, bias corrections and a skip flag read from `control`."""
+    """`adamw_multi` with the clip factor, lr, bias corrections and a skip flag read from `control`;
+    copies[i] (a C-contiguous uint16 array of params[i]'s shape, or None) receives the updated weights
+    rounded to bf16 in the same pass (a skipped update leaves it, like the weights, unchanged)."""
+    import cupy
+
+    copies = [None] * len(params) if copies is None else list(copies)
+    for p, c in zip(params, copies):
+        if c is not None and (c.shape != p.shape or c.dtype != cupy.uint16 or not c.flags.c_contiguous):
+            raise ValueError(
+                f"adamw_multi_ctl: a bf16 copy must be a C-contiguous uint16 array of its weight's shape "
+                f"{p.shape}, got {c.dtype} {c.shape}"
+            )
+    if len(copies) != len(params):
+        raise ValueError(f"adamw_multi_ctl: {len(copies)} copies for {len(params)} params")
     tables = _adamw_tables(params, ms, vs, grads, weight_decays)
     args = (
         *tables,
+        _copy_table(copies),
         control,
         np.float32(beta1),
         np.float32(beta2),

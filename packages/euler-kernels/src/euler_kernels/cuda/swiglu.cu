@@ -4,30 +4,37 @@
 // rounded), as fp8.cu's amax kernels would measure it: the FP8 path's casts take them instead of a pass.
 #include "common.cuh"
 
+// The forward's product, one expression for every kernel that makes it (the backward re-makes it bit for bit).
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 template <typename T>
 __device__ __forceinline__ void swiglu_forward_body(T* out, const T* gate, const T* up, long long n, unsigned* amax) {
     unsigned bits = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         const float g = load_act(gate, i);
-        const float o = g / (1.0f + __expf(-g)) * load_act(up, i);
+        const float o = silu_times(g, load_act(up, i));
         store_act(out, i, o);
         if (amax) bits = max(bits, abs_bits(as_stored(out, o)));
     }
     if (amax) block_amax(bits, amax);
 }
 
-// dgate = dout * up * sigmoid(g) * (1 + g * (1 - sigmoid(g))); dup = dout * silu(g)
+// dgate = dout * up * sigmoid(g) * (1 + g * (1 - sigmoid(g))); dup = dout * silu(g); product (null: not
+// wanted) gets the forward's silu(g) * up again, for the down projection's weight gradient.
 template <typename T>
 __device__ __forceinline__ void swiglu_backward_body(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
-                                                     long long n, unsigned* amax_dgate, unsigned* amax_dup) {
+                                                     long long n, unsigned* amax_dgate, unsigned* amax_dup,
+                                                     T* product) {
     unsigned bits_g = 0, bits_u = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        const float g = load_act(gate, i), d = load_act(dout, i), sig = 1.0f / (1.0f + __expf(-g));
-        const float dg = d * load_act(up, i) * sig * (1.0f + g * (1.0f - sig)), du = d * g * sig;
+        const float g = load_act(gate, i), d = load_act(dout, i), u = load_act(up, i);
+        const float sig = 1.0f / (1.0f + __expf(-g));
+        const float dg = d * u * sig * (1.0f + g * (1.0f - sig)), du = d * g * sig;
         store_act(dgate, i, dg);
         store_act(dup, i, du);
+        if (product) store_act(product, i, silu_times(g, u));
         bits_g = max(bits_g, abs_bits(as_stored(dgate, dg)));
         bits_u = max(bits_u, abs_bits(as_stored(dup, du)));
     }
@@ -44,8 +51,9 @@ extern "C" __global__ void swiglu_forward(float* out, const float* gate, const f
 }
 
 extern "C" __global__ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                                           const float* up, long long n, unsigned* amax_dgate, unsigned* amax_dup) {
-    swiglu_backward_body(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup);
+                                           const float* up, long long n, unsigned* amax_dgate, unsigned* amax_dup,
+                                           float* product) {
+    swiglu_backward_body(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup, product);
 }
 
 // bf16 storage: gate and up as the bf16 GEMMs wrote them, out and the gradients rounded to bf16 (they
@@ -58,8 +66,8 @@ extern "C" __global__ void swiglu_forward_bf16(unsigned short* out, const unsign
 extern "C" __global__ void swiglu_backward_bf16(unsigned short* dgate, unsigned short* dup,
                                                 const unsigned short* dout, const unsigned short* gate,
                                                 const unsigned short* up, long long n, unsigned* amax_dgate,
-                                                unsigned* amax_dup) {
-    swiglu_backward_body(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup);
+                                                unsigned* amax_dup, unsigned short* product) {
+    swiglu_backward_body(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup, product);
 }
 
 // bf16 with n % 8 == 0 and 16-byte aligned arrays: 8 elements per 16-byte load and store.
@@ -92,7 +100,7 @@ extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, 
         unpack8(gate[i], g);
         unpack8(up[i], u);
 #pragma unroll
-        for (int j = 0; j < 8; j++) o[j] = g[j] / (1.0f + __expf(-g[j])) * u[j];
+        for (int j = 0; j < 8; j++) o[j] = silu_times(g[j], u[j]);
         out[i] = pack8(o, &bits);
     }
     if (amax) block_amax(bits, amax);
@@ -100,8 +108,8 @@ extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, 
 
 extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, const uint4* dout, const uint4* gate,
                                                   const uint4* up, long long n8, unsigned* amax_dgate,
-                                                  unsigned* amax_dup) {
-    unsigned bits_g = 0, bits_u = 0;
+                                                  unsigned* amax_dup, uint4* product) {
+    unsigned bits_g = 0, bits_u = 0, bits_p = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8;
          i += (long long)gridDim.x * blockDim.x) {
         float g[8], u[8], d[8], dg[8], du[8];
@@ -116,6 +124,12 @@ extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, cons
         }
         dgate[i] = pack8(dg, &bits_g);
         dup[i] = pack8(du, &bits_u);
+        if (product) {
+            float o[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j] = silu_times(g[j], u[j]);
+            product[i] = pack8(o, &bits_p);
+        }
     }
     if (amax_dgate) {
         block_amax(bits_g, amax_dgate);
@@ -159,7 +173,7 @@ extern "C" __global__ void swiglu_forward_fp8(const unsigned short* gate, const 
     unsigned bits = 0;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        const float o = g[j] / (1.0f + __expf(-g[j])) * u[j];  // 0 where gate and up are padding
+        const float o = silu_times(g[j], u[j]);  // 0 where gate and up are padding
         bits = max(bits, abs_bits(o));
         g[j] = o * scale;
     }

@@ -137,11 +137,13 @@ def adamw_update_ctl(
     beta1: float = 0.9,
     beta2: float = 0.95,
     eps: float = 1e-8,
+    copies: list[Any | None] | None = None,
 ) -> None:
     """AdamW over many tensors with the clip factor, lr, bias corrections and a skip flag read from
     `control` = [grad_scale, apply, lr, bc1, bc2, norm] (see step_control); apply = 0 changes nothing.
     Float32 CuPy tensors: one fused launch that reads control on the device (capturable); otherwise
-    tensor by tensor with the same arithmetic.
+    tensor by tensor with the same arithmetic. copies (CuPy only): per tensor a bf16 copy (uint16, as
+    to_bf16_many makes) that the launch rewrites from the updated weights, or None.
 
     >>> import numpy as np
     >>> p, m, v = [np.ones(1)], [np.zeros(1)], [np.zeros(1)]
@@ -153,8 +155,11 @@ def adamw_update_ctl(
     for p, m, v, g in zip(params, ms, vs, grads):
         _check(p, m, v, g)
     if _fused(params, ms, vs, grads):
-        multi_tensor.adamw_multi_ctl(params, ms, vs, grads, list(weight_decays), control, beta1, beta2, eps)
+        args = (list(weight_decays), control, beta1, beta2, eps, copies)
+        multi_tensor.adamw_multi_ctl(params, ms, vs, grads, *args)
         return
+    if copies is not None and any(c is not None for c in copies):
+        raise ValueError("adamw_update_ctl: bf16 copies are written only for float32 CuPy tensors")
     scale, apply, lr, bc1, bc2, _ = (float(c) for c in control)
     if apply == 0.0:
         return

@@ -100,12 +100,20 @@ def _c(a: Any) -> Any:
 
 
 def linear_backward(
-    dout: Any, cache: tuple, dx_into: Any = None, bf16_dx: bool = False, x: Any = None, dout_amax: Any = None
+    dout: Any,
+    cache: tuple,
+    dx_into: Any = None,
+    bf16_dx: bool = False,
+    x: Any = None,
+    dout_amax: Any = None,
+    dweight: bool = True,
 ) -> tuple[Any, Any]:
     """Gradients (dx (..., C_in), dweight (C_out, C_in)).
 
     x: the forward's input, re-made, when the forward did not keep it (keep_input=False); the same array
     the forward took gives the same gradients bit for bit.
+    dweight=False (bf16 and float32 products): dx alone, (dx, None), without x; `linear_weight_grad` gives
+    dweight later (so a kernel that takes dx can re-make x on the way).
 
     dx_into: an earlier dx of the same shape (say, of another projection of the same input): this dx is
     added into it in place and it is returned, so the sum costs no extra pass (on the GPU cuBLAS adds the
@@ -123,14 +131,14 @@ def linear_backward(
     if into16 and not (isinstance(cache[0], str) and cache[0] != "fp8"):
         raise ValueError("linear_backward: a bf16 dx_into needs a bf16 product (the bf16 mode's)")
     if isinstance(cache[0], str) and cache[0] == "fp8":
+        if not dweight:
+            raise ValueError("linear_backward: dweight=False is for bf16 and float32 products, not FP8")
         x_shape = cache[4]
         _check_into(dx_into, x_shape)
         x_again = None if cache[1] is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
         return backward_fp8(dout, cache, dx_into, bf16_dx, x_again, dout_amax)
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
-        _, x16, w16, x_shape, w_shape = cache
-        if x16 is None:  # rounded as the forward rounded it (a bf16 x is taken as it is)
-            x16 = cast.as_bf16(_input_again(x, x_shape).reshape(-1, x_shape[-1]))
+        _, _, w16, x_shape, w_shape = cache
         if dout.shape != (*x_shape[:-1], w_shape[0]):
             raise ValueError(
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
@@ -139,27 +147,50 @@ def linear_backward(
         d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
         dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx or into16).reshape(x_shape)
-        return (dx if dx_into is None else dx_into), gemm.gemm_bf16(d16, x16, trans_a=True)
+        dx = dx if dx_into is None else dx_into
+        return dx, (linear_weight_grad(d16, cache, x) if dweight else None)
     kept, weight = cache
-    x = kept if kept is not None else _input_again(x, None)  # dout's check below holds x's shape
+    if kept is None and x is None and not dweight:  # dx alone: its shape from dout's
+        x_shape = (*dout.shape[:-1], weight.shape[1])
+    else:
+        x_shape = (kept if kept is not None else _input_again(x, None)).shape
+    if dout.shape != (*x_shape[:-1], weight.shape[0]):
+        raise shape_error("linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, weight=weight)
+    _check_into(dx_into, x_shape)
+    d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
+    if cuda.fused(dout, weight) and (dx_into is None or cuda.fused(dx_into)):
+        into = None if dx_into is None else dx_into.reshape(-1, weight.shape[1])
+        dx = gemm.gemm(_c(d2), _c(weight), out=into).reshape(x_shape)  # (..., C_in)
+        dx = dx if dx_into is None else dx_into
+    else:
+        dx = dout @ weight  # (..., C_in)
+        if dx_into is not None:
+            dx_into += dx
+            dx = dx_into
+    return dx, (linear_weight_grad(dout, cache, x) if dweight else None)
+
+
+def linear_weight_grad(dout: Any, cache: tuple, x: Any = None) -> Any:
+    """dweight (C_out, C_in) = dout^T x of a bf16 or float32 linear_forward (what linear_backward returns
+    beside dx); x: the forward's input, re-made, when the forward did not keep it."""
+    if isinstance(cache[0], str) and cache[0] == "fp8":
+        raise ValueError("linear_weight_grad: FP8 products take linear_backward")
+    if isinstance(cache[0], str):  # bf16 on the GPU: both operands rounded as the forward rounded them
+        _, x16, _, x_shape, w_shape = cache
+        if x16 is None:  # a bf16 x is taken as it is
+            x16 = cast.as_bf16(_input_again(x, x_shape).reshape(-1, x_shape[-1]))
+        return gemm.gemm_bf16(cast.as_bf16(dout.reshape(-1, w_shape[0])), x16, trans_a=True)
+    kept, weight = cache
+    x = kept if kept is not None else _input_again(x, None)
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(
-            "linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, x=x, weight=weight
+            "linear_weight_grad", "dout must be x.shape[:-1] + (C_out,)", dout=dout, x=x, weight=weight
         )
-    _check_into(dx_into, x.shape)
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
     x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
-    if cuda.fused(dout, x, weight) and (dx_into is None or cuda.fused(dx_into)):
-        d2, x2 = _c(d2), _c(x2)
-        into = None if dx_into is None else dx_into.reshape(-1, weight.shape[1])
-        dx = gemm.gemm(d2, _c(weight), out=into).reshape(x.shape)  # (..., C_in)
-        return (dx if dx_into is None else dx_into), gemm.gemm(d2, x2, trans_a=True)  # (C_out, C_in)
-    dx = dout @ weight  # (..., C_in)
-    if dx_into is not None:
-        dx_into += dx
-        dx = dx_into
-    dweight = d2.T @ x2  # (C_out, C_in)
-    return dx, dweight
+    if cuda.fused(dout, x, weight):
+        return gemm.gemm(_c(d2), _c(x2), trans_a=True)  # (C_out, C_in)
+    return d2.T @ x2  # (C_out, C_in)
 
 
 def _input_again(x: Any, x_shape: Any) -> Any:

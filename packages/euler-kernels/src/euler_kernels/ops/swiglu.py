@@ -53,21 +53,27 @@ def swiglu_parts(xp: Any, gate: Any, up: Any) -> tuple[Any, Any, Any]:
     return silu * up, sig, silu
 
 
-def swiglu_backward(dout: Any, cache: tuple, amax: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+def swiglu_backward(
+    dout: Any, cache: tuple, amax: tuple[Any, Any] | None = None, product: bool = False
+) -> tuple[Any, ...]:
     """(dgate, dup): dup = dout * silu(g); dgate = dout * up * sig * (1 + g * (1 - sig)).
-    amax (GPU kernels only): two uint32 scalars raised to the largest |dgate| and |dup| (see forward)."""
+    amax (GPU kernels only): two uint32 scalars raised to the largest |dgate| and |dup| (see forward).
+    product: also the forward's output silu(g) * up, the same values again -> (dgate, dup, product) (the
+    GPU makes it in the backward's pass, for a forward that did not keep it)."""
     if cuda.fused_cache(cache):
         _, gate, up = cache
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
         if is_bf16(gate):  # the bf16 kernel reads a bf16 gradient (a float32 one is rounded once)
             dout = cast.as_bf16(dout)
-        return swiglu_cuda.swiglu_backward(dout, gate, up, amax)
+        return swiglu_cuda.swiglu_backward(dout, gate, up, amax, product)
     if amax is not None:
         raise ValueError("swiglu_backward: amax needs the GPU kernels (float32 or bf16 CuPy arrays)")
     up, sig, silu = cache
     if dout.shape != up.shape:
         raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
+    if product:
+        return (*swiglu_backward(dout, cache), silu * up)
     dup = dout * silu
     # d silu / dg = sig + g * sig * (1 - sig) = sig + silu * (1 - sig)
     dgate = 1.0 - sig

@@ -1,0 +1,65 @@
+"""The bf16 step's weight copies (step.bf16_weight_copies): made once, then rewritten by AdamW's update in
+the pass that updates the weights, instead of cast from the weights at every forward. The steps must be
+those of the cast-every-step path bit for bit, eager and captured, and a skipped update must leave the
+copies equal to the unchanged weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import euler_kernels as ek
+import euler_model
+from euler_train.comm import Comm
+from euler_train.config import resolve_config
+from euler_train.graph_step import GraphStep
+from euler_train.optimizer import AdamW
+from euler_train.step import EagerStep
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+
+class CastingAdamW(AdamW):
+    """AdamW that leaves the copies to the forward (the path before copies were kept)."""
+
+    writes_bf16_copies = False
+
+
+def run_steps(runner_kind, opt_kind, monkeypatch, lrs=(3e-3, 2e-3, 1e-3)):
+    """(params after the steps, the runner): a head-dim-64 model (the captured step's attention) on the
+    bf16 path, the same batch every step; a zero lr in `lrs` is a skipped update (enable = 0)."""
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    cfg = euler_model.preset("tiny", dim=128, n_heads=2, n_kv_heads=1, context=64)
+    params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=3).items()}
+    t = {**resolve_config("tiny")["train"], "weight_decay": 0.1}
+    opt = opt_kind(params, t["beta1"], t["beta2"], t["eps"], t["weight_decay"])
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (4, 64))
+    micro = [(tokens, rng.integers(0, cfg.vocab_size, (4, 64 + cfg.n_mtp_heads - 1)), None)]
+    runner = runner_kind(cfg, params, opt, Comm(), 1.0)
+    losses = []
+    for lr in lrs:
+        loss, _, applied = runner.run(micro, [1.0], opt.hyper(lr, enable=lr > 0))
+        opt.t += int(applied)
+        losses.append(loss)
+    return params, runner, losses
+
+
+@pytest.mark.parametrize("runner_kind", [EagerStep, GraphStep], ids=["eager", "graph"])
+def test_kept_copies_step_exactly_as_casting_every_step(runner_kind, monkeypatch):
+    kept, runner, losses = run_steps(runner_kind, AdamW, monkeypatch)
+    cast, other, cast_losses = run_steps(runner_kind, CastingAdamW, monkeypatch)
+    assert other.copies == {} and len(runner.copies) > 0
+    assert sorted(runner.copies) == sorted(euler_model.bf16_weight_names(runner.mcfg, kept))
+    assert losses == cast_losses
+    for name in kept:
+        np.testing.assert_array_equal(kept[name].get(), cast[name].get(), err_msg=name)
+    for name, copy in runner.copies.items():  # each copy is its updated weight rounded
+        np.testing.assert_array_equal(copy.get(), ek.to_bf16(kept[name]).get(), err_msg=name)
+
+
+def test_a_skipped_update_leaves_copies_and_weights_alone(monkeypatch):
+    params, runner, _ = run_steps(EagerStep, AdamW, monkeypatch, lrs=(3e-3, 0.0))
+    for name, copy in runner.copies.items():
+        np.testing.assert_array_equal(copy.get(), ek.to_bf16(params[name]).get(), err_msg=name)
