@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import euler_kernels as ek
 import euler_model
+from euler_kernels.cuda import cast
 from euler_train.comm import Comm
 from euler_train.config import resolve_config
 from euler_train.graph_step import GraphStep
@@ -68,7 +68,7 @@ def test_kept_copies_step_exactly_as_casting_every_step(runner_kind, monkeypatch
 def test_each_copy_is_its_updated_weight_rounded(runner_kind, monkeypatch):
     params, runner, _ = run_steps(runner_kind, AdamW, monkeypatch)
     for name, copy in runner.copies.items():
-        np.testing.assert_array_equal(copy.get(), ek.to_bf16(params[name]).get(), err_msg=name)
+        np.testing.assert_array_equal(copy.get(), cast.to_bf16(params[name]).get(), err_msg=name)
 
 
 def test_a_skipped_update_leaves_copies_and_weights_alone(monkeypatch):
@@ -78,4 +78,4 @@ def test_a_skipped_update_leaves_copies_and_weights_alone(monkeypatch):
     params, runner, _ = run_steps(EagerStep, AdamW, monkeypatch, lrs=(3e-3, 0.0))
     for name, copy in runner.copies.items():
         np.testing.assert_array_equal(copy.get(), once.copies[name].get(), err_msg=name)
-        np.testing.assert_array_equal(copy.get(), ek.to_bf16(params[name]).get(), err_msg=name)
+        np.testing.assert_array_equal(copy.get(), cast.to_bf16(params[name]).get(), err_msg=name)
