@@ -55,18 +55,27 @@ def test_fp8_mode_follows_bf16(monkeypatch, vocab):
 
 
 def test_fp8_mode_keeps_fp8_copies_instead_of_remaking(monkeypatch):
-    """bf16 re-makes each FFN's norm output and SwiGLU product in the backward; fp8 keeps their transposed
-    FP8 copies, so SwiGLU's forward runs once a layer, not twice."""
+    """bf16 re-makes each FFN's norm output and SwiGLU product in the backward (the product in SwiGLU's
+    backward pass, product=True); fp8 keeps their transposed FP8 copies and re-makes no product. SwiGLU's
+    forward runs once a layer in both."""
     cfg = preset("small", vocab_size=512, context=64, n_heads=2, n_kv_heads=1)
     params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
     rng = np.random.default_rng(1)
     tokens = cp.asarray(rng.integers(0, 512, (4, 64)))
     targets = cp.asarray(rng.integers(0, 512, (4, 64 + cfg.n_mtp_heads - 1)))
-    calls = count_calls(monkeypatch, "swiglu_forward")
-    for mode, per_layer in (("bf16", 2), ("fp8", 1)):
-        calls["calls"] = 0
+    forwards = count_calls(monkeypatch, "swiglu_forward")
+    remade, backward = {"calls": 0}, ek.swiglu_backward
+
+    def counted_backward(*args, **kwargs):
+        remade["calls"] += bool(kwargs.get("product"))
+        return backward(*args, **kwargs)
+
+    monkeypatch.setattr(ek, "swiglu_backward", counted_backward)
+    for mode, per_layer in (("bf16", 1), ("fp8", 0)):
+        forwards["calls"] = remade["calls"] = 0
         run(monkeypatch, mode, cfg, params, tokens, targets)
-        assert calls["calls"] == per_layer * cfg.n_layers, mode
+        assert forwards["calls"] == cfg.n_layers, mode
+        assert remade["calls"] == per_layer * cfg.n_layers, mode
 
 
 def test_fp8_caches_keep_only_the_backwards_parts(monkeypatch):
