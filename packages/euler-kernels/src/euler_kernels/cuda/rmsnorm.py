@@ -26,16 +26,20 @@ _FORWARD = {
     (True, True, False): "rmsnorm_forward_vec_add",
     (True, True, True): "rmsnorm_forward_vec_add_bf16",
 }
-# (vectorised, dx_add added, bf16 copy of dx written) -> backward kernel
+# (vectorised, dx_add added, bf16 copy of dx written, bf16 dout) -> backward kernel (only the vectorised
+# kernels read a bf16 dout)
 _BACKWARD = {
-    (False, False, False): "rmsnorm_backward",
-    (False, True, False): "rmsnorm_backward_add",
-    (True, False, False): "rmsnorm_backward_vec",
-    (True, True, False): "rmsnorm_backward_vec_add",
-    (True, False, True): "rmsnorm_backward_vec_copy16",
-    (True, True, True): "rmsnorm_backward_vec_add_copy16",
+    (False, False, False, False): "rmsnorm_backward",
+    (False, True, False, False): "rmsnorm_backward_add",
+    (True, False, False, False): "rmsnorm_backward_vec",
+    (True, True, False, False): "rmsnorm_backward_vec_add",
+    (True, False, True, False): "rmsnorm_backward_vec_copy16",
+    (True, True, True, False): "rmsnorm_backward_vec_add_copy16",
+    (True, False, False, True): "rmsnorm_backward_vec_g16",
+    (True, True, False, True): "rmsnorm_backward_vec_add_g16",
+    (True, False, True, True): "rmsnorm_backward_vec_copy16_g16",
+    (True, True, True, True): "rmsnorm_backward_vec_add_copy16_g16",
 }
-BF16_DOUT = "_g16"  # the vectorised backward kernels' name suffix for a bf16 dout
 
 
 def _rmsnorm_vec(C: int) -> dict[str, int]:
@@ -128,14 +132,14 @@ def rmsnorm_backward(
         dout = cast.from_bf16(dout)
     if vec:
         dx16 = cupy.empty(x.shape, dtype=cupy.uint16) if bf16_copy else None
-        suffix = BF16_DOUT if dout.dtype == cupy.uint16 else ""
-        kernel = get_kernel("rmsnorm.cu", _BACKWARD[True, dx_add is not None, bf16_copy] + suffix, **vec)
+        name = _BACKWARD[True, dx_add is not None, bf16_copy, bool(dout.dtype == cupy.uint16)]
+        kernel = get_kernel("rmsnorm.cu", name, **vec)
         outs = (dx, dx16) if bf16_copy else (dx,)
         maximum = (pointer,) if bf16_copy else ()  # the copy16 kernels' last argument
         kernel(grid, (THREADS,), (*outs, dweight, dout, x, weight, rstd, *add, np.int32(N), *maximum))
         return dx, dweight, dx16
     args = (dx, dweight, dout, x, weight, rstd, *add, np.int32(N), np.int32(C))
-    kernel = get_kernel("rmsnorm.cu", _BACKWARD[False, dx_add is not None, False])
+    kernel = get_kernel("rmsnorm.cu", _BACKWARD[False, dx_add is not None, False, False])
     kernel(grid, (THREADS,), args, shared_mem=4 * C)
     dx16 = cast.to_bf16(dx) if bf16_copy else None
     if amax is not None:
