@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import euler_kernels as ek
 import euler_model
 from euler_kernels.cuda import cast
 from euler_train.comm import Comm
@@ -55,7 +56,8 @@ def test_kept_copies_step_exactly_as_casting_every_step(runner_kind, monkeypatch
     kept, runner, losses = run_steps(runner_kind, AdamW, monkeypatch, lrs=(3e-3,))
     cast, other, cast_losses = run_steps(runner_kind, CastingAdamW, monkeypatch, lrs=(3e-3,))
     assert other.copies == {} and len(runner.copies) > 0
-    assert sorted(runner.copies) == sorted(euler_model.bf16_weight_names(runner.mcfg, kept))
+    groups = euler_model.bf16_weight_groups(runner.mcfg, kept)
+    assert sorted(runner.copies) == sorted(n for names in groups for n in names)
     assert losses == cast_losses
     for name in kept:
         if name in runner.copies:
@@ -79,3 +81,16 @@ def test_a_skipped_update_leaves_copies_and_weights_alone(monkeypatch):
     for name, copy in runner.copies.items():
         np.testing.assert_array_equal(copy.get(), once.copies[name].get(), err_msg=name)
         np.testing.assert_array_equal(copy.get(), cast.to_bf16(params[name]).get(), err_msg=name)
+
+
+@pytest.mark.parametrize("runner_kind", [EagerStep, GraphStep], ids=["eager", "graph"])
+def test_an_evaluation_forward_casts_into_the_same_copies(runner_kind, monkeypatch):
+    """The forward of an evaluation (no copies given: it casts each group with to_bf16_many) writes the
+    runner's very buffers, so a run holds one set of copies, not two; the values it writes are theirs."""
+    params, runner, _ = run_steps(runner_kind, AdamW, monkeypatch)
+    before = {n: c.get() for n, c in runner.copies.items()}
+    for names in euler_model.bf16_weight_groups(runner.mcfg, params):
+        cast_again = ek.to_bf16_many([params[n] for n in names])
+        assert all(c is runner.copies[n] for n, c in zip(names, cast_again))
+    for name, copy in runner.copies.items():
+        np.testing.assert_array_equal(copy.get(), before[name], err_msg=name)

@@ -141,11 +141,13 @@ def _head_bf16_names(config: ModelConfig, params: dict[str, Any]) -> list[str]:
     return [n for n in (f"heads.{k}" for k in range(config.n_mtp_heads)) if not _fp8_fits(params, n)]
 
 
-def bf16_weight_names(config: ModelConfig, params: dict[str, Any]) -> list[str]:
+def bf16_weight_groups(config: ModelConfig, params: dict[str, Any]) -> list[list[str]]:
     """The float32 weights that the GPU's bf16 training forward multiplies as bf16 copies (every block
-    matrix and head that FP8 does not take). A caller may pass those copies in params under the same
-    names (uint16 arrays, ek.to_bf16_many): the forward then uses them instead of casting the weights."""
-    return _block_bf16_names(params) + _head_bf16_names(config, params)
+    matrix and head that FP8 does not take), in the groups it casts them in (one ek.to_bf16_many call
+    each: the block matrices, the heads). A caller may pass those copies in params under the same names
+    (uint16 arrays): the forward then uses them instead of casting the weights. Copies made by
+    ek.to_bf16_many on the same groups are the very buffers the forward's own cast writes."""
+    return [_block_bf16_names(params), _head_bf16_names(config, params)]
 
 
 def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:

@@ -86,18 +86,20 @@ class StepBuffers:
 
 
 def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str, Any]:
-    """bf16 copies of the weights that the GPU's bf16 step multiplies (euler_model.bf16_weight_names),
+    """bf16 copies of the weights that the GPU's bf16 step multiplies (euler_model.bf16_weight_groups),
     made once here and from then on rewritten by the optimizer's update in the pass that updates the
     weights: the forward reads them instead of casting every weight each step. {} where the forward casts
     for itself: the CPU, the float32 and TF32 modes, and optimizers that do not write copies (Muon, ZeRO).
-    The copies hold only while nothing but that optimizer changes the weights: a runner makes them at
-    its first step."""
+    The copies are the buffers the model's own cast of the same groups writes (ek.to_bf16_many keeps them
+    per list of weights), so an evaluation's forward, which casts, holds no second set. They hold only
+    while nothing but that optimizer changes the weights: a runner makes them at its first step."""
     if not getattr(opt, "writes_bf16_copies", False) or not ek.bf16_activations(params["embed"]):
         return {}
-    xp = ek.get_array_module(params["embed"])
-    names = euler_model.bf16_weight_names(mcfg, params)
-    out = [xp.empty(params[n].shape, dtype=xp.uint16) for n in names]
-    return dict(zip(names, ek.to_bf16_many([params[n] for n in names], out=out)))
+    copies: dict[str, Any] = {}
+    for names in euler_model.bf16_weight_groups(mcfg, params):
+        if names:
+            copies.update(zip(names, ek.to_bf16_many([params[n] for n in names])))
+    return copies
 
 
 def train_step(
