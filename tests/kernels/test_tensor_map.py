@@ -34,3 +34,27 @@ def test_a_map_of_a_misaligned_array_is_refused_before_the_driver_is_asked():
     fake = SimpleNamespace(data=SimpleNamespace(ptr=0x1008), shape=(1, 4, 2, 64), dtype=np.dtype(np.uint16))
     with pytest.raises(ValueError, match="16-byte aligned"):
         tensor_map.head_rows_map(fake, 64)
+
+
+def _like_device(view: np.ndarray, ptr: int = 0x10000) -> SimpleNamespace:
+    """A stand-in for a CuPy array with a NumPy view's layout at a device address."""
+    data = SimpleNamespace(ptr=ptr)
+    layout = {"ndim": view.ndim, "shape": view.shape, "strides": view.strides, "itemsize": view.itemsize}
+    return SimpleNamespace(data=data, **layout)
+
+
+def test_heads_of_a_wider_row_are_mapped_where_they_lie():
+    rows = np.zeros((2 * 5, (4 + 2 * 2) * 64), np.uint16)  # (B T, (Hq + 2 Hkv) D): the joint q/k/v rows
+    heads = rows.reshape(2, 5, 8, 64)
+    q, k, v = heads[:, :, :4], heads[:, :, 4:6], heads[:, :, 6:]
+    assert all(tensor_map.mappable(_like_device(a)) for a in (q, k, v, np.zeros((2, 5, 4, 64), np.uint16)))
+    assert tensor_map.token_stride(v) == 8 * 64
+
+
+def test_layouts_a_map_cannot_read_are_refused():
+    odd_rows = np.zeros((10, 3 * 64 + 4), np.uint16)[:, :128].reshape(2, 5, 2, 64)  # tokens 392 bytes apart
+    strided_heads = np.zeros((2, 5, 4, 64), np.uint16)[:, :, ::2]  # heads not packed
+    assert not tensor_map.mappable(_like_device(odd_rows))
+    assert not tensor_map.mappable(_like_device(strided_heads))
+    with pytest.raises(ValueError, match="packed heads"):
+        tensor_map.head_rows_map(_like_device(strided_heads), 64)

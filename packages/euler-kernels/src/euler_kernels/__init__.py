@@ -9,7 +9,7 @@ separately so that this package does not need hypothesis at run time.
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
 from euler_kernels.cuda import bf16_activations, fp8_products, kernel_settings
-from euler_kernels.cuda.cast import to_bf16_many
+from euler_kernels.cuda.cast import stacked_rows, to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
 from euler_kernels.cuda.flash_attention_sm90 import flash_kernel_choice
 from euler_kernels.cuda.fp8_scales import Fp8Scales
@@ -46,6 +46,7 @@ from euler_kernels.ops.linear import linear_backward, linear_forward, linear_for
 from euler_kernels.ops.linear_fp8 import fp8_amax, fp8_fits, fp8_weights, is_fp8
 from euler_kernels.ops.muon import muon_scratch, muon_shape_scale, muon_update
 from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
+from euler_kernels.ops.qkv import qkv_backward, qkv_forward
 from euler_kernels.ops.residual import residual_backward, residual_forward
 from euler_kernels.ops.residual_rmsnorm import (
     residual_rmsnorm_backward,
@@ -112,6 +113,8 @@ __all__ = [
     "muon_update",
     "new_fp8_scales",
     "newton_schulz",
+    "qkv_backward",
+    "qkv_forward",
     "require_cuda",
     "residual_backward",
     "residual_forward",
@@ -125,6 +128,7 @@ __all__ = [
     "rope_backward",
     "rope_forward",
     "rope_tables",
+    "stacked_rows",
     "step_control",
     "sum_squares_many",
     "swiglu_backward",

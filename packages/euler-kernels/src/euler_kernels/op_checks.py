@@ -16,6 +16,7 @@ from euler_kernels.ops.attention import attention_backward, attention_forward
 from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from euler_kernels.ops.embedding import embedding_backward, embedding_forward
 from euler_kernels.ops.linear import linear_backward, linear_forward
+from euler_kernels.ops.qkv import qkv_backward, qkv_forward
 from euler_kernels.ops.residual import residual_backward, residual_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
@@ -42,6 +43,8 @@ def gradcheck_cases(rng: np.random.Generator) -> list[Case]:
         ("linear", linear_forward, linear_backward, {"x": r(2, 5, 6), "weight": r(7, 6)}, None),
         ("rope", rope_forward, rope_backward,
          {"x": r(2, 5, 3, 8), "cos": cos, "sin": sin, "offset": 7}, ["x"]),
+        ("qkv (GQA 4/2)", _qkv_joined, _qkv_joined_backward,
+         {"x": r(6, 5), "weight": r(8 * 8, 5), "cos": cos, "sin": sin, "offset": 3}, ["x", "weight"]),
         ("attention (GQA 4/2)", attention_forward, attention_backward,
          {"q": r(2, 9, 4, 4), "k": r(2, 9, 2, 4), "v": r(2, 9, 2, 4), "block_size": 4}, None),
         ("attention (KV cache)", attention_forward, attention_backward,
@@ -55,6 +58,17 @@ def gradcheck_cases(rng: np.random.Generator) -> list[Case]:
         ("cross_entropy (1e4)", cross_entropy_forward, cross_entropy_backward,
          {"logits": r(2, 5, 13, scale=1e4), "targets": targets}, ["logits"]),
     ]  # fmt: skip
+
+
+def _qkv_joined(x: np.ndarray, weight: np.ndarray, cos: np.ndarray, sin: np.ndarray, offset: int) -> tuple:
+    """qkv_forward with 4 query and 2 kv heads over (B, T) = (2, 3), its q, k, v joined along the heads
+    (a checked op has one output)."""
+    (q, k, v), cache = qkv_forward(x, weight, 4, 2, (2, 3), cos, sin, offset)
+    return np.concatenate([q, k, v], axis=2), cache
+
+
+def _qkv_joined_backward(dout: np.ndarray, cache: tuple) -> tuple:
+    return qkv_backward((dout[:, :, :4], dout[:, :, 4:6], dout[:, :, 6:]), cache)
 
 
 def gradcheck_ops(seed: int = 0, max_samples: int | None = 256) -> list[GradcheckReport]:

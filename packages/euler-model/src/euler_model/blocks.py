@@ -113,11 +113,17 @@ def attention_block_forward(
     offset = 0 if kv is None else kv[0].length
     s, h, c_norm = norm_in(config, p[prefix + "attn_norm"], stream, bf16)  # (N, C) each
     projections = [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]]
-    qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
-    (q, c_q), (k, c_k), (v, c_v) = qkv  # (N, Hq * D), (N, Hkv * D), (N, Hkv * D)
-    q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
-    k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
-    v = v.reshape(b, t, hkv, d)
+    joint = ek.stacked_rows(projections) if bf16 and kv is None else None  # bf16 copies made together
+    if joint is not None:  # one product; q, k, v heads of its rows, q and k rotated where they lie
+        (q, k, v), c_qkv = ek.qkv_forward(h, joint, hq, hkv, bt, rope[0], rope[1], offset, True, False)
+        c_q = c_k = c_v = c_rq = c_rk = None
+    else:
+        c_qkv = None
+        qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
+        (q, c_q), (k, c_k), (v, c_v) = qkv  # (N, Hq * D), (N, Hkv * D), (N, Hkv * D)
+        q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
+        k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
+        v = v.reshape(b, t, hkv, d)
     if kv is not None:  # append to the cache, attend over the whole cached prefix
         k, v = kv[0].append(kv[1], k, v)  # (B, S, Hkv, D) with S = offset + T
     a, c_att = ek.attention_forward(q, k, v, causal=True)  # (B, T, Hq, D)
@@ -126,7 +132,8 @@ def attention_block_forward(
     # layers' FFNs are all FP8 or none: one shape)
     fp8 = ek.is_fp8(p.get(prefix + "w_down"))
     remake = (s, p[prefix + "attn_norm"], config.norm_eps) if bf16 else None  # what re-makes h
-    return (s, o), (c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake)
+    c_proj = (c_qkv, c_q, c_k, c_v, c_rq, c_rk)
+    return (s, o), (c_norm, c_proj, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake)
 
 
 def attention_block_backward(
@@ -134,17 +141,21 @@ def attention_block_backward(
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of attention_block_forward: dout = (g, g16, amax16), g (N, C) that of s + o, g16 its bf16
     copy or None, amax16 g16's maximum or None -> ((the same three for x and branch), {name: dweight})."""
-    c_norm, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake = cache
+    c_norm, (c_qkv, c_q, c_k, c_v, c_rq, c_rk), c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake = cache
     g, g16, _ = dout
     da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16)  # (N, Hq * D): o's is g
     dq, dk, dv = ek.attention_backward(da.reshape(b, t, hq, d), c_att)
-    dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
-    dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
-    # h feeds three projections: their dh add up, in bf16 with bf16 products (each sum rounded once)
-    dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h, bf16_dx=bf16)
-    dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)
-    dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h)
+    if c_qkv is not None:  # one product each way; the joint gradient's row blocks are the three weights'
+        dh, dw = ek.qkv_backward((dq, dk, dv), c_qkv, x=h, bf16_dx=True)
+        dwq, dwk, dwv = dw[: hq * d], dw[hq * d : (hq + hkv) * d], dw[(hq + hkv) * d :]
+    else:
+        dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
+        dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
+        # h feeds three projections: their dh add up, in bf16 with bf16 products (each sum rounded once)
+        dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h, bf16_dx=bf16)
+        dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)
+        dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16, amax=fp8)  # s reaches the output directly and via h
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}

@@ -132,8 +132,20 @@ def _block_matrices(params: dict[str, Any]) -> list[str]:
 
 
 def _block_bf16_names(params: dict[str, Any]) -> list[str]:
-    """The block matrices a bf16 forward multiplies as bf16 copies: all but those FP8 takes."""
-    return [k for k in _block_matrices(params) if not (k.endswith(FP8_MATRICES) and _fp8_fits(params, k))]
+    """The block matrices a bf16 forward multiplies as bf16 copies: all but those FP8 takes, each layer's
+    wq, wk and wv one after another (whatever order params lists them in), so that their copies, made in
+    one allocation, are the row blocks of the joint q/k/v weight (ek.stacked_rows)."""
+    names = [k for k in _block_matrices(params) if not (k.endswith(FP8_MATRICES) and _fp8_fits(params, k))]
+    return sorted(names, key=_layer_order)
+
+
+_IN_LAYER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # param_shapes' order within a layer
+
+
+def _layer_order(name: str) -> tuple[int, int, str]:
+    """Sort key of a block matrix "layers.{i}.{w}": the layer, then param_shapes' order within it."""
+    _, layer, w = name.split(".", 2)
+    return int(layer), _IN_LAYER.index(w) if w in _IN_LAYER else len(_IN_LAYER), w
 
 
 def _head_bf16_names(config: ModelConfig, params: dict[str, Any]) -> list[str]:

@@ -99,6 +99,35 @@ def check_in_place(what: str, *arrays: Any) -> None:
         raise ValueError(f"{what} must be C-contiguous")
 
 
+def token_stride(a: Any) -> int | None:
+    """Elements from one token's values to the next's in a (B, T, H, D) array whose (H, D) values of a token
+    are packed in C order and whose B and T dimensions merge into one run of tokens: H * D for a C-contiguous
+    array, more for head columns of a wider row (q, k or v taken from the joint q/k/v product's (N, W)
+    rows). None for any other layout (the kernels that take a stride copy those arrays instead).
+
+    >>> import numpy as np
+    >>> rows = np.zeros((2 * 3, 40), np.float32)
+    >>> token_stride(rows[:, 8:24].reshape(2, 3, 2, 8)), token_stride(rows[:, 8:24:2].reshape(2, 3, 1, 8))
+    (40, None)
+    """
+    if a.ndim != 4:
+        return None
+    B, T, H, D = a.shape
+    s = [stride // a.itemsize for stride in a.strides]
+    if any(stride * a.itemsize != full for stride, full in zip(s, a.strides)):
+        return None
+    packed = (D == 1 or s[3] == 1) and (H == 1 or s[2] == D)
+    if not packed:
+        return None
+    if T == 1:  # the tokens are the batch's
+        stride = s[0] if B > 1 else H * D
+    elif B > 1 and s[0] != T * s[1]:
+        return None
+    else:
+        stride = s[1]
+    return stride if stride >= H * D else None  # tokens that overlap, or run backwards: not a run
+
+
 def contiguous(*arrays: Any) -> list[Any]:
     """The arrays in C order (themselves when they already are), as the kernels index them."""
     import cupy

@@ -16,12 +16,22 @@ from euler_kernels.cuda.multi_tensor import chunk_table, table_cache
 from euler_kernels.cuda.tables import upload
 
 
-def to_bf16(x: Any) -> Any:
-    """A C-contiguous float32 CuPy array rounded to bfloat16 (nearest even), as uint16 bit patterns."""
+def to_bf16(x: Any, out: Any = None) -> Any:
+    """A C-contiguous float32 CuPy array rounded to bfloat16 (nearest even), as uint16 bit patterns.
+
+    out: a uint16 (rows, cols) matrix to write a (rows, cols) x into instead (returned), C-contiguous or
+    its rows a stride apart (columns of a wider matrix, such as dv's in the joint q/k/v gradient)."""
     import cupy
 
-    out = cupy.empty(x.shape, dtype=cupy.uint16)
-    get_kernel("cast.cu", "float_to_bf16_kernel")(grid(x.size), (THREADS,), (out, x, np.int64(x.size)))
+    if out is None:
+        out = cupy.empty(x.shape, dtype=cupy.uint16)
+        get_kernel("cast.cu", "float_to_bf16_kernel")(grid(x.size), (THREADS,), (out, x, np.int64(x.size)))
+        return out
+    rows_ok = out.ndim == 2 and out.strides[1] == 2 and out.strides[0] >= 0
+    if not rows_ok or out.shape != x.shape or out.dtype != np.uint16:
+        raise ValueError(f"to_bf16: out must be a uint16 {x.shape} matrix with contiguous rows")
+    args = (out, np.int64(out.strides[0] // 2), x, np.int64(x.shape[1]), np.int64(x.size))
+    get_kernel("cast.cu", "float_to_bf16_rows")(grid(x.size), (THREADS,), args)
     return out
 
 
@@ -30,6 +40,36 @@ def as_bf16(x: Any) -> Any:
     `to_bf16` (a float32 CuPy array, copied to C order first if it is not)."""
     x = x if x.flags.c_contiguous else x.copy()
     return x if x.dtype == np.uint16 else to_bf16(x)
+
+
+def _adjacent_copies(shapes: list[tuple]) -> list[Any]:
+    """uint16 arrays of these shapes, one after another in one allocation (each 16-byte aligned), so that
+    copies of matrices listed one after another are the row blocks of one matrix (`stacked_rows`)."""
+    import cupy
+
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    starts = np.cumsum([0] + [-(-n // 8) * 8 for n in sizes])  # in elements: 8 of them make 16 bytes
+    flat = cupy.empty((int(starts[-1]),), dtype=cupy.uint16)
+    return [flat[a : a + n].reshape(s) for a, n, s in zip(starts, sizes, shapes)]
+
+
+def stacked_rows(matrices: list[Any]) -> Any:
+    """The (sum of rows, C) matrix whose consecutive row blocks the C-contiguous (rows_i, C) matrices are,
+    as a view, when they lie one after another in one allocation (bf16 copies that `to_bf16_many` made
+    together, such as the q, k and v projections'); else None."""
+    import cupy
+
+    if not matrices or not all(isinstance(m, cupy.ndarray) and m.ndim == 2 for m in matrices):
+        return None
+    first = matrices[0]
+    end = first.data.ptr
+    for m in matrices:
+        same = m.dtype == first.dtype and m.shape[1] == first.shape[1] and m.flags.c_contiguous
+        if not same or m.data.mem is not first.data.mem or m.data.ptr != end:
+            return None
+        end += m.nbytes
+    rows = sum(m.shape[0] for m in matrices)
+    return cupy.ndarray((rows, first.shape[1]), dtype=first.dtype, memptr=first.data)
 
 
 def from_bf16(x16: Any) -> Any:
@@ -50,7 +90,7 @@ def to_bf16_many(tensors: list[Any], out: list[Any] | None = None) -> list[Any]:
     import cupy
 
     def build() -> tuple[list[Any], Any]:  # (the copies, their pointers uploaded: kept with the copies)
-        outs = [cupy.empty(t.shape, dtype=cupy.uint16) for t in tensors] if out is None else list(out)
+        outs = _adjacent_copies([t.shape for t in tensors]) if out is None else list(out)
         return outs, upload(np.array([o.data.ptr for o in outs], dtype=np.uint64))
 
     if out is None:

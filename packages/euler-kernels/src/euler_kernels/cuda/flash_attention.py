@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda import flash_attention_sm90
+from euler_kernels.cuda import flash_attention_sm90, tensor_map
 from euler_kernels.cuda._module import THREADS, blocks, contiguous, get_kernel
 from euler_kernels.cuda.flash_attention_sm90 import kernel_sizes
 
@@ -169,6 +169,15 @@ def _check_bf16(q16: Any, k16: Any, v16: Any) -> None:
             raise ValueError(f"flash_attention_bf16: needs uint16 (bf16 bit patterns), got {a.dtype}")
 
 
+def _inputs_bf16(*arrays: Any) -> list[Any]:
+    """q, k, v as the kernels take them: Hopper's read them through tensor maps, which take heads of a wider
+    row as they are (q, k, v as columns of the joint q/k/v product's rows); the others index C order."""
+    import cupy
+
+    sm90 = flash_attention_sm90.use_sm90()
+    return [a if sm90 and tensor_map.mappable(a) else cupy.ascontiguousarray(a) for a in arrays]
+
+
 def flash_attention_forward_bf16(q16: Any, k16: Any, v16: Any, causal: bool) -> tuple[Any, Any]:
     """q16 (B, T, Hq, D), k16/v16 (B, S, Hkv, D) uint16 -> out16 (B, T, Hq, D) uint16, lse (B, Hq, T) float32.
 
@@ -177,7 +186,7 @@ def flash_attention_forward_bf16(q16: Any, k16: Any, v16: Any, causal: bool) -> 
     import cupy
 
     _check_bf16(q16, k16, v16)
-    q16, k16, v16 = (cupy.ascontiguousarray(a) for a in (q16, k16, v16))
+    q16, k16, v16 = _inputs_bf16(q16, k16, v16)
     B, T, Hq, D = q16.shape
     out16 = cupy.empty_like(q16)
     lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
@@ -203,9 +212,8 @@ def flash_attention_backward_bf16(
     _check_bf16(q16, k16, v16)
     if dout16.shape != q16.shape or out16.shape != q16.shape or dout16.dtype != np.uint16:
         raise ValueError(f"flash_attention_bf16: dout and out must be uint16 like q {q16.shape}")
-    dout16, q16, k16, v16, out16, lse = (
-        cupy.ascontiguousarray(a) for a in (dout16, q16, k16, v16, out16, lse)
-    )
+    dout16, out16, lse = (cupy.ascontiguousarray(a) for a in (dout16, out16, lse))
+    q16, k16, v16 = _inputs_bf16(q16, k16, v16)
     B, T, Hq, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     if q16.size == 0:

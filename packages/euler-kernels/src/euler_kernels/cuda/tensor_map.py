@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.cuda._module import token_stride
+
 _TYPES = {2: 1, 4: 7}  # cuda.h CUtensorMapDataType by item size: uint16 (bf16 bit patterns), float32
 _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_ZERO = 0, 3, 2, 0  # cuda.h enums
 
@@ -38,23 +40,37 @@ class TensorMap:
         self.address = (ctypes.addressof(self._buffer) + 63) & ~63
 
 
+def mappable(array: Any) -> bool:
+    """Whether head_rows_map takes the array as it is (else a caller copies it to C order first)."""
+    if array.data.ptr % 16:
+        return False
+    stride = token_stride(array)
+    return stride is not None and stride * array.itemsize % 16 == 0
+
+
 def head_rows_map(array: Any, rows: int) -> TensorMap:
-    """A map of the contiguous (B, N, H, D) uint16 (bf16) or float32 CuPy array whose box is `rows`
-    consecutive positions n of one (b, h) by the 128 bytes of D that make one 128-byte-swizzled panel
-    (64 bf16 columns: wgmma.cuh's layout; 32 float32). Coordinates are (column, h, n, b), innermost first;
-    rows past N read as zeros, and reductions into them are dropped. A map depends only on the address,
-    shape, type and box, so the last few hundred are kept and handed out again (a training step's buffers
-    come back at the same addresses every step)."""
+    """A map of the (B, N, H, D) uint16 (bf16) or float32 CuPy array whose box is `rows` consecutive
+    positions n of one (b, h) by the 128 bytes of D that make one 128-byte-swizzled panel (64 bf16 columns:
+    wgmma.cuh's layout; 32 float32). Coordinates are (column, h, n, b), innermost first; rows past N read as
+    zeros, and reductions into them are dropped. The array is contiguous, or its tokens are a stride apart
+    (`token_stride`: the heads of a wider row, such as q, k and v as columns of the joint q/k/v product's
+    rows), a multiple of 16 bytes. A map depends only on the address, shape, strides, type and box, so the
+    last few hundred are kept and handed out again (a training step's buffers come back at the same addresses
+    every step)."""
     if array.data.ptr % 16:
         raise ValueError(f"a tensor map needs a 16-byte aligned array, not one at {array.data.ptr:#x}")
-    return _encoded(array.data.ptr, array.shape, array.dtype.itemsize, rows)
+    if not mappable(array):
+        raise ValueError(
+            f"a tensor map needs packed heads, tokens a multiple of 16 bytes apart: strides {array.strides}"
+        )
+    return _encoded(array.data.ptr, array.shape, array.dtype.itemsize, rows, token_stride(array))
 
 
 @functools.lru_cache(maxsize=512)
-def _encoded(address: int, shape: tuple, size: int, rows: int) -> TensorMap:
+def _encoded(address: int, shape: tuple, size: int, rows: int, token_stride: int) -> TensorMap:
     B, N, H, D = shape
     dims = (ctypes.c_uint64 * 4)(D, H, N, B)
-    strides = (ctypes.c_uint64 * 3)(size * D, size * D * H, size * D * H * N)  # bytes, of dims 1..3
+    strides = (ctypes.c_uint64 * 3)(size * D, size * token_stride, size * token_stride * N)  # bytes
     box = (ctypes.c_uint32 * 4)(128 // size, 1, rows, 1)
     unit = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     tensor_map = TensorMap()

@@ -72,10 +72,12 @@ def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, 
     return xp.ascontiguousarray(cos_full), xp.ascontiguousarray(sin_signed)
 
 
-def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tuple]:
+def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = False) -> tuple[Any, tuple]:
     """Rotate x (B, T, H, D) at positions offset .. offset + T - 1; out has x's shape and dtype.
 
     x may be a bf16 activation (GPU, with float32 tables): out is bf16, and so is the gradient.
+    in_place: x itself is rotated and returned. On the GPU x may then be heads of a wider row (q or k as
+    columns of the joint q/k/v product's rows, `cuda.token_stride`), rotated where they are.
     """
     if check_activations("rope_forward", x=x) == "bf16":
         check_float("rope_forward", cos=cos, sin=sin)
@@ -86,9 +88,13 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0) -> tuple[Any, tupl
     if is_bf16(x) or cuda.fused(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
         _check_tables("rope_forward", x, cos, sin, offset)
         cache = ("cuda", cos, sin, offset, x.shape, is_bf16(x))
-        return rope_cuda.rope_rotate(x, cos, sin, offset, 1.0), cache
+        return rope_cuda.rope_rotate(x, cos, sin, offset, 1.0, out=x if in_place else None), cache
     c, s = _tables_for("rope_forward", x, cos, sin, offset)
-    return _rotate(x, c, s, 1.0), (c, s)
+    out = _rotate(x, c, s, 1.0)
+    if in_place:
+        x[...] = out
+        out = x
+    return out, (c, s)
 
 
 def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
@@ -114,14 +120,21 @@ def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
     return out.reshape(x.shape)
 
 
-def rope_backward(dout: Any, cache: tuple) -> Any:
-    """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle."""
+def rope_backward(dout: Any, cache: tuple, out: Any = None) -> Any:
+    """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle.
+
+    out: an array shaped like dout to write dx into (returned); on the GPU of the gradient's type (bf16 for a
+    bf16 forward), contiguous or heads of a wider row (dq, dk into the joint q/k/v gradient's columns)."""
     if cuda.fused_cache(cache):
         _, cos, sin, offset, shape, bf16 = cache
         if dout.shape != shape:
             raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)
-        return rope_cuda.rope_rotate(dout, cos, sin, offset, -1.0, bf16_out=bf16)  # a bf16 x: a bf16 dx
+        return rope_cuda.rope_rotate(dout, cos, sin, offset, -1.0, bf16_out=bf16, out=out)  # bf16: a bf16 dx
     c, s = cache
     if dout.ndim != 4 or dout.shape[1:] != c.shape:
         raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)
-    return _rotate(dout, c, s, -1.0)
+    dx = _rotate(dout, c, s, -1.0)
+    if out is None:
+        return dx
+    out[...] = dx
+    return out
