@@ -77,6 +77,7 @@ def test_rmsnorm_backward_of_a_bf16_dout_is_the_float32_kernel_on_its_values(n, 
 
 @settings(max_examples=10, deadline=None)
 @given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 90), st.integers(0, 2**31))
+@example(7, 8, 6, 1)
 def test_linear_backward_sums_three_projections_dx_in_bf16(n, c_in, c_out, seed):
     """h feeding three projections (q, k, v): dx of the first as bf16, the others added into it, each sum
     rounded once to bf16 (cuBLAS adds the float32 product to the bf16 values, then rounds): within a bf16
@@ -91,13 +92,16 @@ def test_linear_backward_sums_three_projections_dx_in_bf16(n, c_in, c_out, seed)
         dx, _ = ek.linear_backward(d16, cache, dx_into=dx)
     assert ek.is_bf16(dx)
     partial, bound = 0.0, 0.0
-    for (_, d), w in zip(douts, ws):
+    for i, ((_, d), w) in enumerate(zip(douts, ws)):
         wr = cast.from_bf16(cast.to_bf16(w)).get().astype(np.float64)
         product = d.get().astype(np.float64) @ wr
         partial = partial + product
         # each partial sum rounded to bf16 (at most 2^-8 of it: 8 significant bits), the product's float32
-        # sum before it
+        # sum before it; an added product may be rounded to bf16 on its own first (cuBLAS's epilogue with a
+        # bf16 C; autocast's sum of bf16 gradients rounds so too): without that term hypothesis found an
+        # error of 1.06x the bound on main's code as well (n=7, c_in=8, c_out=6, seed=1)
         bound = bound + 2.0**-8 * np.abs(partial) + 1e-5 * (np.abs(d.get()) @ np.abs(wr))
+        bound = bound + (2.0**-8 * np.abs(product) if i else 0.0)
     assert np.all(np.abs(cast.from_bf16(dx).get() - partial) <= bound)
     _, cache32 = ek.linear_forward(h, ws[0])  # float32 CuPy arrays outside the bf16 mode: a float32 product
     with pytest.raises(ValueError, match="bf16 dx_into"):

@@ -55,12 +55,30 @@ __device__ __forceinline__ void block_amax(unsigned bits, unsigned* amax) {
 // bfloat16 activations are stored as their 16-bit patterns (unsigned short): the top half of a float32.
 __device__ __forceinline__ float bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
-// float32 -> bfloat16, round to nearest even; a NaN stays a (quiet) NaN.
+// float32 -> bfloat16, round to nearest even; a NaN stays a (quiet) NaN. From sm_80 on one instruction
+// (cvt.rn), which gives the same bits for every number; before it, the rounding done by hand.
 __device__ __forceinline__ unsigned short float_to_bf16(float x) {
+#if __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
     unsigned u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);  // round half to even on the 16 bits dropped
     return (unsigned short)(u >> 16);
+#endif
+}
+
+// Two floats rounded as float_to_bf16 rounds them, packed lo | hi << 16 (one instruction from sm_80 on).
+__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+#else
+    return float_to_bf16(lo) | ((unsigned)float_to_bf16(hi) << 16);
+#endif
 }
 
 // The storage type of an activation or weight chosen by a compile-time switch: bf16 bit patterns
@@ -91,9 +109,7 @@ __device__ __forceinline__ float4 load4(const unsigned short* p, size_t i4) {
 // Store four values at float4 index i4: one 16-byte store, or 4 bf16 in one 8-byte store.
 __device__ __forceinline__ void store4(float* out, size_t i4, float4 v) { reinterpret_cast<float4*>(out)[i4] = v; }
 __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v) {
-    const unsigned lo = float_to_bf16(v.x) | ((unsigned)float_to_bf16(v.y) << 16);
-    const unsigned hi = float_to_bf16(v.z) | ((unsigned)float_to_bf16(v.w) << 16);
-    reinterpret_cast<uint2*>(out)[i4] = make_uint2(lo, hi);
+    reinterpret_cast<uint2*>(out)[i4] = make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
 }
 
 // The value as an output of that type stores it: itself for float32, rounded to bf16 for bf16.
@@ -133,7 +149,7 @@ __device__ __forceinline__ void store_act8(float* p, size_t i, const float* v) {
 __device__ __forceinline__ void store_act8(unsigned short* p, size_t i, const float* v) {
     unsigned w[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) w[j] = float_to_bf16(v[2 * j]) | ((unsigned)float_to_bf16(v[2 * j + 1]) << 16);
+    for (int j = 0; j < 4; j++) w[j] = bf16x2(v[2 * j], v[2 * j + 1]);
     *reinterpret_cast<uint4*>(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 

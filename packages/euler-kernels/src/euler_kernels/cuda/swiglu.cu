@@ -79,20 +79,22 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
         f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
 }
-// Eight floats rounded to bf16 and packed; *bits raised to the largest rounded |value|'s pattern.
+// Eight floats rounded to bf16 and packed; with AMAX, *bits raised to the largest rounded |value|'s pattern.
+template <bool AMAX>
 __device__ __forceinline__ uint4 pack8(const float* f, unsigned* bits) {
     unsigned w[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const unsigned lo = float_to_bf16(f[2 * j]), hi = float_to_bf16(f[2 * j + 1]);
-        w[j] = lo | (hi << 16);
-        *bits = max(*bits, max((lo & 0x7fffu) << 16, (hi & 0x7fffu) << 16));
+        w[j] = bf16x2(f[2 * j], f[2 * j + 1]);
+        if (AMAX) *bits = max(*bits, max((w[j] & 0x7fffu) << 16, w[j] & 0x7fff0000u));
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, const uint4* up, long long n8,
-                                                 unsigned* amax) {
+// The 8-wide bodies, with the maxima (AMAX) or without (the plain bf16 path: no work for them).
+template <bool AMAX>
+__device__ __forceinline__ void swiglu_forward_x8(uint4* out, const uint4* gate, const uint4* up, long long n8,
+                                                  unsigned* amax) {
     unsigned bits = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8;
          i += (long long)gridDim.x * blockDim.x) {
@@ -101,15 +103,16 @@ extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, 
         unpack8(up[i], u);
 #pragma unroll
         for (int j = 0; j < 8; j++) o[j] = silu_times(g[j], u[j]);
-        out[i] = pack8(o, &bits);
+        out[i] = pack8<AMAX>(o, &bits);
     }
-    if (amax) block_amax(bits, amax);
+    if (AMAX) block_amax(bits, amax);
 }
 
-extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, const uint4* dout, const uint4* gate,
-                                                  const uint4* up, long long n8, unsigned* amax_dgate,
-                                                  unsigned* amax_dup, uint4* product) {
-    unsigned bits_g = 0, bits_u = 0, bits_p = 0;
+template <bool AMAX>
+__device__ __forceinline__ void swiglu_backward_x8(uint4* dgate, uint4* dup, const uint4* dout, const uint4* gate,
+                                                   const uint4* up, long long n8, unsigned* amax_dgate,
+                                                   unsigned* amax_dup, uint4* product) {
+    unsigned bits_g = 0, bits_u = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8;
          i += (long long)gridDim.x * blockDim.x) {
         float g[8], u[8], d[8], dg[8], du[8];
@@ -122,19 +125,38 @@ extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, cons
             dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
             du[j] = d[j] * g[j] * sig;
         }
-        dgate[i] = pack8(dg, &bits_g);
-        dup[i] = pack8(du, &bits_u);
+        dgate[i] = pack8<AMAX>(dg, &bits_g);
+        dup[i] = pack8<AMAX>(du, &bits_u);
         if (product) {
             float o[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) o[j] = silu_times(g[j], u[j]);
-            product[i] = pack8(o, &bits_p);
+            product[i] = pack8<false>(o, nullptr);
         }
     }
-    if (amax_dgate) {
+    if (AMAX) {
         block_amax(bits_g, amax_dgate);
         __syncthreads();
         block_amax(bits_u, amax_dup);
+    }
+}
+
+extern "C" __global__ void swiglu_forward_bf16x8(uint4* out, const uint4* gate, const uint4* up, long long n8,
+                                                 unsigned* amax) {
+    if (amax) {  // the same for every thread
+        swiglu_forward_x8<true>(out, gate, up, n8, amax);
+    } else {
+        swiglu_forward_x8<false>(out, gate, up, n8, amax);
+    }
+}
+
+extern "C" __global__ void swiglu_backward_bf16x8(uint4* dgate, uint4* dup, const uint4* dout, const uint4* gate,
+                                                  const uint4* up, long long n8, unsigned* amax_dgate,
+                                                  unsigned* amax_dup, uint4* product) {
+    if (amax_dgate) {  // both or neither (the launcher's rule)
+        swiglu_backward_x8<true>(dgate, dup, dout, gate, up, n8, amax_dgate, amax_dup, product);
+    } else {
+        swiglu_backward_x8<false>(dgate, dup, dout, gate, up, n8, amax_dgate, amax_dup, product);
     }
 }
 
