@@ -144,12 +144,15 @@ def attention_block_backward(
     c_norm, (c_qkv, c_q, c_k, c_v, c_rq, c_rk), c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake = cache
     g, g16, _ = dout
     da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16)  # (N, Hq * D): o's is g
-    dq, dk, dv = ek.attention_backward(da.reshape(b, t, hq, d), c_att)
+    grads_qkv = list(ek.attention_backward(da.reshape(b, t, hq, d), c_att))  # float32 dq, dk, dv
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
     if c_qkv is not None:  # one product each way; the joint gradient's row blocks are the three weights'
-        dh, dw = ek.qkv_backward((dq, dk, dv), c_qkv, x=h, bf16_dx=True)
+        # the list is emptied: attention's float32 gradients are freed once rounded into the joint one
+        dh, dw = ek.qkv_backward(grads_qkv, c_qkv, x=h, bf16_dx=True)
         dwq, dwk, dwv = dw[: hq * d], dw[hq * d : (hq + hkv) * d], dw[(hq + hkv) * d :]
     else:
+        dq, dk, dv = grads_qkv
+        del grads_qkv
         dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
         dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
         # h feeds three projections: their dh add up, in bf16 with bf16 products (each sum rounded once)
