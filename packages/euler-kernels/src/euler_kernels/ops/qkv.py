@@ -50,7 +50,8 @@ def qkv_forward(
     b, t = bt
     heads = n_heads + 2 * n_kv_heads
     if n_kv_heads < 1 or n_heads < 1 or n_heads % n_kv_heads:
-        raise ValueError(f"qkv_forward: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) >= 1")
+        groups = f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) >= 1"
+        raise ValueError(f"qkv_forward: {groups}")
     if weight.ndim != 2 or weight.shape[0] % heads or x.ndim != 2 or x.shape[0] != b * t:
         raise shape_error(
             "qkv_forward",
