@@ -42,6 +42,10 @@ _BACKWARD = {
 }
 
 
+# the backward's grid: few blocks, as each adds its dweight sums once (tune_rmsnorm_gpu.py --blocks)
+BACKWARD_BLOCKS = 132 * 2
+
+
 def _rmsnorm_vec(C: int) -> dict[str, int]:
     """The vectorised kernels' defines for rows of C (C = 128 * n, n <= 16), or {} for the general ones:
     float4 pieces per warp's lane, and warps per row, a power of two leaving at most four pieces a thread
@@ -126,7 +130,7 @@ def rmsnorm_backward(
     dx = cupy.empty_like(x)
     dweight = cupy.zeros((C,), dtype=cupy.float32)
     vec = _rmsnorm_vec(C)
-    grid = (min(blocks(N, _rows_per_block(vec)), 132 * 2),)  # few blocks: each adds its dweight once
+    grid = (min(blocks(N, _rows_per_block(vec)), BACKWARD_BLOCKS),)
     add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
     if dout.dtype == cupy.uint16 and not vec:  # the general kernels read float32 only
         dout = cast.from_bf16(dout)
