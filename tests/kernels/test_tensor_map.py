@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from euler_kernels.cuda import tensor_map
+from euler_kernels.cuda._module import token_stride
 
 
 @pytest.mark.parametrize("value", [np.int32(-7), np.int32(2**31 - 1), np.float32(0.125), np.float32(-3.5e-3)])
@@ -48,7 +49,7 @@ def test_heads_of_a_wider_row_are_mapped_where_they_lie():
     heads = rows.reshape(2, 5, 8, 64)
     q, k, v = heads[:, :, :4], heads[:, :, 4:6], heads[:, :, 6:]
     assert all(tensor_map.mappable(_like_device(a)) for a in (q, k, v, np.zeros((2, 5, 4, 64), np.uint16)))
-    assert tensor_map.token_stride(v) == 8 * 64
+    assert token_stride(v) == 8 * 64
 
 
 def test_layouts_a_map_cannot_read_are_refused():
@@ -58,3 +59,17 @@ def test_layouts_a_map_cannot_read_are_refused():
     assert not tensor_map.mappable(_like_device(strided_heads))
     with pytest.raises(ValueError, match="packed heads"):
         tensor_map.head_rows_map(_like_device(strided_heads), 64)
+
+
+def test_token_stride_reads_the_layouts_the_strided_kernels_take():
+    rows = np.zeros((3 * 4, 10 * 8), np.float32).reshape(3, 4, 10, 8)  # (B, T, heads of the joint row, D)
+    assert token_stride(rows) == 80  # C order: H * D
+    assert token_stride(rows[:, :, 2:5]) == 80  # heads of a wider row
+    assert token_stride(rows[:, :1, 2:5]) == 320  # one token a row of the batch: B's stride
+    assert token_stride(rows[:1, :1, 2:5]) == 24  # a single token
+    assert token_stride(rows[:, ::2, 2:5]) == 160  # every other token: still one run
+    assert token_stride(rows[:, :, ::2]) is None  # heads not packed
+    assert token_stride(rows[:, :, :, ::2]) is None  # values not packed
+    assert token_stride(rows[:, ::-1]) is None  # tokens running backwards
+    assert token_stride(rows[:2, :2].transpose(1, 0, 2, 3)) is None  # B and T do not merge
+    assert token_stride(rows[0]) is None  # not (B, T, H, D)
