@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import euler_model
-from euler_kernels.cuda import cublaslt, gemm, gemm_tuned
+from euler_kernels.cuda import gemm, gemm_tuned
 from euler_kernels.cuda.blas import CUDA_R_16BF
 
 os.environ["EULER_MATMUL_PRECISION"] = "bf16"
@@ -40,9 +40,7 @@ def count_step_products(cfg, batch: int) -> Counter:
     real = gemm_tuned.run_tuned
 
     def counted(a, b, trans, out, out_type, accumulate, gemm_ex):
-        (m, k), n = (a.shape[::-1] if trans[0] else a.shape), (b.shape[0] if trans[1] else b.shape[1])
-        key = (cp.cuda.Device().id, m, n, k, trans, out_type, cublaslt.alignment(a, b, out))
-        calls[key, accumulate] += 1
+        calls[gemm_tuned.kind(a, b, trans, out, out_type), accumulate] += 1
         return real(a, b, trans, out, out_type, accumulate, gemm_ex)
 
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=0).items()}
@@ -64,7 +62,7 @@ def bf16_random(shape: tuple) -> cp.ndarray:
 
 def options(key: tuple, accumulate: bool, candidates: int) -> tuple[dict, str]:
     """({name: call} for one kind, the name of gemm_tuned's choice)."""
-    _, m, n, k, trans, out_type, align = key
+    _, m, n, k, trans, out_type, _ = key
     a = bf16_random((k, m) if trans[0] else (m, k))
     b = bf16_random((n, k) if trans[1] else (k, n))
     bf16_out = out_type == CUDA_R_16BF
@@ -78,8 +76,7 @@ def options(key: tuple, accumulate: bool, candidates: int) -> tuple[dict, str]:
             os.environ["EULER_GEMM_TUNE"] = "1"
 
     calls = {"cublasGemmEx": gemm_ex}
-    mask = cublaslt.REDUCTION_IN_FLOAT32 if bf16_out else None
-    product = cublaslt.Product(m, n, k, trans, (CUDA_R_16BF, CUDA_R_16BF, out_type), align, candidates, mask)
+    product = gemm_tuned.candidates(key, candidates)
     for i in range(product.count):
         if product.run(i, a, b, out, accumulate) == 0:  # a candidate these operands can take
             calls[f"cuBLASLt #{i}"] = lambda i=i: product.run(i, a, b, out, accumulate)

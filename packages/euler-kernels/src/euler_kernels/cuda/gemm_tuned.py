@@ -65,8 +65,7 @@ def run_tuned(
     cublasGemmEx). gemm_ex(target, accumulate) runs cublasGemmEx's product into target, for the timing."""
     import cupy
 
-    (m, k), n = (a.shape[::-1] if trans[0] else a.shape), (b.shape[0] if trans[1] else b.shape[1])
-    key = (cupy.cuda.Device().id, m, n, k, trans, out_type, cublaslt.alignment(a, b, out))
+    key = kind(a, b, trans, out, out_type)
     if key not in _choices:
         if cupy.cuda.get_current_stream().is_capturing():
             return False
@@ -78,16 +77,29 @@ def run_tuned(
     return True
 
 
+def kind(a: Any, b: Any, trans: tuple[bool, bool], out: Any, out_type: int) -> tuple:
+    """The kind of product out = op(a) @ op(b) a choice is kept for: (device, M, N, K, trans, out_type,
+    the pointers' alignment)."""
+    import cupy
+
+    (m, k), n = (a.shape[::-1] if trans[0] else a.shape), (b.shape[0] if trans[1] else b.shape[1])
+    return (cupy.cuda.Device().id, m, n, k, trans, out_type, cublaslt.alignment(a, b, out))
+
+
+def candidates(key: tuple, count: int = TUNE_CANDIDATES) -> cublaslt.Product:
+    """The kind's cuBLASLt description with the heuristic's first `count` candidates (split-K partial sums of
+    a bf16 output kept in float32)."""
+    _, m, n, k, trans, out_type, align = key
+    mask = cublaslt.REDUCTION_IN_FLOAT32 if out_type == CUDA_R_16BF else None
+    return cublaslt.Product(m, n, k, trans, (CUDA_R_16BF, CUDA_R_16BF, out_type), align, count, mask)
+
+
 def _time_choice(key: tuple, a: Any, b: Any, out: Any, gemm_ex: Callable[[Any, bool], None]) -> int:
     """The kind's choice: the fastest cuBLASLt candidate if TUNE_MARGIN faster than cublasGemmEx, timed into
     a scratch output (out keeps its values)."""
     import cupy
 
-    _, m, n, k, trans, out_type, align = key
-    mask = cublaslt.REDUCTION_IN_FLOAT32 if out_type == CUDA_R_16BF else None
-    types = (CUDA_R_16BF, CUDA_R_16BF, out_type)
-    product = cublaslt.Product(m, n, k, trans, types, align, TUNE_CANDIDATES, mask)
-    _products[key] = product
+    product = _products[key] = candidates(key)
     scratch = cupy.empty_like(out)
     best, best_ms = GEMM_EX, _time(lambda: gemm_ex(scratch, False)) * (1.0 - TUNE_MARGIN)
     for i in range(product.count):
