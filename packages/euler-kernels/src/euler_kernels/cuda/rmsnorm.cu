@@ -214,13 +214,15 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
     for (int row = blockIdx.x * teams + threadIdx.x / ROW_THREADS; row < N; row += gridDim.x * teams, parity ^= 1) {
         const size_t row4 = (size_t)row * (ROW_C / 4);
         const float r = rstd[row];
-        float4 gv[ROW_PIECES], xv[ROW_PIECES];
+        float4 gv[ROW_PIECES], xv[ROW_PIECES], av[ROW_PIECES];
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < ROW_PIECES; j++) {
             if (!piece_in_row(t, j)) continue;
             gv[j] = load4(dout, row4 + t + ROW_THREADS * j);
             xv[j] = reinterpret_cast<const float4*>(x)[row4 + t + ROW_THREADS * j];
+            // the residual gradient is loaded with the row, not after the team's sum: its latency overlaps
+            if (ADD) av[j] = reinterpret_cast<const float4*>(add)[row4 + t + ROW_THREADS * j];
             dot += gv[j].x * w[j].x * xv[j].x + gv[j].y * w[j].y * xv[j].y + gv[j].z * w[j].z * xv[j].z +
                    gv[j].w * w[j].w * xv[j].w;
         }
@@ -232,10 +234,7 @@ __device__ __forceinline__ void rmsnorm_backward_vec_body(float* dx, unsigned sh
             const float4 g4 = gv[j], x4 = xv[j], wj = w[j];
             float4 dj = make_float4(norm_grad(r, g4.x, wj.x, x4.x, c), norm_grad(r, g4.y, wj.y, x4.y, c),
                                     norm_grad(r, g4.z, wj.z, x4.z, c), norm_grad(r, g4.w, wj.w, x4.w, c));
-            if (ADD) {
-                const float4 a = reinterpret_cast<const float4*>(add)[i4];
-                dj = make_float4(a.x + dj.x, a.y + dj.y, a.z + dj.z, a.w + dj.w);
-            }
+            if (ADD) dj = make_float4(av[j].x + dj.x, av[j].y + dj.y, av[j].z + dj.z, av[j].w + dj.w);
             reinterpret_cast<float4*>(dx)[i4] = dj;
             if (COPY16) store4(dx16, i4, dj);
             if (COPY16 && amax) bits = max_stored_bits4(bits, dx16, dj);
