@@ -306,3 +306,20 @@ def test_the_report_of_a_pretrain_holds_every_section(tiny_run, dataset) -> None
     )
     assert "![loss](loss.png)" in report and (tiny_run / "loss.png").is_file()
     assert report.count("greedy:") == 1 and report.count(", temperature 0.8, top-k 50") == 2
+
+
+def test_a_report_whose_samples_do_not_fit_in_memory_says_so(tiny_run, monkeypatch) -> None:
+    """A run sized to fill the GPU may leave no room for the report's sampling model: the report is still
+    written, its samples section says why it has none and how to get them (CuPy's OutOfMemoryError is a
+    MemoryError)."""
+    from euler_train import report
+
+    def full(*args, **kwargs):
+        raise MemoryError("out of memory to allocate 536870912 bytes")
+
+    monkeypatch.setattr(report, "load_for_sampling", full)
+    text = report.report_text(tiny_run)
+    samples = text.split("## Samples")[1]
+    assert "did not fit in cpu memory beside the finished run (out of memory to allocate" in samples
+    assert "`euler-train report RUN` writes them again" in samples
+    assert "## Evaluations" in text and "greedy:" not in samples

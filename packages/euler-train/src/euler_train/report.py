@@ -235,11 +235,16 @@ def quoted(title: str, text: str) -> str:
 def samples_section(checkpoint: Path | None, state: dict[str, Any], cfg: dict[str, Any], device: str) -> str:
     if checkpoint is None:
         return "## Samples\n\nNo checkpoint to sample from."
-    model = load_for_sampling(str(checkpoint), device, cfg.get("run", {}).get("precision", "fp32"))
     try:
+        model = load_for_sampling(str(checkpoint), device, cfg.get("run", {}).get("precision", "fp32"))
         text = chat_samples(model, cfg) if state.get("mode") == "sft" else document_samples(model)
     except ValueError as err:  # e.g. a diverged run: logits overflow, the probabilities are NaN
         text = f"No samples: sampling from {checkpoint.name} failed ({err})."
+    except MemoryError as err:  # a run sized to fill the GPU leaves no room for a second model (CuPy's too)
+        text = (
+            f"No samples: {checkpoint.name} did not fit in {device} memory beside the finished run ({err}); "
+            f"`euler-train report RUN` writes them again on its own."
+        )
     return "## Samples\n\n" + text
 
 
