@@ -95,14 +95,7 @@ def timed_rounds(calls: dict, rounds: int, reps: int) -> dict[str, float]:
     for _ in range(rounds):
         for name, call in calls.items():
             torch.cuda.synchronize()
-            call()  # untimed: the host's lead, so launch costs do not show as GPU time
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(reps):
-                call()
-            stop.record()
-            stop.synchronize()
-            samples[name].append(1000 * cp.cuda.get_elapsed_time(start, stop) / reps)
+            samples[name].append(1000 * gemm_tuned.time_ms(call, reps) / reps)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 

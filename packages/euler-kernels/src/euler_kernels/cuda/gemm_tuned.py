@@ -101,24 +101,25 @@ def _time_choice(key: tuple, a: Any, b: Any, out: Any, gemm_ex: Callable[[Any, b
 
     product = _products[key] = candidates(key)
     scratch = cupy.empty_like(out)
-    best, best_ms = GEMM_EX, _time(lambda: gemm_ex(scratch, False)) * (1.0 - TUNE_MARGIN)
+    best, best_ms = GEMM_EX, time_ms(lambda: gemm_ex(scratch, False)) * (1.0 - TUNE_MARGIN)
     for i in range(product.count):
         if product.run(i, a, b, scratch, False) != 0:  # a candidate this call cannot take
             continue
-        ms = _time(lambda i=i: product.run(i, a, b, scratch, False))
+        ms = time_ms(lambda i=i: product.run(i, a, b, scratch, False))
         if ms < best_ms:
             best, best_ms = i, ms
     return best
 
 
-def _time(call: Callable[[], Any]) -> float:
-    """Milliseconds for TUNE_REPS calls on the current stream, after one untimed."""
+def time_ms(call: Callable[[], Any], reps: int = TUNE_REPS) -> float:
+    """Milliseconds for `reps` calls on the current stream, after one untimed (the host's lead, so launch
+    costs do not show as GPU time)."""
     import cupy
 
     call()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
-    for _ in range(TUNE_REPS):
+    for _ in range(reps):
         call()
     stop.record()
     stop.synchronize()
