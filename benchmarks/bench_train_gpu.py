@@ -96,7 +96,7 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
     # graph's dry run measures their first maxima, an eager runner's first step does
     scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.get("fp8_scaling") == "delayed" else None
     runner = (GraphStep if graph else EagerStep)(
-        cfg, params, opt, Comm(), max_norm, train["recompute"], scales
+        cfg, params, opt, Comm(), max_norm, train["recompute"], scales, train["keep_activations"]
     )
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 

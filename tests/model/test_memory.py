@@ -59,6 +59,22 @@ def test_the_estimate_grows_with_batch_and_context_not_with_their_square() -> No
     assert step_memory(cfg, 8, activation_bytes=2)["activations"] == 4 * one - remade
 
 
+def test_keeping_activations_counts_what_the_bf16_backward_would_re_make() -> None:
+    """keep_activations: bf16 keeps each layer's two norm outputs and SwiGLU product (2C + F bf16 values a
+    token); fp8 only the attention norm's (C), its FFN keeping FP8 copies either way; float32 re-makes
+    nothing, so nothing changes; with recompute one layer's caches count once."""
+    cfg = preset("small")
+    tokens = 8 * cfg.context
+    for fp8, extra in ((False, 2 * cfg.dim + cfg.ffn_dim), (True, cfg.dim)):
+        base = step_memory(cfg, 8, activation_bytes=2, fp8=fp8)["activations"]
+        kept = step_memory(cfg, 8, activation_bytes=2, fp8=fp8, keep_activations=True)["activations"]
+        assert kept - base == tokens * cfg.n_layers * extra * 2, fp8
+        one_layer = {"activation_bytes": 2, "recompute": True, "fp8": fp8}
+        rerun = [step_memory(cfg, 8, **one_layer, keep_activations=k)["activations"] for k in (False, True)]
+        assert rerun[1] - rerun[0] == tokens * extra * 2, fp8
+    assert step_memory(cfg, 8, keep_activations=True) == step_memory(cfg, 8)
+
+
 def test_the_fp8_estimate_counts_the_ffn_copies_it_keeps() -> None:
     """fp8: each layer keeps FP8 copies (a byte a value) of its FFN's h and SwiGLU product that bf16
     re-makes, C + F bytes a token, when the MLP's matrices fit FP8 products (sizes multiples of 16); with

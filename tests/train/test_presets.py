@@ -120,6 +120,23 @@ def test_the_refusal_suggests_recompute_when_it_would_fit(monkeypatch) -> None:
     assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == rerun
 
 
+def test_the_refusal_suggests_re_making_activations_when_it_would_fit(monkeypatch) -> None:
+    cfg = resolve_config("350m", overrides=["run.device='gpu'", "run.precision='bf16'"])
+    cfg["train"]["keep_activations"] = True
+    mcfg = euler_model.preset("350m")
+    kept = euler_model.step_memory(mcfg, 16, activation_bytes=2, keep_activations=True)["total"]
+    remade = euler_model.step_memory(mcfg, 16, activation_bytes=2)["total"]
+    assert remade < kept
+    have = (remade + kept) // 2
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: (have, "available host memory"))
+    with pytest.raises(ConfigError, match=r"set train.keep_activations=false \(it fits then\)"):
+        memory_check.check_memory(cfg, mcfg, FakeHost())
+    cfg["train"]["keep_activations"] = False
+    assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == remade
+    with pytest.raises(ConfigError, match=r"train\.keep_activations must be bool"):
+        resolve_config("tiny", overrides=["train.keep_activations='yes'"])
+
+
 def test_recompute_flag_and_key_are_the_same_setting() -> None:
     parser = build_parser()
     flag = config_from_args(parser.parse_args(["pretrain", "--out", "R", "--recompute"]))

@@ -21,7 +21,8 @@ gradient, the norms' statistics and every weight gradient stay float32. The cach
 not keep the two cheapest activations to make again, each norm's output h and the SwiGLU product: the
 backward re-makes them (one norm or SwiGLU pass each, the same bits, as torch.compile's default
 recomputes them) right before the products that need them, so a step holds 2C + F fewer bf16 values per
-token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens).
+token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens). With keep=True (train.keep_activations)
+the caches keep them instead: the backward skips the re-making passes, for that much more memory.
 
 fp8 (EULER_MATMUL_PRECISION=fp8): the bf16 path, with the MLP's weights handed in as FP8 copies
 (model.py); the same code runs, the linear op multiplying those in FP8 (euler_kernels' linear_fp8). Its
@@ -101,12 +102,14 @@ def attention_block_forward(
     rope: tuple[Any, Any],
     kv: Any = None,
     bf16: bool = False,
+    keep: bool = False,
 ) -> tuple[tuple[Any, Any], tuple]:
     """stream (x, branch) of (N, C), N = B * T, bt = (B, T) -> (s, o): s = x + branch, h = rmsnorm(s),
     o = wo(attention(rope(wq h), rope(wk h), wv h)); the stream after the block is s + o.
 
     kv: None for training, else a (KVCache, layer) pair: the new keys/values are written at the
     cache's current position and the queries attend over everything cached so far (no backward).
+    keep: the bf16 cache keeps h instead of re-making it in the backward (module docstring).
     """
     b, t = bt
     hq, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
@@ -115,11 +118,11 @@ def attention_block_forward(
     projections = [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]]
     joint = ek.stacked_rows(projections) if bf16 and kv is None else None  # bf16 copies made together
     if joint is not None:  # one product; q, k, v heads of its rows, q and k rotated where they lie
-        (q, k, v), c_qkv = ek.qkv_forward(h, joint, hq, hkv, bt, rope[0], rope[1], offset, True, False)
+        (q, k, v), c_qkv = ek.qkv_forward(h, joint, hq, hkv, bt, rope[0], rope[1], offset, True, keep)
         c_q = c_k = c_v = c_rq = c_rk = None
     else:
         c_qkv = None
-        qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=not bf16)  # bf16: h re-made
+        qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=keep or not bf16)  # or re-made
         (q, c_q), (k, c_k), (v, c_v) = qkv  # (N, Hq * D), (N, Hkv * D), (N, Hkv * D)
         q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
         k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
@@ -131,7 +134,7 @@ def attention_block_forward(
     # the stream gradient this block's backward hands to the FFN before it: its maximum too if FP8 (the
     # layers' FFNs are all FP8 or none: one shape)
     fp8 = ek.is_fp8(p.get(prefix + "w_down"))
-    remake = (s, p[prefix + "attn_norm"], config.norm_eps) if bf16 else None  # what re-makes h
+    remake = (s, p[prefix + "attn_norm"], config.norm_eps) if bf16 and not keep else None  # what re-makes h
     c_proj = (c_qkv, c_q, c_k, c_v, c_rq, c_rk)
     return (s, o), (c_norm, c_proj, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake)
 
@@ -166,19 +169,25 @@ def attention_block_backward(
 
 
 def ffn_block_forward(
-    config: ModelConfig, p: dict[str, Any], prefix: str, stream: tuple[Any, Any], bf16: bool = False
+    config: ModelConfig,
+    p: dict[str, Any],
+    prefix: str,
+    stream: tuple[Any, Any],
+    bf16: bool = False,
+    keep: bool = False,
 ) -> tuple[tuple[Any, Any], tuple]:
     """stream (x, branch) (N, C) -> (s, o): s = x + branch, o = w_down(silu(w_gate h) * w_up h) with
-    h = rmsnorm(s); the stream after the block is s + o."""
+    h = rmsnorm(s); the stream after the block is s + o. keep: the bf16 cache keeps h and the SwiGLU
+    product instead of re-making them in the backward."""
     fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: the norm and SwiGLU measure their outputs' maxima
     scaled = p.get(FP8_SCALES) if fp8 else None  # (scales, first slot): delayed scales for SwiGLU's outputs
     delayed = scaled is not None and scaled[0].calibrated
     a_h = ek.fp8_amax() if fp8 else None
     s, h, c_norm = norm_in(config, p[prefix + "ffn_norm"], stream, bf16, amax=a_h)  # (N, C) each
     weights = [p[prefix + "w_gate"], p[prefix + "w_up"]]
-    # bf16 re-makes h and gated in the backward; FP8 keeps their transposed FP8 copies (a byte a value),
-    # which saves the re-making passes and the casts of the re-made arrays
-    keep = not bf16 or fp8
+    # bf16 re-makes h and gated in the backward unless asked to keep them; FP8 keeps their transposed FP8
+    # copies (a byte a value), which saves the re-making passes and the casts of the re-made arrays
+    keep = keep or not bf16 or fp8
     gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=keep, x_amax=a_h)
     (g, c_gate), (u, c_up) = gate_up  # (N, F) each
     if delayed:  # the product straight to FP8 (rows padded to 16), cast with the slot's delayed scale
@@ -242,12 +251,13 @@ def layer_forward(
     rope: tuple[Any, Any],
     kv: Any = None,
     bf16: bool = False,
+    keep: bool = False,
 ) -> tuple[tuple[Any, Any], tuple]:
     """Layer i, its attention block then its FFN block: stream (x, branch) (N, C) -> (the stream after
-    it, (attention cache, FFN cache)); kv as in attention_block_forward."""
+    it, (attention cache, FFN cache)); kv and keep as in attention_block_forward."""
     prefix = f"layers.{i}."
-    stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16)
-    stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16)
+    stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16, keep)
+    stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16, keep)
     return stream, (c_attn, c_ffn)
 
 

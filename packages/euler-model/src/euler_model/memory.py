@@ -3,13 +3,14 @@
 The estimate counts what the forward pass caches for its backward (blocks.py: per layer and token
 6C + 2Ckv + Hq floats in the attention block, q and out also in the grouped layout; 2C + 3F in the FFN
 block; with bf16 activations each norm's output h and the SwiGLU product are re-made in the backward
-instead, 2C + F fewer; in the fp8 mode the FFN keeps FP8 copies of its h and SwiGLU product instead, C + F
-bytes), the heads' logits (one head's (N, V) logits and gradient at a time in training,
-all K heads' stacked at evaluation), the largest backward temporaries, and the weights, their gradients
-and AdamW's two moments. With activation recomputation (recompute.py) the step keeps the float32 stream
-entering each layer (2C per token and layer) and one layer's caches at a time instead of every layer's;
-an evaluation forward keeps no caches either way. Attention is blockwise on every path, so nothing grows
-with T * T. tests/model/test_memory.py and test_recompute.py hold it against the measured peak.
+instead, 2C + F fewer, unless keep_activations; in the fp8 mode the FFN keeps FP8 copies of its h and
+SwiGLU product instead, C + F bytes), the heads' logits (one head's (N, V) logits and gradient at a time
+in training, all K heads' stacked at evaluation), the largest backward temporaries, and the weights, their
+gradients and AdamW's two moments. With activation recomputation (recompute.py) the step keeps the
+float32 stream entering each layer (2C per token and layer) and one layer's caches at a time instead of
+every layer's; an evaluation forward keeps no caches either way. Attention is blockwise on every path,
+so nothing grows with T * T. tests/model/test_memory.py and test_recompute.py hold it against the
+measured peak.
 
 >>> from euler_model import preset
 >>> m = step_memory(preset("small"), batch_size=16)
@@ -52,12 +53,17 @@ def _fp8_layer_bytes(config: ModelConfig) -> int:
     return config.dim + config.ffn_dim if ek.fp8_fits(gate) else 0
 
 
-def _train_bytes_per_token(config: ModelConfig, activation_bytes: int, recompute: bool, fp8: bool) -> int:
-    """Activation bytes per token alive at the training step's peak."""
+def _train_bytes_per_token(
+    config: ModelConfig, activation_bytes: int, recompute: bool, fp8: bool, keep: bool = False
+) -> int:
+    """Activation bytes per token alive at the training step's peak (keep: the bf16 caches keep the norms'
+    outputs and the SwiGLU product; in the fp8 mode only the attention norm's, the FFN's being FP8 copies)."""
     c, f, v = config.dim, config.ffn_dim, config.vocab_size
     temporaries = activation_bytes * (3 * v + 3 * f + 4 * c)  # one head's logits + backward temporaries
-    layer = activation_bytes * _layer_floats(config, bf16=activation_bytes == 2)
-    layer += _fp8_layer_bytes(config) if fp8 else 0
+    fp8_bytes = _fp8_layer_bytes(config) if fp8 else 0
+    remade = activation_bytes == 2 and not (keep and not fp8_bytes)
+    layer = activation_bytes * _layer_floats(config, bf16=remade)
+    layer += fp8_bytes + (activation_bytes * c if keep and fp8_bytes else 0)
     if recompute:  # the streams, then one layer's caches at a time
         return 4 * _stream_floats(config) + layer + temporaries
     return config.n_layers * layer + temporaries
@@ -77,17 +83,19 @@ def step_memory(
     activation_bytes: int = 4,
     recompute: bool = False,
     fp8: bool = False,
+    keep_activations: bool = False,
 ) -> dict[str, int]:
     """Bytes of one optimizer step on one process: {"weights", "gradients", "optimizer", "activations",
     "evaluation", "total"}; `activation_bytes` is 2 for bf16 activations (weights and the residual stream
     stay float32); `recompute`: the layers are re-run in the backward (loss_and_grads(recompute=True));
-    `fp8`: the fp8 mode (with activation_bytes 2), whose FFN keeps FP8 copies where bf16 re-makes."""
+    `fp8`: the fp8 mode (with activation_bytes 2), whose FFN keeps FP8 copies where bf16 re-makes;
+    `keep_activations`: the bf16 caches keep what the backward would re-make (trunk_forward's)."""
     n_params = count_params(config)
     tokens = batch_size * config.context
     weights = 4 * n_params
     gradients = 4 * n_params * (2 if grad_accum > 1 else 1)  # micro-batch gradients + their running sum
     optimizer = 8 * n_params  # AdamW's m and v, float32
-    activations = tokens * _train_bytes_per_token(config, activation_bytes, recompute, fp8)
+    activations = tokens * _train_bytes_per_token(config, activation_bytes, recompute, fp8, keep_activations)
     evaluation = tokens * _eval_bytes_per_token(config)
     peak = weights + optimizer + max(gradients + activations, evaluation)
     return {

@@ -49,6 +49,7 @@ def trunk_forward(
     kv: Any = None,
     recompute: bool = False,
     fp8_scales: Any = None,
+    keep_activations: bool = False,
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
 
@@ -60,6 +61,8 @@ def trunk_forward(
     layer's forward from it (recompute.py). Also what a forward without backward uses (less memory).
     fp8_scales: delayed FP8 scales (ek.new_fp8_scales(blocks.fp8_scale_formats(config))) for the FFN's
     SwiGLU outputs in the fp8 mode (blocks.py); None: each FP8 operand cast with its own maximum.
+    keep_activations: on the bf16 path, the caches keep each norm's output and the SwiGLU product instead
+    of the backward re-making them (blocks.py; faster, 2C + F more bf16 values per token and layer).
     """
     if kv is not None and recompute:
         raise ValueError("trunk_forward: recompute is for a forward without KV cache")
@@ -88,8 +91,9 @@ def trunk_forward(
         layer_params = _with_fp8_copies(params, [k for k in fp8 if k.startswith(f"layers.{i}.")])
         if fp8_scales is not None and fp8:  # the layer's slots of the delayed FP8 scales (blocks.py)
             layer_params = {**layer_params, FP8_SCALES: (fp8_scales, len(FP8_SLOT_FORMATS) * i)}
-        saved = LayerInput(config, layer_params, i, stream, (b, t), rope, bf16) if recompute else None
-        stream, cache = layer_forward(config, layer_params, i, stream, (b, t), rope, layer_kv, bf16)
+        keep = keep_activations and bf16
+        saved = LayerInput(config, layer_params, i, stream, (b, t), rope, bf16, keep) if recompute else None
+        stream, cache = layer_forward(config, layer_params, i, stream, (b, t), rope, layer_kv, bf16, keep)
         del layer_params
         caches.append(cache if saved is None else saved)
         del cache  # with recompute the layer's caches are freed here
@@ -325,6 +329,7 @@ def loss_and_grads_on_device(
     recompute: bool = False,
     grad_scale: Any = None,
     fp8_scales: Any = None,
+    keep_activations: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
@@ -333,22 +338,24 @@ def loss_and_grads_on_device(
     grad_scale: a 0-d array on the parameters' device (nothing is copied from the host) that multiplies
     every gradient (not the loss), applied to the loss's gradient before the backward: the gradients come
     out already weighted, with no pass over them afterwards (the training step's one micro-batch, step.py).
-    fp8_scales: as trunk_forward's (GPU, fp8 mode)."""
+    fp8_scales, keep_activations: as trunk_forward's (GPU, bf16 and fp8 modes)."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
     if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
         return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute, grad_scale)
     return _loss_and_grads_rows(
-        config, params, tokens, targets, loss_mask, None, recompute, grad_scale, fp8_scales
+        config, params, tokens, targets, loss_mask, None, recompute, grad_scale, fp8_scales, keep_activations
     )
 
 
 def _loss_and_grads_rows(
     config, params, tokens, targets, loss_mask, head_scales=None, recompute=False, grad_scale=None,
-    fp8_scales=None,
+    fp8_scales=None, keep_activations=False,
 ) -> tuple[Any, dict]:  # fmt: skip
     """The loss and every gradient of one batch (or one slice of rows of it, head_scales and grad_scale
     as in _heads_loss_and_grads), in the calling thread."""
-    h, trunk_caches = trunk_forward(config, params, tokens, recompute=recompute, fp8_scales=fp8_scales)
+    h, trunk_caches = trunk_forward(
+        config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations
+    )
     loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales, grad_scale)
     from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
     grads.update(trunk_backward(config, dh, trunk_caches))
@@ -395,12 +402,14 @@ def loss_and_grads(
     targets: Any,
     loss_mask: Any = None,
     recompute: bool = False,
+    keep_activations: bool = False,
 ) -> tuple[float, dict[str, Any]]:
     """The MTP training loss and its gradient for every parameter (keyed like params).
 
     tokens (B, T) int; targets and loss_mask (B, T + K - 1); head k is scored on targets[:, k:k+T].
     recompute: keep only each layer's input in the forward and re-run the layer in the backward (less
     memory, one more forward of the blocks; the same gradients bit for bit, see recompute.py).
+    keep_activations: as trunk_forward's (the GPU's bf16 path; elsewhere nothing is re-made).
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -409,7 +418,9 @@ def loss_and_grads(
     >>> sorted(grads) == sorted(p)
     True
     """
-    loss, grads = loss_and_grads_on_device(config, params, tokens, targets, loss_mask, recompute)
+    loss, grads = loss_and_grads_on_device(
+        config, params, tokens, targets, loss_mask, recompute, keep_activations=keep_activations
+    )
     return float(loss), grads
 
 

@@ -41,11 +41,12 @@ class LayerInput:
     bt: tuple[int, int]  # (B, T)
     rope: tuple[Any, Any]  # cos/sin tables
     bf16: bool
+    keep: bool = False  # the bf16 caches keep the norms' outputs and the SwiGLU product (blocks.py)
 
     def caches(self) -> tuple:
         """The layer's (attention cache, FFN cache), made again by its forward."""
         _, cache = layer_forward(
-            self.config, self.params, self.index, self.stream, self.bt, self.rope, None, self.bf16
+            self.config, self.params, self.index, self.stream, self.bt, self.rope, None, self.bf16, self.keep
         )
         return cache
 

@@ -77,6 +77,9 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
     rerun = {**train, "recompute": True}
     if not train["recompute"] and _total(mcfg, train["batch_size"], rerun, precision) * share <= have:
         lower = f"set train.recompute=true (--recompute: it fits then) or {lower}"
+    remade = {**train, "keep_activations": False}
+    if train["keep_activations"] and _total(mcfg, train["batch_size"], remade, precision) * share <= have:
+        lower = f"set train.keep_activations=false (it fits then) or {lower}"
     state = need["weights"] + need["gradients"] + need["optimizer"]
     raise ConfigError(
         f"the step needs about {gib(need['total'] * share)} of {where} but {gib(have)} is available "
@@ -92,7 +95,8 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
 def _estimate(mcfg: Any, batch: int, train: dict, precision: str) -> dict[str, int]:
     act = 2 if precision in ("bf16", "fp8") else 4  # bytes of an activation
     fp8 = precision == "fp8"
-    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"], fp8)
+    keep = train["keep_activations"]
+    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"], fp8, keep)
 
 
 def _total(mcfg: Any, batch: int, train: dict, precision: str) -> int:

@@ -112,12 +112,14 @@ def train_step(
     recompute: bool = False,
     fp8_scales: Any = None,
     copies: dict[str, Any] | None = None,
+    keep_activations: bool = False,
 ) -> None:
     """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
     layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py);
     `fp8_scales`: delayed FP8 scales of the fp8 mode (euler_model.blocks), updated at the step's end from
     the maxima its kernels measured (on the device: a captured step updates them every replay);
-    `copies`: bf16_weight_copies(...), which the forward multiplies and the update rewrites.
+    `copies`: bf16_weight_copies(...), which the forward multiplies and the update rewrites;
+    `keep_activations`: the bf16 forward keeps what its backward would re-make (train.keep_activations).
 
     Several micro-batches: each one's gradients are weighted by its share and summed into buf.grads. One
     micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
@@ -138,6 +140,7 @@ def train_step(
             recompute,
             scale,
             fp8_scales,
+            keep_activations,
         )
         if count == 1:
             buf.grads = grads
@@ -170,9 +173,10 @@ class EagerStep:
         max_norm: float,
         recompute: bool = False,
         fp8_scales: Any = None,
+        keep_activations: bool = False,
     ) -> None:
         self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
-        self.recompute, self.fp8_scales = recompute, fp8_scales
+        self.recompute, self.fp8_scales, self.keep_activations = recompute, fp8_scales, keep_activations
         self.buf: StepBuffers | None = None
         self.copies: dict[str, Any] | None = None  # bf16_weight_copies, made at the first step
 
@@ -184,6 +188,6 @@ class EagerStep:
         if self.copies is None:
             self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
         self.buf.write(micro, shares, hyper)
-        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies)
+        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, self.keep_activations)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
         return self.buf.read()
