@@ -122,7 +122,9 @@ def test_the_refusal_suggests_recompute_when_it_would_fit(monkeypatch) -> None:
 
 def test_the_refusal_suggests_re_making_activations_when_it_would_fit(monkeypatch) -> None:
     cfg = resolve_config("350m", overrides=["run.device='gpu'", "run.precision='bf16'"])
-    cfg["train"]["keep_activations"] = True
+    assert cfg["train"]["keep_activations"] is True  # the preset keeps them: a smaller GPU gets this line
+    remade_cfg = resolve_config("350m", overrides=["train.keep_activations=false"])
+    assert remade_cfg["train"]["keep_activations"] is False
     mcfg = euler_model.preset("350m")
     kept = euler_model.step_memory(mcfg, 16, activation_bytes=2, keep_activations=True)["total"]
     remade = euler_model.step_memory(mcfg, 16, activation_bytes=2)["total"]
