@@ -106,35 +106,49 @@ class FakeHost:
     kind = "cpu"
 
 
-def test_the_refusal_suggests_recompute_when_it_would_fit(monkeypatch) -> None:
-    cfg = resolve_config("350m", overrides=["run.device='cpu'", "run.precision='fp32'"])
-    mcfg = euler_model.preset("350m")
-    without = euler_model.step_memory(mcfg, 16)["total"]
-    rerun = euler_model.step_memory(mcfg, 16, recompute=True)["total"]
-    assert rerun < without
-    have = (rerun + without) // 2
-    monkeypatch.setattr(memory_check, "available_bytes", lambda device: (have, "available host memory"))
-    with pytest.raises(ConfigError, match=r"set train.recompute=true \(--recompute: it fits then\)"):
-        memory_check.check_memory(cfg, mcfg, FakeHost())
-    cfg["train"]["recompute"] = True
-    assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == rerun
+# setting -> (run.precision, the value with which it fits, step_memory's arguments as the preset sets it and
+# with that value, the refusal's suggestion)
+SUGGESTIONS = {
+    "recompute": (
+        "fp32",
+        True,
+        {},
+        {"recompute": True},
+        r"set train.recompute=true \(--recompute: it fits then\)",
+    ),
+    "keep_activations": (
+        "bf16",
+        False,
+        {"activation_bytes": 2, "keep_activations": True},
+        {"activation_bytes": 2},
+        r"set train.keep_activations=false \(it fits then\)",
+    ),
+}
 
 
-def test_the_refusal_suggests_re_making_activations_when_it_would_fit(monkeypatch) -> None:
-    cfg = resolve_config("350m", overrides=["run.device='gpu'", "run.precision='bf16'"])
-    assert cfg["train"]["keep_activations"] is True  # the preset keeps them: a smaller GPU gets this line
-    remade_cfg = resolve_config("350m", overrides=["train.keep_activations=false"])
-    assert remade_cfg["train"]["keep_activations"] is False
+@pytest.mark.parametrize("key", sorted(SUGGESTIONS))
+def test_the_refusal_suggests_the_setting_with_which_it_would_fit(key, monkeypatch) -> None:
+    precision, value, as_set, changed, suggestion = SUGGESTIONS[key]
+    device = "cpu" if precision == "fp32" else "gpu"
+    cfg = resolve_config("350m", overrides=[f"run.device='{device}'", f"run.precision='{precision}'"])
+    assert cfg["train"][key] is not value  # the preset's own setting
     mcfg = euler_model.preset("350m")
-    kept = euler_model.step_memory(mcfg, 16, activation_bytes=2, keep_activations=True)["total"]
-    remade = euler_model.step_memory(mcfg, 16, activation_bytes=2)["total"]
-    assert remade < kept
-    have = (remade + kept) // 2
+    need = euler_model.step_memory(mcfg, 16, **as_set)["total"]
+    fits = euler_model.step_memory(mcfg, 16, **changed)["total"]
+    assert fits < need
+    have = (fits + need) // 2
     monkeypatch.setattr(memory_check, "available_bytes", lambda device: (have, "available host memory"))
-    with pytest.raises(ConfigError, match=r"set train.keep_activations=false \(it fits then\)"):
+    with pytest.raises(ConfigError, match=suggestion):
         memory_check.check_memory(cfg, mcfg, FakeHost())
-    cfg["train"]["keep_activations"] = False
-    assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == remade
+    cfg["train"][key] = value
+    assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == fits
+
+
+def test_350m_keeps_its_activations_unless_told_not_to() -> None:
+    assert resolve_config("350m")["train"]["keep_activations"] is True
+    assert resolve_config("1b")["train"]["keep_activations"] is False  # no memory room beside compile's
+    off = resolve_config("350m", overrides=["train.keep_activations=false"])
+    assert off["train"]["keep_activations"] is False
     with pytest.raises(ConfigError, match=r"train\.keep_activations must be bool"):
         resolve_config("tiny", overrides=["train.keep_activations='yes'"])
 
