@@ -320,7 +320,8 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}: preset {args.preset} ({count_params(cfg) / 1e6:.1f}M params; dim "
         f"{cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}, {cfg.n_layers} layers, ffn "
         f"{cfg.ffn_dim}, vocab {cfg.vocab_size}, K {cfg.n_mtp_heads}), B={batch}, T={cfg.context}, "
-        f"optimizer {train['optimizer']}{', recompute' if train['recompute'] else ''}, "
+        f"optimizer {train['optimizer']}{', recompute' if train['recompute'] else ''}"
+        f"{', activations kept' if train['keep_activations'] and bf16 else ''}, "
         + {
             "fp8": "fp8 (ours: bf16 activations, MLP and heads in FP8; PyTorch: bf16 autocast)",
             "bf16": "bf16 (ours: bf16 activations; PyTorch: autocast)",
