@@ -76,6 +76,7 @@ def trunk_forward(
         keep_freed_memory()
     b, t = tokens.shape
     bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
+    keep = keep_activations and bf16  # the bf16 caches keep what the backward would re-make
     fp8: list[str] = []
     if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
         bf16_names = _block_bf16_names(params)
@@ -91,7 +92,6 @@ def trunk_forward(
         layer_params = _with_fp8_copies(params, [k for k in fp8 if k.startswith(f"layers.{i}.")])
         if fp8_scales is not None and fp8:  # the layer's slots of the delayed FP8 scales (blocks.py)
             layer_params = {**layer_params, FP8_SCALES: (fp8_scales, len(FP8_SLOT_FORMATS) * i)}
-        keep = keep_activations and bf16
         saved = LayerInput(config, layer_params, i, stream, (b, t), rope, bf16, keep) if recompute else None
         stream, cache = layer_forward(config, layer_params, i, stream, (b, t), rope, layer_kv, bf16, keep)
         del layer_params
