@@ -29,6 +29,17 @@ def fused(*arrays: Any) -> bool:
     return all(not isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
 
 
+def fused_grads(*grads: Any) -> bool:
+    """Whether the multi-tensor kernels take these gradients: C-contiguous CuPy arrays, each float32 or
+    bf16 (uint16 bit patterns: the bf16 weight gradients of train.bf16_grads), kernels on."""
+    if not grads or isinstance(grads[0], np.ndarray) or not kernels_on():
+        return False
+    return all(
+        not isinstance(g, np.ndarray) and g.dtype in (np.float32, np.uint16) and g.flags.c_contiguous
+        for g in grads
+    )
+
+
 def kernels_on() -> bool:
     """Whether the fused kernels may run at all (EULER_FUSED_KERNELS is not 0)."""
     return os.environ.get("EULER_FUSED_KERNELS", "1") != "0"
@@ -52,8 +63,8 @@ def kernel_settings() -> tuple:
 def bf16_activations(*arrays: Any) -> bool:
     """Whether the bf16 path is on for a model on these arrays: float32 CuPy arrays (see `fused`) and
     EULER_MATMUL_PRECISION=bf16 or fp8. Then norms, projections, RoPE, SwiGLU and attention store their
-    outputs as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights, softmax
-    statistics and the loss stay float32."""
+    outputs as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights (unless
+    bf16 ones are asked for: train.bf16_grads), softmax statistics and the loss stay float32."""
     return fused(*arrays) and matmul_precision() in BF16_MODES
 
 
@@ -69,4 +80,12 @@ def fused_cache(cache: tuple) -> bool:
     return isinstance(cache[0], str) and cache[0] == "cuda"
 
 
-__all__ = ["bf16_activations", "fp8_products", "fused", "fused_cache", "kernel_settings", "kernels_on"]
+__all__ = [
+    "bf16_activations",
+    "fp8_products",
+    "fused",
+    "fused_cache",
+    "fused_grads",
+    "kernel_settings",
+    "kernels_on",
+]

@@ -79,6 +79,12 @@ def from_bf16(x16: Any) -> Any:
     return (x16.astype(cupy.uint32) << 16).view(cupy.float32)
 
 
+def as_float32(x: Any) -> Any:
+    """x itself, or the float32 values of a bf16 array (bf16 weight gradients on a path without
+    multi-tensor kernels)."""
+    return from_bf16(x) if x.dtype == np.uint16 and not isinstance(x, np.ndarray) else x
+
+
 def to_bf16_many(tensors: list[Any], out: list[Any] | None = None) -> list[Any]:
     """bf16 copies (uint16 bit patterns) of C-contiguous float32 tensors, all made in one launch.
 

@@ -112,6 +112,26 @@ __device__ __forceinline__ void store4(unsigned short* out, size_t i4, float4 v)
     reinterpret_cast<uint2*>(out)[i4] = make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
 }
 
+// One tensor's gradient: float32, or bf16 bit patterns (unsigned short) where bf16 is set (train.bf16_grads).
+struct GradRef {
+    const void* p;
+    bool bf16;
+};
+
+// The gradient tensor t of a list whose per-tensor flags bf16[t] say which storage it has.
+__device__ __forceinline__ GradRef grad_ref(const void* const* grads, const int* bf16, int t) {
+    return GradRef{grads[t], bf16[t] != 0};
+}
+
+__device__ __forceinline__ float grad_at(GradRef g, long long j) {
+    return g.bf16 ? bf16_to_float(static_cast<const unsigned short*>(g.p)[j]) : static_cast<const float*>(g.p)[j];
+}
+
+// Four gradient values at float4 index i4 (a 16-byte load, or an 8-byte one of bf16).
+__device__ __forceinline__ float4 grad4(GradRef g, size_t i4) {
+    return g.bf16 ? load4(static_cast<const unsigned short*>(g.p), i4) : load4(static_cast<const float*>(g.p), i4);
+}
+
 // The value as an output of that type stores it: itself for float32, rounded to bf16 for bf16.
 __device__ __forceinline__ float as_stored(const float*, float v) { return v; }
 __device__ __forceinline__ float as_stored(const unsigned short*, float v) { return bf16_to_float(float_to_bf16(v)); }

@@ -16,18 +16,20 @@ struct AdamWScalars {
 };
 
 // AdamW over elements [begin, end) of one tensor (begin a multiple of 4): four elements a thread (one
-// 16-byte load and store per array) where p, m, v and g are 16-byte aligned, then the tail one at a time;
-// copy (nullptr: none) gets the updated weights rounded to bf16 in the same pass (the next step's copy).
-__device__ __forceinline__ void adamw_chunk(float* p, float* m, float* v, const float* g, unsigned short* copy,
+// 16-byte load and store per array, 8 bytes for bf16) where p, m, v and g are aligned to that, then the
+// tail one at a time; copy (nullptr: none) gets the updated weights rounded to bf16 in the same pass (the
+// next step's copy).
+__device__ __forceinline__ void adamw_chunk(float* p, float* m, float* v, GradRef g, unsigned short* copy,
                                             long long begin, long long end, float decay, const AdamWScalars& s) {
-    const size_t bits = reinterpret_cast<size_t>(p) | reinterpret_cast<size_t>(m) | reinterpret_cast<size_t>(v) |
-                        reinterpret_cast<size_t>(g);
-    const bool vec = (bits & 15) == 0 && (reinterpret_cast<size_t>(copy) & 7) == 0;
+    const size_t bits = reinterpret_cast<size_t>(p) | reinterpret_cast<size_t>(m) | reinterpret_cast<size_t>(v);
+    const size_t g_align = g.bf16 ? 7 : 15;
+    const bool vec = (bits & 15) == 0 && (reinterpret_cast<size_t>(g.p) & g_align) == 0 &&
+                     (reinterpret_cast<size_t>(copy) & 7) == 0;
     const long long vec_end = vec ? begin + ((end - begin) & ~3LL) : begin;
     for (long long j = begin + 4 * threadIdx.x; j < vec_end; j += 4 * blockDim.x) {
         const size_t j4 = j / 4;
         float4 pj = load4(p, j4), mj = load4(m, j4), vj = load4(v, j4);
-        const float4 gj = load4(g, j4);
+        const float4 gj = grad4(g, j4);
         adamw_element(pj.x, mj.x, vj.x, gj.x * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
         adamw_element(pj.y, mj.y, vj.y, gj.y * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
         adamw_element(pj.z, mj.z, vj.z, gj.z * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
@@ -38,14 +40,14 @@ __device__ __forceinline__ void adamw_chunk(float* p, float* m, float* v, const 
         if (copy != nullptr) store4(copy, j4, pj);
     }
     for (long long j = vec_end + threadIdx.x; j < end; j += blockDim.x) {
-        adamw_element(p[j], m[j], v[j], g[j] * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
+        adamw_element(p[j], m[j], v[j], grad_at(g, j) * s.gs, decay, s.lr, s.beta1, s.beta2, s.eps, s.bc1, s.bc2);
         if (copy != nullptr) copy[j] = float_to_bf16(p[j]);
     }
 }
 
 // AdamW over every tensor; grad_scale (device scalar) is the clipping factor, the rest come from the host.
 extern "C" __global__ void adamw_multi(float* const* params, float* const* ms, float* const* vs,
-                                       const float* const* grads, const float* weight_decay,
+                                       const void* const* grads, const int* grad_bf16, const float* weight_decay,
                                        const int* chunk_tensor, const long long* chunk_start,
                                        const long long* sizes, const float* grad_scale, float lr, float beta1,
                                        float beta2, float eps, float bias_correction1, float bias_correction2) {
@@ -53,14 +55,15 @@ extern "C" __global__ void adamw_multi(float* const* params, float* const* ms, f
     long long begin, end;
     chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
     const AdamWScalars s{grad_scale[0], lr, beta1, beta2, eps, bias_correction1, bias_correction2};
-    adamw_chunk(params[t], ms[t], vs[t], grads[t], nullptr, begin, end, weight_decay[t], s);
+    adamw_chunk(params[t], ms[t], vs[t], grad_ref(grads, grad_bf16, t), nullptr, begin, end, weight_decay[t], s);
 }
 
 // The same update with everything that changes per step read from the device (a CUDA graph replays it):
 // control = [grad_scale, apply, lr, bias_correction1, bias_correction2, norm], written by step_control;
 // copies[t] (nullptr: none) is tensor t's bf16 copy, rewritten from the updated weights.
 extern "C" __global__ void adamw_multi_ctl(float* const* params, float* const* ms, float* const* vs,
-                                           const float* const* grads, const float* weight_decay,
+                                           const void* const* grads, const int* grad_bf16,
+                                           const float* weight_decay,
                                            const int* chunk_tensor, const long long* chunk_start,
                                            const long long* sizes, unsigned short* const* copies,
                                            const float* control, float beta1, float beta2, float eps) {
@@ -69,7 +72,7 @@ extern "C" __global__ void adamw_multi_ctl(float* const* params, float* const* m
     long long begin, end;
     chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
     const AdamWScalars s{control[0], control[2], beta1, beta2, eps, control[3], control[4]};
-    adamw_chunk(params[t], ms[t], vs[t], grads[t], copies[t], begin, end, weight_decay[t], s);
+    adamw_chunk(params[t], ms[t], vs[t], grad_ref(grads, grad_bf16, t), copies[t], begin, end, weight_decay[t], s);
 }
 
 // Per-step control on the device, from the gradients' sum of squares and the loss:
@@ -87,16 +90,21 @@ extern "C" __global__ void step_control(float* control, const double* sum_square
     control[5] = norm;
 }
 
-// Sum of squares of every element of every tensor: one double per chunk in partials[chunk] (no atomics
-// on one address, which would serialise thousands of blocks), summed by sum_partials.
-extern "C" __global__ void sum_squares_multi(double* partials, const float* const* tensors,
+// Sum of squares of every element of every tensor (float32, or bf16 where bf16[t] is set): one double per
+// chunk in partials[chunk] (no atomics on one address, which would serialise thousands of blocks), summed
+// by sum_partials.
+extern "C" __global__ void sum_squares_multi(double* partials, const void* const* tensors, const int* bf16,
                                              const int* chunk_tensor, const long long* chunk_start,
                                              const long long* sizes) {
     int t;
     long long begin, end;
     chunk_range(chunk_tensor, chunk_start, sizes, &t, &begin, &end);
+    const GradRef g = grad_ref(tensors, bf16, t);
     double acc = 0.0;
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) acc += (double)tensors[t][j] * tensors[t][j];
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        const double x = grad_at(g, j);
+        acc += x * x;
+    }
     const double s = block_sum_double(acc);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }

@@ -36,13 +36,22 @@ def chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
     return table_cache.get(tuple((t.data.ptr, t.size) for t in tensors), build)
 
 
+def bf16_table(tensors: list[Any]) -> Any:
+    """Device flags, one int32 a tensor: 1 where it is bf16 (uint16 bit patterns), 0 where float32 (cached
+    by the list of flags; the kernels that read gradients of either kind take it beside the pointers)."""
+    flags = tuple(int(t.dtype == np.uint16) for t in tensors)
+    (table,) = table_cache.get(("bf16 flags", *flags), lambda: upload(np.array(flags, dtype=np.int32)))
+    return table
+
+
 def sum_squares_multi(tensors: list[Any]) -> Any:
-    """Sum of squares of all elements of all float32 tensors, as a float64 device scalar (shape (1,))."""
+    """Sum of squares of all elements of all tensors (float32, or bf16 bit patterns), as a float64 device
+    scalar (shape (1,))."""
     import cupy
 
     pointers, chunk_tensor, chunk_start, sizes = chunk_table(tensors)
     partials = cupy.empty((chunk_tensor.size,), dtype=cupy.float64)  # one per chunk
-    args = (partials, pointers, chunk_tensor, chunk_start, sizes)
+    args = (partials, pointers, bf16_table(tensors), chunk_tensor, chunk_start, sizes)
     get_kernel("multi_tensor.cu", "sum_squares_multi")((chunk_tensor.size,), (THREADS,), args)
     out = cupy.empty((1,), dtype=cupy.float64)
     get_kernel("multi_tensor.cu", "sum_partials")((1,), (1024,), (out, partials, np.int32(partials.size)))
@@ -76,11 +85,12 @@ def _decay_table(weight_decays: list[float]) -> Any:
 def _adamw_tables(
     params: list[Any], ms: list[Any], vs: list[Any], grads: list[Any], weight_decays: list[float]
 ) -> tuple:
-    """The eight table arguments both AdamW kernels start with: pointers of params, m, v, grads, the
-    decays, chunk -> tensor, chunk -> start, sizes."""
+    """The nine table arguments both AdamW kernels start with: pointers of params, m, v, grads, the grads'
+    bf16 flags, the decays, chunk -> tensor, chunk -> start, sizes."""
     p_ptr, chunk_tensor, chunk_start, sizes = chunk_table(params)
     m_ptr, v_ptr, g_ptr = (chunk_table(ts)[0] for ts in (ms, vs, grads))
-    return (p_ptr, m_ptr, v_ptr, g_ptr, _decay_table(weight_decays), chunk_tensor, chunk_start, sizes)
+    flags = bf16_table(grads)
+    return (p_ptr, m_ptr, v_ptr, g_ptr, flags, _decay_table(weight_decays), chunk_tensor, chunk_start, sizes)
 
 
 def adamw_multi(
@@ -96,14 +106,15 @@ def adamw_multi(
     eps: float,
     grad_scale: Any = None,
 ) -> None:
-    """One launch updates every tensor in place; grad_scale is an optional float32 device scalar."""
+    """One launch updates every tensor in place; grads float32 or bf16 (uint16) each; grad_scale is an
+    optional float32 device scalar."""
     import cupy
 
     tables = _adamw_tables(params, ms, vs, grads, weight_decays)
     scale = cupy.ones((1,), dtype=cupy.float32) if grad_scale is None else grad_scale
     bc1, bc2 = bias_corrections
     args = (*tables, scale, *(np.float32(x) for x in (lr, beta1, beta2, eps, bc1, bc2)))
-    grid = (tables[5].size,)  # one block per chunk
+    grid = (tables[6].size,)  # one block per chunk
     get_kernel("multi_tensor.cu", "adamw_multi")(grid, (THREADS,), args)
 
 
@@ -166,5 +177,5 @@ def adamw_multi_ctl(
         np.float32(beta2),
         np.float32(eps),
     )
-    grid = (tables[5].size,)  # one block per chunk
+    grid = (tables[6].size,)  # one block per chunk
     get_kernel("multi_tensor.cu", "adamw_multi_ctl")(grid, (THREADS,), args)

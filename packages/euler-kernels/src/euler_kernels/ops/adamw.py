@@ -12,16 +12,20 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import get_array_module
+from euler_kernels.backend import get_array_module, is_bf16
 from euler_kernels.cuda import multi_tensor
+from euler_kernels.cuda.cast import as_float32
 
 
 def _check(param: Any, m: Any, v: Any, grad: Any) -> None:
+    """One shape; one float dtype, except a bf16 gradient of a float32 CuPy weight (train.bf16_grads)."""
     arrays = {"param": param, "m": m, "v": v, "grad": grad}
     if any(a.shape != param.shape for a in arrays.values()):
         shapes = ", ".join(f"{n}{tuple(a.shape)}" for n, a in arrays.items())
         raise ValueError(f"adamw_update: param, m, v and grad must share one shape; got {shapes}")
-    if any(a.dtype != param.dtype for a in arrays.values()) or param.dtype.kind != "f":
+    bf16_grad = is_bf16(grad) and param.dtype == np.float32
+    same = [a for n, a in arrays.items() if not (n == "grad" and bf16_grad)]
+    if any(a.dtype != param.dtype for a in same) or param.dtype.kind != "f":
         dtypes = ", ".join(f"{n}: {a.dtype}" for n, a in arrays.items())
         raise ValueError(f"adamw_update: param, m, v and grad must share one float dtype; got {dtypes}")
 
@@ -124,7 +128,7 @@ def adamw_update_many(
         multi_tensor.adamw_multi(params, ms, vs, grads, decays, bc, lr, beta1, beta2, eps)
         return
     for p, m, v, g, wd in zip(params, ms, vs, grads, decays):
-        _update(p, m, v, g, wd, lr, *bc, beta1, beta2, eps)
+        _update(p, m, v, as_float32(g), wd, lr, *bc, beta1, beta2, eps)
 
 
 def adamw_update_ctl(
@@ -164,9 +168,12 @@ def adamw_update_ctl(
     if apply == 0.0:
         return
     for p, m, v, g, wd in zip(params, ms, vs, grads, weight_decays):
+        g = as_float32(g)
         _update(p, m, v, g * scale if scale != 1.0 else g, wd, lr, bc1, bc2, beta1, beta2, eps)
 
 
-def _fused(*lists: list[Any]) -> bool:
-    tensors = [t for ts in lists for t in ts]
-    return bool(tensors) and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors)
+def _fused(params: list[Any], ms: list[Any], vs: list[Any], grads: list[Any]) -> bool:
+    """Whether one multi-tensor launch takes them: float32 CuPy state, float32 or bf16 gradients."""
+    tensors = [*params, *ms, *vs]
+    state = bool(tensors) and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors)
+    return state and cuda.fused_grads(*grads)

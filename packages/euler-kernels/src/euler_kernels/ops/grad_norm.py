@@ -11,6 +11,7 @@ import numpy as np
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
 from euler_kernels.cuda import multi_tensor
+from euler_kernels.cuda.cast import as_float32
 
 
 def _as_list(grads: Iterable[Any] | Mapping[str, Any]) -> list[Any]:
@@ -19,19 +20,20 @@ def _as_list(grads: Iterable[Any] | Mapping[str, Any]) -> list[Any]:
 
 def sum_squares_many(grads: Iterable[Any] | Mapping[str, Any]) -> Any:
     """sum over arrays of sum(g ** 2) as a float64 array of shape (1,) where the arrays live (nothing
-    is read back: step_control takes it on the device). Float32 CuPy arrays: one multi-tensor launch.
+    is read back: step_control takes it on the device). Float32 or bf16 CuPy arrays: one multi-tensor
+    launch.
 
     >>> import numpy as np
     >>> sum_squares_many([np.array([3.0]), np.array([4.0])]).tolist()
     [25.0]
     """
     arrays = _as_list(grads)
-    if arrays and cuda.fused(*arrays) and all(g.flags.c_contiguous for g in arrays):
+    if cuda.fused_grads(*arrays):
         return multi_tensor.sum_squares_multi(arrays)  # float64 sums per chunk, in a fixed order
     xp = get_array_module(arrays[0]) if arrays else np
     total = xp.zeros((1,), dtype=xp.float64)
     for g in arrays:
-        flat = g.reshape(-1)
+        flat = as_float32(g).reshape(-1)
         total += xp.dot(flat, flat).astype(xp.float64)
     return total
 

@@ -107,6 +107,7 @@ def linear_backward(
     x: Any = None,
     dout_amax: Any = None,
     dweight: bool = True,
+    bf16_dweight: bool = False,
 ) -> tuple[Any, Any]:
     """Gradients (dx (..., C_in), dweight (C_out, C_in)).
 
@@ -122,6 +123,9 @@ def linear_backward(
     earlier bf16_dx) takes the sum rounded to bf16 once (cuBLAS adds in float32, then rounds).
     dout_amax (FP8 path only): dout's absolute maximum from the kernel that made it, as linear_forward's
     x_amax.
+    bf16_dweight (bf16 and FP8 products): dweight is bf16, the float32 sums rounded once as cuBLAS writes
+    them (what autocast's weight gradients are before their cast to float32; half the bytes to write, and
+    for the optimizer to read).
     """
     if dx_into is not None and not dx_into.flags.c_contiguous:
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
@@ -136,7 +140,7 @@ def linear_backward(
         x_shape = cache[4]
         _check_into(dx_into, x_shape)
         x_again = None if cache[1] is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
-        return backward_fp8(dout, cache, dx_into, bf16_dx, x_again, dout_amax)
+        return backward_fp8(dout, cache, dx_into, bf16_dx, x_again, dout_amax, bf16_dweight)
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
         _, _, w16, x_shape, w_shape = cache
         if dout.shape != (*x_shape[:-1], w_shape[0]):
@@ -148,7 +152,9 @@ def linear_backward(
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
         dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx or into16).reshape(x_shape)
         dx = dx if dx_into is None else dx_into
-        return dx, (linear_weight_grad(d16, cache, x) if dweight else None)
+        return dx, (linear_weight_grad(d16, cache, x, bf16_dweight) if dweight else None)
+    if bf16_dweight:
+        raise ValueError("linear_backward: bf16_dweight needs a bf16 or FP8 product (GPU, bf16 or fp8 mode)")
     kept, weight = cache
     if kept is None and x is None and not dweight:  # dx alone: its shape from dout's
         x_shape = (*dout.shape[:-1], weight.shape[1])
@@ -170,16 +176,20 @@ def linear_backward(
     return dx, (linear_weight_grad(dout, cache, x) if dweight else None)
 
 
-def linear_weight_grad(dout: Any, cache: tuple, x: Any = None) -> Any:
+def linear_weight_grad(dout: Any, cache: tuple, x: Any = None, bf16_dweight: bool = False) -> Any:
     """dweight (C_out, C_in) = dout^T x of a bf16 or float32 linear_forward (what linear_backward returns
-    beside dx); x: the forward's input, re-made, when the forward did not keep it."""
+    beside dx); x: the forward's input, re-made, when the forward did not keep it; bf16_dweight (bf16
+    products): dweight rounded to bf16 as linear_backward's."""
     if isinstance(cache[0], str) and cache[0] == "fp8":
         raise ValueError("linear_weight_grad: FP8 products take linear_backward")
     if isinstance(cache[0], str):  # bf16 on the GPU: both operands rounded as the forward rounded them
         _, x16, _, x_shape, w_shape = cache
         if x16 is None:  # a bf16 x is taken as it is
             x16 = cast.as_bf16(_input_again(x, x_shape).reshape(-1, x_shape[-1]))
-        return gemm.gemm_bf16(cast.as_bf16(dout.reshape(-1, w_shape[0])), x16, trans_a=True)
+        d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
+        return gemm.gemm_bf16(d16, x16, trans_a=True, bf16_out=bf16_dweight)
+    if bf16_dweight:
+        raise ValueError("linear_weight_grad: bf16_dweight needs a bf16 product (the GPU's bf16 mode)")
     kept, weight = cache
     x = kept if kept is not None else _input_again(x, None)
     if dout.shape != (*x.shape[:-1], weight.shape[0]):

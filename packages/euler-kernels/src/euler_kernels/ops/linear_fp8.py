@@ -123,12 +123,19 @@ def _forward_cast(x8: Fp8Tensor, weights: list[Fp8Tensor], bf16_out: bool, keep_
 
 
 def backward_fp8(
-    dout: Any, cache: tuple, dx_into: Any, bf16_dx: bool, x: Any, dout_amax: Any = None
+    dout: Any,
+    cache: tuple,
+    dx_into: Any,
+    bf16_dx: bool,
+    x: Any,
+    dout_amax: Any = None,
+    bf16_dweight: bool = False,
 ) -> tuple[Any, Any]:
     """(dx, dweight) of forward_fp8: dout (..., C_out) float32 or bf16 cast to e5m2 (or an e5m2 Fp8Tensor
     already cast, with both copies, whose n_rows are x's rows); dx bf16 with bf16_dx,
-    else float32, or added into dx_into; dweight float32 (C_out, C_in). x: the forward's input, re-made,
-    when the cache does not keep its FP8 copy (keep_input=False); dout_amax as forward_fp8's x_amax."""
+    else float32, or added into dx_into; dweight (C_out, C_in) float32, or bf16 with bf16_dweight. x: the
+    forward's input, re-made, when the cache does not keep its FP8 copy (keep_input=False); dout_amax as
+    forward_fp8's x_amax."""
     import cupy
 
     _, x8, amax, w8, x_shape = cache
@@ -156,5 +163,5 @@ def backward_fp8(
         if dx_into is not None:
             dx_into += dx
             dx = dx_into
-    dweight = gemm_fp8(transposed(d8), transposed(x8), bf16_out=False)  # (C_out, C_in): sums over tokens
+    dweight = gemm_fp8(transposed(d8), transposed(x8), bf16_out=bf16_dweight)  # (C_out, C_in): sums over N
     return dx, dweight

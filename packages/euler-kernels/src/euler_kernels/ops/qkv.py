@@ -69,11 +69,11 @@ def qkv_forward(
 
 
 def qkv_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, x: Any = None, bf16_dx: bool = False
+    dout: tuple[Any, Any, Any], cache: tuple, x: Any = None, bf16_dx: bool = False, bf16_dweight: bool = False
 ) -> tuple[Any, Any]:
     """dout = (dq, dk, dv), shaped as q, k, v -> (dx (N, C), dweight (W, C), whose row blocks are wq's, wk's
-    and wv's gradients). x: the forward's input again when it did not keep it; bf16_dx as in
-    linear_backward. A bf16 forward takes dq, dk and dv in float32 (as attention's backward writes them) or
+    and wv's gradients). x: the forward's input again when it did not keep it; bf16_dx and bf16_dweight as
+    in linear_backward. A bf16 forward takes dq, dk and dv in float32 (as attention's backward writes them) or
     bf16, and rounds them once, into the gradient the products read.
 
     dout may be a list: it is emptied, so that arrays only it holds are freed once they are written into that
@@ -106,4 +106,4 @@ def qkv_backward(
     else:
         drows[:, :, hq + hkv :] = dv
     del dq, dk, dv  # written into drows
-    return linear_backward(drows.reshape(b * t, -1), c_lin, x=x, bf16_dx=bf16_dx)
+    return linear_backward(drows.reshape(b * t, -1), c_lin, x=x, bf16_dx=bf16_dx, bf16_dweight=bf16_dweight)
