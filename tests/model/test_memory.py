@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from euler_model import init_params, logits, loss_and_grads, preset, step_memory
+from euler_model import count_params, init_params, logits, loss_and_grads, preset, product_params, step_memory
 
 SHAPES = [
     ("tiny", 4, 64, {}),
@@ -87,3 +87,15 @@ def test_the_fp8_estimate_counts_the_ffn_copies_it_keeps() -> None:
     assert rerun[1]["activations"] - rerun[0]["activations"] == 8 * cfg.context * (cfg.dim + cfg.ffn_dim)
     odd = preset("small", ffn_dim=392)  # 392 is not a multiple of 16: the MLP stays bf16
     assert step_memory(odd, 8, activation_bytes=2, fp8=True) == step_memory(odd, 8, activation_bytes=2)
+
+
+def test_bf16_gradients_count_two_bytes_a_product_weight() -> None:
+    """bf16_grads: the layers' matrices and the heads have bf16 gradients (2 bytes each, not 4); the running
+    sum over several micro-batches stays float32."""
+    cfg = preset("small")
+    products = product_params(cfg)
+    assert 0 < products < count_params(cfg)
+    for accum in (1, 2):
+        f32, b16 = (step_memory(cfg, 8, accum, 2, bf16_grads=g)["gradients"] for g in (False, True))
+        assert f32 - b16 == 2 * products
+        assert b16 == 4 * count_params(cfg) * (accum - 1) + 4 * count_params(cfg) - 2 * products

@@ -25,7 +25,14 @@ from euler_model.model import (
     loss_and_grads,
     loss_and_grads_on_device,
 )
-from euler_model.params import count_params, describe_params, gradcheck_params, init_params, param_shapes
+from euler_model.params import (
+    count_params,
+    describe_params,
+    gradcheck_params,
+    init_params,
+    param_shapes,
+    product_params,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -52,6 +59,7 @@ __all__ = [
     "loss_and_grads_on_device",
     "param_shapes",
     "preset",
+    "product_params",
     "release_kept_decoders",
     "save_checkpoint",
     "save_hf",

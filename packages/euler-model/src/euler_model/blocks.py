@@ -17,8 +17,9 @@ which is that of x and of branch alike; the block's weight gradients). The strea
 bf16 (the GPU bf16 path, see euler_kernels.cuda.bf16_activations): every activation between the norm and
 the block's output projection is stored as bf16 (h, q, k, v, the attention output, gate, up, their
 SwiGLU product) and so are the gradients that only feed bf16 products; the residual stream x, its
-gradient, the norms' statistics and every weight gradient stay float32. The caches of the bf16 path do
-not keep the two cheapest activations to make again, each norm's output h and the SwiGLU product: the
+gradient, the norms' statistics and every weight gradient stay float32 (with bf16_grads, train.bf16_grads,
+the products' weight gradients are bf16, as autocast's are before their cast). The caches of the bf16 path
+do not keep the two cheapest activations to make again, each norm's output h and the SwiGLU product: the
 backward re-makes them (one norm or SwiGLU pass each, the same bits, as torch.compile's default
 recomputes them) right before the products that need them, so a step holds 2C + F fewer bf16 values per
 token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens). With keep=True (train.keep_activations)
@@ -140,18 +141,20 @@ def attention_block_forward(
 
 
 def attention_block_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, prefix: str
+    dout: tuple[Any, Any, Any], cache: tuple, prefix: str, bf16_grads: bool = False
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of attention_block_forward: dout = (g, g16, amax16), g (N, C) that of s + o, g16 its bf16
-    copy or None, amax16 g16's maximum or None -> ((the same three for x and branch), {name: dweight})."""
+    copy or None, amax16 g16's maximum or None -> ((the same three for x and branch), {name: dweight}).
+    bf16_grads (bf16 and fp8 products): the projections' weight gradients are bf16 (module docstring)."""
     c_norm, (c_qkv, c_q, c_k, c_v, c_rq, c_rk), c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake = cache
     g, g16, _ = dout
-    da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16)  # (N, Hq * D): o's is g
+    wide = {"bf16_dweight": bf16_grads}  # the products' weight gradients: float32, or bf16
+    da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16, **wide)  # (N, Hq D): o's is g
     grads_qkv = list(ek.attention_backward(da.reshape(b, t, hq, d), c_att))  # float32 dq, dk, dv
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
     if c_qkv is not None:  # one product each way; the joint gradient's row blocks are the three weights'
         # the list is emptied: attention's float32 gradients are freed once rounded into the joint one
-        dh, dw = ek.qkv_backward(grads_qkv, c_qkv, x=h, bf16_dx=True)
+        dh, dw = ek.qkv_backward(grads_qkv, c_qkv, x=h, bf16_dx=True, **wide)
         dwq, dwk, dwv = dw[: hq * d], dw[hq * d : (hq + hkv) * d], dw[(hq + hkv) * d :]
     else:
         dq, dk, dv = grads_qkv
@@ -159,9 +162,9 @@ def attention_block_backward(
         dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
         dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
         # h feeds three projections: their dh add up, in bf16 with bf16 products (each sum rounded once)
-        dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h, bf16_dx=bf16)
-        dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h)
-        dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h)
+        dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h, bf16_dx=bf16, **wide)
+        dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h, **wide)
+        dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h, **wide)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16, amax=fp8)  # s reaches the output directly and via h
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
@@ -216,10 +219,10 @@ def _swiglu_backward_fp8_or_kept(dgated: Any, c_swi: tuple, fp8: bool, scaled: A
 
 
 def ffn_block_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, prefix: str
+    dout: tuple[Any, Any, Any], cache: tuple, prefix: str, bf16_grads: bool = False
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
-    """Gradients of ffn_block_forward: dout = (g, g16, amax16) as in attention_block_backward -> ((the same
-    three for x and branch), {name: dweight})."""
+    """Gradients of ffn_block_forward: dout = (g, g16, amax16) and bf16_grads as in
+    attention_block_backward -> ((the same three for x and branch), {name: dweight})."""
     c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake = cache
     g, g16, a16 = dout
     d_o = g if g16 is None else g16  # o's gradient is g
@@ -227,15 +230,17 @@ def ffn_block_backward(
         dgated, _ = ek.linear_backward(d_o, c_down, bf16_dx=True, dweight=False)
         dg, du, gated = ek.swiglu_backward(dgated, c_swi, product=True)
         del dgated  # three (N, F) arrays alive at once, as when the product was re-made before
-        dw_down = ek.linear_weight_grad(d_o, c_down, x=gated)  # w_down's gradient needs the product
+        dw_down = ek.linear_weight_grad(d_o, c_down, x=gated, bf16_dweight=bf16_grads)  # needs the product
         del gated
         a_dg = a_du = None
     else:
-        dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, dout_amax=a16)
+        wide = {"bf16_dweight": bf16_grads}
+        dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, dout_amax=a16, **wide)
         dg, du, a_dg, a_du = _swiglu_backward_fp8_or_kept(dgated, c_swi, fp8, scaled, delayed)
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
-    dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16 and not fp8, dout_amax=a_du)  # as attention's
-    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg)
+    bf16_dx = bf16 and not fp8  # dh summed as attention's
+    dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16_dx, dout_amax=a_du, bf16_dweight=bf16_grads)
+    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg, bf16_dweight=bf16_grads)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
@@ -262,13 +267,13 @@ def layer_forward(
 
 
 def layer_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, i: int
+    dout: tuple[Any, Any, Any], cache: tuple, i: int, bf16_grads: bool = False
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of layer_forward: dout = (g, g16, amax16), g (N, C) that of the stream after layer i, g16
     its bf16 copy or None and amax16 g16's maximum or None -> (the same three for the stream before it,
-    {name: dweight})."""
+    {name: dweight}); bf16_grads as in attention_block_backward."""
     c_attn, c_ffn = cache
-    dx, grads = ffn_block_backward(dout, c_ffn, f"layers.{i}.")
-    dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.")
+    dx, grads = ffn_block_backward(dout, c_ffn, f"layers.{i}.", bf16_grads)
+    dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.", bf16_grads)
     grads.update(g_attn)
     return dx, grads

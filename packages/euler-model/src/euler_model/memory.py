@@ -26,7 +26,7 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
-from euler_model.params import count_params
+from euler_model.params import count_params, product_params
 
 FIXED_BYTES = 32 << 20  # attention score tiles, RoPE tables, mask tiles and allocator slack
 MARGIN = 1.25  # the estimate is kept above the measured peak by this factor
@@ -84,16 +84,20 @@ def step_memory(
     recompute: bool = False,
     fp8: bool = False,
     keep_activations: bool = False,
+    bf16_grads: bool = False,
 ) -> dict[str, int]:
     """Bytes of one optimizer step on one process: {"weights", "gradients", "optimizer", "activations",
     "evaluation", "total"}; `activation_bytes` is 2 for bf16 activations (weights and the residual stream
     stay float32); `recompute`: the layers are re-run in the backward (loss_and_grads(recompute=True));
     `fp8`: the fp8 mode (with activation_bytes 2), whose FFN keeps FP8 copies where bf16 re-makes;
-    `keep_activations`: the bf16 caches keep what the backward would re-make (trunk_forward's)."""
+    `keep_activations`: the bf16 caches keep what the backward would re-make (trunk_forward's);
+    `bf16_grads`: the products' weight gradients are bf16 (loss_and_grads_on_device's; a running sum over
+    micro-batches stays float32)."""
     n_params = count_params(config)
     tokens = batch_size * config.context
     weights = 4 * n_params
-    gradients = 4 * n_params * (2 if grad_accum > 1 else 1)  # micro-batch gradients + their running sum
+    micro = 4 * n_params - (2 * product_params(config) if bf16_grads else 0)  # one micro-batch's gradients
+    gradients = micro + (4 * n_params if grad_accum > 1 else 0)  # + their running sum, float32
     optimizer = 8 * n_params  # AdamW's m and v, float32
     activations = tokens * _train_bytes_per_token(config, activation_bytes, recompute, fp8, keep_activations)
     evaluation = tokens * _eval_bytes_per_token(config)

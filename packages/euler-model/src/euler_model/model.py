@@ -105,15 +105,17 @@ def trunk_forward(
     return h.reshape(b, t, config.dim), caches
 
 
-def trunk_backward(config: ModelConfig, dh: Any, caches: list) -> dict[str, Any]:
+def trunk_backward(config: ModelConfig, dh: Any, caches: list, bf16_grads: bool = False) -> dict[str, Any]:
     """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order (a
-    layer kept as its input is re-run first: one layer's caches at a time)."""
+    layer kept as its input is re-run first: one layer's caches at a time). bf16_grads (bf16 and fp8
+    products, GPU): the layers' matrices' gradients are bf16 (blocks.py); the norms' and the embedding's
+    stay float32."""
     c_norm, (b, t), bf16, fp8 = caches[-1]
     # ((N, C), its bf16 copy, the copy's maximum if FP8)
     dx, dnorm = norm_backward(None, dh.reshape(b * t, config.dim), c_norm, bf16, amax=fp8)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
-        dx, g_layer = layer_backward(dx, layer_caches(caches[1 + i]), i)
+        dx, g_layer = layer_backward(dx, layer_caches(caches[1 + i]), i, bf16_grads)
         grads.update(g_layer)
     grads["embed"] = ek.embedding_backward(dx[0].reshape(b, t, config.dim), caches[0])
     return grads
@@ -286,7 +288,7 @@ def _heads_loss(config, params, h, targets, loss_mask) -> Any:
 
 
 def _heads_loss_and_grads(
-    config, params, h, targets, loss_mask, head_scales=None, grad_scale=None
+    config, params, h, targets, loss_mask, head_scales=None, grad_scale=None, bf16_grads=False
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The mean head loss, its gradient wrt h (B, T, C) and every head's weight gradient, one head at a
     time: a head's (N, V) logits are freed as soon as its gradient is taken, so only one head's logits
@@ -294,7 +296,8 @@ def _heads_loss_and_grads(
 
     head_scales: one host number per head multiplying its loss and gradient (the rows of a split batch,
     see _split_loss_and_grads), or None for none. grad_scale: a 0-d array multiplying every
-    gradient but not the loss (see loss_and_grads_on_device), or None for none.
+    gradient but not the loss (see loss_and_grads_on_device), or None for none. bf16_grads: the heads'
+    weight gradients are bf16 (trunk_backward's).
     """
     dloss = 1.0 / config.n_mtp_heads  # d mean / d loss_k (a host number: nothing is copied to the device)
     if grad_scale is not None:  # the backward is linear: scaling dlogits scales every gradient
@@ -310,11 +313,12 @@ def _heads_loss_and_grads(
         dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h))  # (N, V), bf16 on bf16
         del c_ce  # the logits it holds can go before the next head's are made
         if c_cond is None:
-            dh, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, dx_into=dh)  # (N, C), summed over heads
+            # (N, C), summed over heads
+            dh, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, dx_into=dh, bf16_dweight=bf16_grads)
             continue
-        da, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head)  # (N, C): d (h + P_k e)
+        da, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, bf16_dweight=bf16_grads)  # d (h + P_k e)
         dh = da if dh is None else dh + da
-        de, grads[f"heads_cond.{k}"] = ek.linear_backward(da, c_cond[1])  # (N, C)
+        de, grads[f"heads_cond.{k}"] = ek.linear_backward(da, c_cond[1], bf16_dweight=bf16_grads)  # (N, C)
         de_embed = ek.embedding_backward(de.reshape(*targets.shape[:1], -1, de.shape[-1]), c_cond[0])
         grads["embed.heads"] = de_embed if "embed.heads" not in grads else grads["embed.heads"] + de_embed
     return total / config.n_mtp_heads, dh.reshape(h.shape), grads
@@ -330,6 +334,7 @@ def loss_and_grads_on_device(
     grad_scale: Any = None,
     fp8_scales: Any = None,
     keep_activations: bool = False,
+    bf16_grads: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
@@ -338,27 +343,34 @@ def loss_and_grads_on_device(
     grad_scale: a 0-d array on the parameters' device (nothing is copied from the host) that multiplies
     every gradient (not the loss), applied to the loss's gradient before the backward: the gradients come
     out already weighted, with no pass over them afterwards (the training step's one micro-batch, step.py).
-    fp8_scales, keep_activations: as trunk_forward's (GPU, bf16 and fp8 modes)."""
+    fp8_scales, keep_activations: as trunk_forward's (GPU, bf16 and fp8 modes). bf16_grads (GPU, bf16 and
+    fp8 modes): the gradients of the layers' matrices and of the heads are bf16 (uint16 bit patterns, as
+    autocast's before their cast to float32); the norms' and the embedding's stay float32."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
+    if bf16_grads and not ek.bf16_activations(params["embed"]):
+        raise ValueError("loss_and_grads: bf16_grads needs the GPU's bf16 or fp8 products")
     if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
         return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute, grad_scale)
     return _loss_and_grads_rows(
-        config, params, tokens, targets, loss_mask, None, recompute, grad_scale, fp8_scales, keep_activations
-    )
+        config, params, tokens, targets, loss_mask, None, recompute, grad_scale, fp8_scales, keep_activations,
+        bf16_grads,
+    )  # fmt: skip
 
 
 def _loss_and_grads_rows(
     config, params, tokens, targets, loss_mask, head_scales=None, recompute=False, grad_scale=None,
-    fp8_scales=None, keep_activations=False,
+    fp8_scales=None, keep_activations=False, bf16_grads=False,
 ) -> tuple[Any, dict]:  # fmt: skip
     """The loss and every gradient of one batch (or one slice of rows of it, head_scales and grad_scale
     as in _heads_loss_and_grads), in the calling thread."""
     h, trunk_caches = trunk_forward(
         config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations
     )
-    loss, dh, grads = _heads_loss_and_grads(config, params, h, targets, loss_mask, head_scales, grad_scale)
+    loss, dh, grads = _heads_loss_and_grads(
+        config, params, h, targets, loss_mask, head_scales, grad_scale, bf16_grads
+    )
     from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
-    grads.update(trunk_backward(config, dh, trunk_caches))
+    grads.update(trunk_backward(config, dh, trunk_caches, bf16_grads))
     if from_heads is not None:
         grads["embed"] = grads["embed"] + from_heads
     return loss, {name: grads[name] for name in params}

@@ -51,6 +51,20 @@ def count_params(config: ModelConfig) -> int:
     return sum(math.prod(shape) for shape in param_shapes(config).values())
 
 
+def product_params(config: ModelConfig) -> int:
+    """Parameters in the weights of matrix products: every matrix but the embedding (the layers' projections
+    and the heads), whose gradients loss_and_grads_on_device(bf16_grads=True) makes bf16.
+
+    >>> from euler_model.config import preset
+    >>> config = preset("small")
+    >>> product_params(config) == count_params(config) - config.vocab_size * config.dim - config.dim * (
+    ...     2 * config.n_layers + 1)
+    True
+    """
+    shapes = param_shapes(config).items()
+    return sum(math.prod(shape) for name, shape in shapes if len(shape) == 2 and name != "embed")
+
+
 def describe_params(config: ModelConfig) -> str:
     """A short human-readable summary of the parameter count, e.g. 'small: 1,115,264 parameters (1.1M)'."""
     n = count_params(config)
