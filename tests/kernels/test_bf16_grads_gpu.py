@@ -122,3 +122,10 @@ def test_the_flag_tables_follow_each_list() -> None:
     b = a.view(cp.uint16)[:10]
     assert multi_tensor.bf16_table([a]).get().tolist() == [0]
     assert multi_tensor.bf16_table([b]).get().tolist() == [1]
+
+
+def test_muon_refuses_bf16_gradients() -> None:
+    p, m = cp.zeros((4, 4), cp.float32), cp.zeros((4, 4), cp.float32)
+    control, hyper = cp.asarray(np.array([1, 1, 0, 0, 0, 0], np.float32)), cp.zeros(1, cp.float32)
+    with pytest.raises(ValueError, match="needs float32 gradients"):
+        ek.muon_update([p], [m], [cp.zeros((4, 4), cp.uint16)], control, hyper, lr_slot=0)

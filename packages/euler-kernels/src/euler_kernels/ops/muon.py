@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from euler_kernels import cuda
-from euler_kernels.backend import get_array_module
+from euler_kernels.backend import get_array_module, is_bf16
 from euler_kernels.cuda import muon as muon_cuda
 from euler_kernels.ops.newton_schulz import newton_schulz
 
@@ -80,6 +80,8 @@ def muon_update(
     for p, m, g in zip(params, bufs, grads):
         if p.ndim != 2 or p.shape != m.shape or p.shape != g.shape:
             raise ValueError(f"muon_update: needs matrices of one shape, got {p.shape}, {m.shape}, {g.shape}")
+        if is_bf16(g):  # the momentum kernel reads float32 (train.bf16_grads is AdamW's)
+            raise ValueError("muon_update: needs float32 gradients, got bf16 (set train.bf16_grads=false)")
     if params and cuda.fused(*params, *bufs, *grads, control, hyper):
         scratch = scratch or muon_scratch(params)
         for shape, members in shape_groups(params).items():
