@@ -91,13 +91,14 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
     (optimizer, recompute) and `changes` to them; returns (step, its runner)."""
     params = {k: v.copy() for k, v in params.items()}
     train = {**train, **changes}
+    if train["optimizer"] != "adamw":  # bf16 gradients are AdamW's (train.bf16_grads)
+        train["bf16_grads"] = False
     opt = make_optimizer(params, train)
     # train.fp8_scaling = "delayed" (--set, with --precision fp8): SwiGLU casts with delayed scales; the
     # graph's dry run measures their first maxima, an eager runner's first step does
     scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.get("fp8_scaling") == "delayed" else None
-    runner = (GraphStep if graph else EagerStep)(
-        cfg, params, opt, Comm(), max_norm, train["recompute"], scales, train["keep_activations"]
-    )
+    options = (max_norm, train["recompute"], scales, train["keep_activations"], train["bf16_grads"])
+    runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), *options)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
     def step():
@@ -321,7 +322,8 @@ def main() -> None:
         f"{cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}, {cfg.n_layers} layers, ffn "
         f"{cfg.ffn_dim}, vocab {cfg.vocab_size}, K {cfg.n_mtp_heads}), B={batch}, T={cfg.context}, "
         f"optimizer {train['optimizer']}{', recompute' if train['recompute'] else ''}"
-        f"{', activations kept' if train['keep_activations'] and bf16 else ''}, "
+        f"{', activations kept' if train['keep_activations'] and bf16 else ''}"
+        f"{', bf16 weight gradients' if train['bf16_grads'] else ''}, "
         + {
             "fp8": "fp8 (ours: bf16 activations, MLP and heads in FP8; PyTorch: bf16 autocast)",
             "bf16": "bf16 (ours: bf16 activations; PyTorch: autocast)",

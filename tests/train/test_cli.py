@@ -76,6 +76,7 @@ def bad_cases(dataset, other_dataset, tiny_run):
         (["pretrain", "--data", d, "--precision", "tf32"], "run.precision='tf32' needs run.device=gpu"),
         (["pretrain", "--data", d, "--precision", "fp8"], "run.precision='fp8' needs run.device=gpu"),
         (["pretrain", "--data", d, "--set", 'train.fp8_scaling="delayed"'], "needs run.precision=fp8"),
+        (["pretrain", "--data", d, "--set", "train.bf16_grads=true"], "train.bf16_grads needs bf16 or fp8"),
         (["sft", "--data", d], "data.init is not set"),
         (["sft", "--data", str(other_dataset), "--init", str(tiny_run)], "no sft_meta.json"),
     ]

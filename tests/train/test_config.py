@@ -78,6 +78,7 @@ def test_int_where_float_expected_is_accepted() -> None:
         (["train.on_nonfinite=ignore"], {}, "train.on_nonfinite"),
         (["train.fp8_scaling=late"], {}, "train.fp8_scaling"),
         (["train.fp8_scaling=delayed"], {}, "train.fp8_scaling"),  # FP8 scales need run.precision=fp8
+        (["train.bf16_grads=true"], {}, "train.bf16_grads needs bf16 or fp8"),  # fp32 products
         ([], {"run.device": "tpu"}, "run.device"),
         ([], {"run.precision": "tf32"}, "run.precision"),  # the CPU is fp32 only
         ([], {"run.gpus": 2}, "run.gpus"),  # several GPUs need the GPU device
@@ -130,3 +131,19 @@ def test_dumps_round_trips_any_valid_values(lr, steps, path, flag) -> None:
         },
     )
     assert tomllib.loads(dumps(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.optimizer=muon", "train.optimizer='adamw'"),
+        ("train.zero=1", "train.zero=0"),
+        ("run.gpus=2", "run.gpus=1"),
+    ],
+)
+def test_bf16_grads_are_refused_where_nothing_reads_them(override, key) -> None:
+    """Muon, ZeRO's shards and the all-reduce read float32 gradients: bf16 ones are refused up front."""
+    base = ["run.device=gpu", "run.precision=bf16", "train.bf16_grads=true"]
+    assert resolve_config("tiny", overrides=base)["train"]["bf16_grads"] is True
+    with pytest.raises(ConfigError, match=f"needs {key}"):
+        resolve_config("tiny", overrides=[*base, override])

@@ -57,6 +57,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # bf16 / fp8: keep each norm's output and the SwiGLU product for the backward instead of re-making
         # them there (faster, 2C + F more bf16 values per token and layer)
         "keep_activations": False,
+        # bf16 / fp8 with AdamW on one GPU: the gradients of the layers' matrices and the heads are bf16, as
+        # autocast's are before their cast (less to write and to read, 2 bytes a weight less memory)
+        "bf16_grads": False,
         # run.precision fp8: "current" casts each FP8 operand with its own maximum (a cast pass a tensor);
         # "delayed": SwiGLU writes its FP8 outputs directly, scaled from their last 16 steps' maxima
         "fp8_scaling": "current",
@@ -293,8 +296,31 @@ def validate(cfg: dict[str, dict[str, Any]]) -> None:
             f"train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "
             f"{cfg['run']['precision']!r}"
         )
+    _check_bf16_grads(cfg)
     if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1 and not cpu_world():
         raise ConfigError(f"run.gpus={cfg['run']['gpus']} needs run.device=gpu")
+
+
+def _check_bf16_grads(cfg: dict[str, dict[str, Any]]) -> None:
+    """train.bf16_grads: only where something reads bf16 gradients (AdamW's kernels on one GPU)."""
+    if not cfg["train"]["bf16_grads"]:
+        return
+    train, run = cfg["train"], cfg["run"]
+    if run["precision"] not in ("bf16", "fp8"):
+        raise ConfigError(
+            f"train.bf16_grads needs bf16 or fp8 products (run.precision bf16 or fp8), not {run['precision']}"
+        )
+    clashes = {
+        "train.optimizer": (train["optimizer"], "adamw"),
+        "train.zero": (train["zero"], 0),
+        "run.gpus": (run["gpus"], 1),
+    }
+    for dotted, (value, needed) in clashes.items():
+        if value != needed:
+            raise ConfigError(
+                f"train.bf16_grads is for AdamW on one GPU: it needs {dotted}={needed!r}, not {value!r} "
+                "(set train.bf16_grads=false)"
+            )
 
 
 def format_value(value: Any) -> str:

@@ -36,12 +36,13 @@ class GraphStep:
         recompute: bool = False,
         fp8_scales: Any = None,
         keep_activations: bool = False,
+        bf16_grads: bool = False,
     ) -> None:
         import cupy as cp  # only on the GPU path
 
         self.cp, self.mcfg, self.params, self.opt, self.comm = cp, mcfg, params, opt, comm
         self.max_norm, self.recompute, self.fp8_scales = max_norm, recompute, fp8_scales
-        self.keep_activations = keep_activations
+        self.keep_activations, self.bf16_grads = keep_activations, bf16_grads
         self.buf: StepBuffers | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
@@ -49,7 +50,8 @@ class GraphStep:
         self.copies: dict[str, Any] = {}  # bf16_weight_copies, made before the capture
 
     def _body(self) -> None:
-        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, self.keep_activations)
+        layers = (self.keep_activations, self.bf16_grads)
+        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, *layers)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
 
     def _capture(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> None:

@@ -95,8 +95,8 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
 def _estimate(mcfg: Any, batch: int, train: dict, precision: str) -> dict[str, int]:
     act = 2 if precision in ("bf16", "fp8") else 4  # bytes of an activation
     fp8 = precision == "fp8"
-    keep = train["keep_activations"]
-    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"], fp8, keep)
+    kept = (train["keep_activations"], train["bf16_grads"])
+    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"], fp8, *kept)
 
 
 def _total(mcfg: Any, batch: int, train: dict, precision: str) -> int:

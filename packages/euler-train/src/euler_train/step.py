@@ -113,13 +113,16 @@ def train_step(
     fp8_scales: Any = None,
     copies: dict[str, Any] | None = None,
     keep_activations: bool = False,
+    bf16_grads: bool = False,
 ) -> None:
     """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
     layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py);
     `fp8_scales`: delayed FP8 scales of the fp8 mode (euler_model.blocks), updated at the step's end from
     the maxima its kernels measured (on the device: a captured step updates them every replay);
     `copies`: bf16_weight_copies(...), which the forward multiplies and the update rewrites;
-    `keep_activations`: the bf16 forward keeps what its backward would re-make (train.keep_activations).
+    `keep_activations`: the bf16 forward keeps what its backward would re-make (train.keep_activations);
+    `bf16_grads`: the matrices' gradients are bf16 (train.bf16_grads; several micro-batches sum them into
+    float32 buf.grads).
 
     Several micro-batches: each one's gradients are weighted by its share and summed into buf.grads. One
     micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
@@ -141,6 +144,7 @@ def train_step(
             scale,
             fp8_scales,
             keep_activations,
+            bf16_grads,
         )
         if count == 1:
             buf.grads = grads
@@ -174,9 +178,11 @@ class EagerStep:
         recompute: bool = False,
         fp8_scales: Any = None,
         keep_activations: bool = False,
+        bf16_grads: bool = False,
     ) -> None:
         self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
         self.recompute, self.fp8_scales, self.keep_activations = recompute, fp8_scales, keep_activations
+        self.bf16_grads = bf16_grads
         self.buf: StepBuffers | None = None
         self.copies: dict[str, Any] | None = None  # bf16_weight_copies, made at the first step
 
@@ -188,6 +194,7 @@ class EagerStep:
         if self.copies is None:
             self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
         self.buf.write(micro, shares, hyper)
-        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, self.keep_activations)
+        layers = (self.keep_activations, self.bf16_grads)
+        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, *layers)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
         return self.buf.read()

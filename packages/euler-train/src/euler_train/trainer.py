@@ -223,7 +223,8 @@ class Trainer:
         if self.stepper is not None:
             return self.stepper
         tcfg, args = self.spec.cfg["train"], (self.spec.mcfg, self.params, self.opt, self.comm)
-        options = (tcfg["grad_clip"], tcfg["recompute"], self.fp8_scales, tcfg["keep_activations"])
+        keep, bf16_grads = tcfg["keep_activations"], tcfg["bf16_grads"]
+        options = (tcfg["grad_clip"], tcfg["recompute"], self.fp8_scales, keep, bf16_grads)
         self.stepper = EagerStep(*args, *options)
         graphable = self.device.kind == "gpu" and self.comm.world_size == 1
         if tcfg["cuda_graph"] and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
