@@ -123,6 +123,13 @@ SUGGESTIONS = {
         {"activation_bytes": 2},
         r"set train.keep_activations=false \(it fits then\)",
     ),
+    "bf16_grads": (
+        "bf16",
+        True,
+        {"activation_bytes": 2, "keep_activations": True},
+        {"activation_bytes": 2, "keep_activations": True, "bf16_grads": True},
+        r"set train.bf16_grads=true \(it fits then\)",
+    ),
 }
 
 

@@ -296,12 +296,12 @@ def validate(cfg: dict[str, dict[str, Any]]) -> None:
             f"train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "
             f"{cfg['run']['precision']!r}"
         )
-    _check_bf16_grads(cfg)
+    check_bf16_grads(cfg)
     if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1 and not cpu_world():
         raise ConfigError(f"run.gpus={cfg['run']['gpus']} needs run.device=gpu")
 
 
-def _check_bf16_grads(cfg: dict[str, dict[str, Any]]) -> None:
+def check_bf16_grads(cfg: dict[str, dict[str, Any]]) -> None:
     """train.bf16_grads: only where something reads bf16 gradients (AdamW's kernels on one GPU)."""
     if not cfg["train"]["bf16_grads"]:
         return

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import euler_model
-from euler_train.config import ConfigError
+from euler_train.config import ConfigError, check_bf16_grads
 
 
 def gib(n: float) -> str:
@@ -77,6 +77,9 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
     rerun = {**train, "recompute": True}
     if not train["recompute"] and _total(mcfg, train["batch_size"], rerun, precision) * share <= have:
         lower = f"set train.recompute=true (--recompute: it fits then) or {lower}"
+    halved = {**train, "bf16_grads": True}
+    if _bf16_grads_allowed(cfg) and _total(mcfg, train["batch_size"], halved, precision) * share <= have:
+        lower = f"set train.bf16_grads=true (it fits then) or {lower}"
     remade = {**train, "keep_activations": False}
     if train["keep_activations"] and _total(mcfg, train["batch_size"], remade, precision) * share <= have:
         lower = f"set train.keep_activations=false (it fits then) or {lower}"
@@ -90,6 +93,17 @@ def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[
         + (f", x {share} processes" if share > 1 else "")
         + f"): {lower}, or set run.memory_check=false to try anyway"
     )
+
+
+def _bf16_grads_allowed(cfg: dict) -> bool:
+    """Whether train.bf16_grads could be turned on for this run (off now, and config's rule allows it)."""
+    if cfg["train"]["bf16_grads"]:
+        return False
+    try:
+        check_bf16_grads({**cfg, "train": {**cfg["train"], "bf16_grads": True}})
+    except ConfigError:
+        return False
+    return True
 
 
 def _estimate(mcfg: Any, batch: int, train: dict, precision: str) -> dict[str, int]:
