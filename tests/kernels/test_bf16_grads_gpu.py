@@ -21,23 +21,26 @@ from euler_kernels.cuda import cast, multi_tensor  # noqa: E402
 SHAPES = [(3 * 8192 + 5,), (37, 3), (1,), (64, 64), (8192 + 2,)]  # tails, one element, whole chunks
 
 
+def _at_offset(values, offset: int):
+    """values on the device, `offset` elements past the start of their allocation (offset > 0: no vector
+    loads)."""
+    base = cp.zeros(values.size + offset, values.dtype)
+    base[offset:] = cp.asarray(values.reshape(-1))
+    return base[offset:].reshape(values.shape)
+
+
 def _mixed_grads(rng, offset: int) -> tuple[list, list]:
     """Gradients of SHAPES, every other one bf16 (on the device) and the same values as float32 arrays;
     offset > 0 puts each array that many elements past its allocation's start (no vector loads)."""
     dev, ref = [], []
     for i, shape in enumerate(SHAPES):
         values = rng.standard_normal(shape).astype(np.float32)
-        size = int(np.prod(shape))
         if i % 2 == 0:
             bits = bf16_bits(values)
-            base = cp.zeros(size + offset, cp.uint16)
-            base[offset:] = cp.asarray(bits.reshape(-1))
-            dev.append(base[offset:].reshape(shape))
+            dev.append(_at_offset(bits, offset))
             ref.append(bf16_values(bits))
         else:
-            base = cp.zeros(size + offset, cp.float32)
-            base[offset:] = cp.asarray(values.reshape(-1))
-            dev.append(base[offset:].reshape(shape))
+            dev.append(_at_offset(values, offset))
             ref.append(values)
     return dev, ref
 
@@ -58,8 +61,8 @@ def test_adamw_with_bf16_gradients_equals_adamw_with_their_float32_values(offset
     grads, ref = _mixed_grads(rng, offset)
     start = [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(3)]
     start[2] = [np.abs(v) for v in start[2]]
-    runs = []
-    for gs in (grads, [cp.asarray(r) for r in ref]):
+    runs = []  # the float32 values at the same offsets: the same vector or one-at-a-time path
+    for gs in (grads, [_at_offset(r, offset) for r in ref]):
         p, m, v = ([cp.asarray(a) for a in group] for group in start)
         copies = [cp.zeros(s, cp.uint16) for s in SHAPES]
         control = cp.asarray(np.array([0.7, 1.0, 2e-3, 1 - 0.9**3, 1 - 0.95**3, 0.0], np.float32))
@@ -93,7 +96,7 @@ def test_linear_backward_writes_bf16_weight_gradients(precision: str, monkeypatc
     x = cp.asarray(rng.standard_normal((256, 128)).astype(np.float32))
     w = cp.asarray((0.05 * rng.standard_normal((192, 128))).astype(np.float32))
     dout = cp.asarray(rng.standard_normal((256, 192)).astype(np.float32))
-    weight = ek.fp8_weights(w) if precision == "fp8" else w
+    weight = ek.fp8_weights([w])[0] if precision == "fp8" else w
     _, cache = ek.linear_forward(x, weight)
     _, dw32 = ek.linear_backward(dout, cache)
     _, dw16 = ek.linear_backward(dout, cache, bf16_dweight=True)

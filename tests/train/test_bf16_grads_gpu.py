@@ -93,6 +93,9 @@ def test_steps_with_bf16_gradients_follow_the_float32_ones(runner_kind, micro_co
 
 
 def test_graph_and_eager_steps_with_bf16_gradients_agree(monkeypatch):
+    """The same steps, up to the atomic sums' order in attention's backward: a gradient element that rounds
+    to another bf16 value, or changes sign near zero, moves AdamW's first steps by up to 2 lr, so the weights
+    are compared against how far they moved."""
     cfg, start = _model(monkeypatch)
     runs = []
     for runner_kind in (EagerStep, GraphStep):
@@ -102,5 +105,5 @@ def test_graph_and_eager_steps_with_bf16_gradients_agree(monkeypatch):
     (le, pe), (lg, pg) = runs
     assert np.allclose(le, lg, rtol=1e-5)
     for name in pe:
-        size = np.linalg.norm(cp.asnumpy(pe[name]))
-        assert np.linalg.norm(cp.asnumpy(pe[name] - pg[name])) <= 1e-4 * size, name
+        moved = np.linalg.norm(cp.asnumpy(pe[name] - start[name]))
+        assert np.linalg.norm(cp.asnumpy(pe[name] - pg[name])) <= 1e-2 * moved, name
