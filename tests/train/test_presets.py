@@ -106,11 +106,12 @@ class FakeHost:
     kind = "cpu"
 
 
-# setting -> (run.precision, the value with which it fits, step_memory's arguments as the preset sets it and
-# with that value, the refusal's suggestion)
+# setting -> (run.precision, overrides of the 350m preset, the value with which it fits, step_memory's
+# arguments as configured and with that value, the refusal's suggestion)
 SUGGESTIONS = {
     "recompute": (
         "fp32",
+        [],
         True,
         {},
         {"recompute": True},
@@ -118,13 +119,15 @@ SUGGESTIONS = {
     ),
     "keep_activations": (
         "bf16",
+        [],
         False,
-        {"activation_bytes": 2, "keep_activations": True},
-        {"activation_bytes": 2},
+        {"activation_bytes": 2, "keep_activations": True, "bf16_grads": True},
+        {"activation_bytes": 2, "bf16_grads": True},
         r"set train.keep_activations=false \(it fits then\)",
     ),
     "bf16_grads": (
         "bf16",
+        ["train.bf16_grads=false"],
         True,
         {"activation_bytes": 2, "keep_activations": True},
         {"activation_bytes": 2, "keep_activations": True, "bf16_grads": True},
@@ -135,10 +138,11 @@ SUGGESTIONS = {
 
 @pytest.mark.parametrize("key", sorted(SUGGESTIONS))
 def test_the_refusal_suggests_the_setting_with_which_it_would_fit(key, monkeypatch) -> None:
-    precision, value, as_set, changed, suggestion = SUGGESTIONS[key]
+    precision, overrides, value, as_set, changed, suggestion = SUGGESTIONS[key]
     device = "cpu" if precision == "fp32" else "gpu"
-    cfg = resolve_config("350m", overrides=[f"run.device='{device}'", f"run.precision='{precision}'"])
-    assert cfg["train"][key] is not value  # the preset's own setting
+    run = [f"run.device='{device}'", f"run.precision='{precision}'", *overrides]
+    cfg = resolve_config("350m", overrides=run)
+    assert cfg["train"][key] is not value  # the preset's own setting, or the override's
     mcfg = euler_model.preset("350m")
     need = euler_model.step_memory(mcfg, 16, **as_set)["total"]
     fits = euler_model.step_memory(mcfg, 16, **changed)["total"]
@@ -158,6 +162,20 @@ def test_350m_keeps_its_activations_unless_told_not_to() -> None:
     assert off["train"]["keep_activations"] is False
     with pytest.raises(ConfigError, match=r"train\.keep_activations must be bool"):
         resolve_config("tiny", overrides=["train.keep_activations='yes'"])
+
+
+def test_the_bf16_presets_take_bf16_weight_gradients_unless_told_not_to() -> None:
+    for name in ("350m", "1b"):
+        assert resolve_config(name)["train"]["bf16_grads"] is True
+        assert resolve_config(name, overrides=["train.bf16_grads=false"])["train"]["bf16_grads"] is False
+    assert resolve_config("gpu")["train"]["bf16_grads"] is False  # TF32 products: float32 gradients
+    # the preset's default gives way to the run's own choices; an explicit setting is checked
+    for run in (["run.precision='tf32'"], ["train.optimizer='muon'"], ["run.gpus=2"]):
+        assert resolve_config("1b", overrides=run)["train"]["bf16_grads"] is False, run
+    on_cpu = resolve_config("1b", flags={"run.precision": "fp32", "run.device": "cpu"})
+    assert on_cpu["train"]["bf16_grads"] is False
+    with pytest.raises(ConfigError, match=r"train\.bf16_grads needs bf16 or fp8 products"):
+        resolve_config("350m", overrides=["train.bf16_grads=true"], flags={"run.precision": "tf32"})
 
 
 def test_recompute_flag_and_key_are_the_same_setting() -> None:
