@@ -225,22 +225,22 @@ def ffn_block_backward(
     attention_block_backward -> ((the same three for x and branch), {name: dweight})."""
     c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake = cache
     g, g16, a16 = dout
+    wide = {"bf16_dweight": bf16_grads}  # the products' weight gradients: float32, or bf16
     d_o = g if g16 is None else g16  # o's gradient is g
     if remake is not None:  # bf16: dgated first; SwiGLU's backward re-makes the product (N, F) in its pass
         dgated, _ = ek.linear_backward(d_o, c_down, bf16_dx=True, dweight=False)
         dg, du, gated = ek.swiglu_backward(dgated, c_swi, product=True)
         del dgated  # three (N, F) arrays alive at once, as when the product was re-made before
-        dw_down = ek.linear_weight_grad(d_o, c_down, x=gated, bf16_dweight=bf16_grads)  # needs the product
+        dw_down = ek.linear_weight_grad(d_o, c_down, x=gated, **wide)  # w_down's gradient needs the product
         del gated
         a_dg = a_du = None
     else:
-        wide = {"bf16_dweight": bf16_grads}
         dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, dout_amax=a16, **wide)
         dg, du, a_dg, a_du = _swiglu_backward_fp8_or_kept(dgated, c_swi, fp8, scaled, delayed)
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
     bf16_dx = bf16 and not fp8  # dh summed as attention's
-    dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16_dx, dout_amax=a_du, bf16_dweight=bf16_grads)
-    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg, bf16_dweight=bf16_grads)
+    dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16_dx, dout_amax=a_du, **wide)
+    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg, **wide)
     del h
     dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}

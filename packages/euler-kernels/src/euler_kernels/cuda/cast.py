@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.backend import is_bf16
 from euler_kernels.cuda._module import THREADS, get_kernel, grid
 from euler_kernels.cuda.multi_tensor import chunk_table, table_cache
 from euler_kernels.cuda.tables import upload
@@ -82,7 +83,7 @@ def from_bf16(x16: Any) -> Any:
 def as_float32(x: Any) -> Any:
     """x itself, or the float32 values of a bf16 array (bf16 weight gradients on a path without
     multi-tensor kernels)."""
-    return from_bf16(x) if x.dtype == np.uint16 and not isinstance(x, np.ndarray) else x
+    return from_bf16(x) if is_bf16(x) else x
 
 
 def to_bf16_many(tensors: list[Any], out: list[Any] | None = None) -> list[Any]:
