@@ -109,7 +109,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # the nearest sizes (350M: 3e-4, 1.3B: 2e-4), not tuned here
     # 350m keeps its bf16 activations: 2.5% faster a step on an H200, 21.1 GiB held (re-made: 17.9; bf16
     # torch.compile: 21.9); where that does not fit, the memory check says to set it false. Both take bf16
-    # weight gradients (1b: +1.1% a step, 19.4 GiB held instead of 20.8; 300-step curve within the spread)
+    # weight gradients (1b: +1.1% a step, 19.6 GiB held instead of 21.1; 300-step curve within the spread)
     "350m": {
         "model": {"preset": "350m"},
         "train": {
