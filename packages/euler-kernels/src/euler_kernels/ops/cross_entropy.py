@@ -2,6 +2,8 @@
 
 loss = sum(w * nll) / max(sum(w), 1), w = loss_mask * (targets != ignore_index),
 nll = logsumexp(logits) - logits[target]. Stable for logits of any magnitude (max is subtracted).
+On the GPU the logits may be bf16 (a bf16 head's product, as autocast's): the kernels widen each to float32,
+and the loss and the statistics are float32.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, is_capturing, shape_error
+from euler_kernels.backend import check_float, get_array_module, is_bf16, is_capturing, shape_error
 from euler_kernels.cuda import cross_entropy as cross_entropy_cuda
 
 
@@ -32,12 +34,18 @@ def cross_entropy_weights(
 
 
 def _weights(xp: Any, logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> Any:
-    return cross_entropy_weights(targets, loss_mask, ignore_index, logits.dtype)
+    return cross_entropy_weights(targets, loss_mask, ignore_index, _stats_dtype(logits))
+
+
+def _stats_dtype(logits: Any) -> Any:
+    """The dtype of the loss, weights and scale: the logits', float32 for bf16 logits."""
+    return "float32" if is_bf16(logits) else logits.dtype
 
 
 def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> None:
     fn = "cross_entropy_forward"
-    check_float(fn, logits=logits)
+    if not is_bf16(logits):
+        check_float(fn, logits=logits)
     if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
         raise shape_error(fn, "targets must be logits.shape[:-1]", logits=logits, targets=targets)
     if targets.dtype.kind not in "iu":
@@ -69,11 +77,11 @@ def cross_entropy_forward(
     t = targets.reshape(-1)  # (N,)
     w = _weights(xp, z, t, loss_mask, ignore_index)  # (N,)
     t_safe = xp.where(t == ignore_index, 0, t)  # ignored rows read column 0, weighted by 0
-    if cuda.fused(z):  # one kernel per pass; only the log-sum-exp per row is kept, no host sync
+    if cuda.fused(z) or is_bf16(z):  # one kernel per pass; only the log-sum-exp per row is kept, no host sync
         t_safe = t_safe.astype(xp.int64, copy=False)
         nll, lse = cross_entropy_cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
         denom = xp.maximum(w.sum(), 1.0)  # device scalar
-        return (nll.sum() / denom).astype(z.dtype), ("cuda", z, lse, t_safe, w, denom, logits.shape)
+        return (nll.sum() / denom).astype(w.dtype), ("cuda", z, lse, t_safe, w, denom, logits.shape)
     rows = xp.arange(z.shape[0])
     exps = z - z.max(axis=-1, keepdims=True)  # (N, V) shifted logits, max 0: exp cannot overflow
     picked = exps[rows, t_safe]  # (N,) shifted logit of the target
@@ -85,20 +93,25 @@ def cross_entropy_forward(
     return loss, (exps, total, t_safe, w, denom, logits.shape)
 
 
-def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False) -> Any:
+def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False, in_place: bool = False) -> Any:
     """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits.
 
-    bf16_out (GPU only): dlogits is a bf16 activation, for a head whose products run in bf16.
+    bf16_out (GPU only): dlogits is a bf16 activation, for a head whose products run in bf16; bf16 logits
+    always give bf16 dlogits. in_place (bf16 logits only): dlogits is written over the logits, which the
+    cache then no longer holds (a second backward from it is wrong), so no second (N, V) array exists.
     """
     if bf16_out and not cuda.fused_cache(cache):
         raise ValueError("cross_entropy_backward: bf16_out needs float32 CuPy logits (the GPU path)")
+    if in_place and not (cuda.fused_cache(cache) and is_bf16(cache[1])):
+        raise ValueError("cross_entropy_backward: in_place needs bf16 logits")
     if cuda.fused_cache(cache):
         _, z, lse, t_safe, w, denom, shape = cache
         if isinstance(dloss, int | float):  # a host number: no host-to-device copy (graph capture)
-            scale = (float(dloss) / denom).reshape(1).astype(z.dtype)
+            scale = (float(dloss) / denom).reshape(1).astype(w.dtype)
         else:
-            scale = (get_array_module(z).asarray(dloss, dtype=z.dtype) / denom).reshape(1).astype(z.dtype)
-        dlogits = cross_entropy_cuda.cross_entropy_backward(z, lse, t_safe, w, scale, bf16_out=bf16_out)
+            scale = (get_array_module(z).asarray(dloss, dtype=w.dtype) / denom).reshape(1).astype(w.dtype)
+        out = z if in_place else None
+        dlogits = cross_entropy_cuda.cross_entropy_backward(z, lse, t_safe, w, scale, out, bf16_out=bf16_out)
         return dlogits.reshape(shape)
     exps, total, t_safe, w, denom, shape = cache
     xp = get_array_module(exps)
