@@ -5,12 +5,12 @@ The estimate counts what the forward pass caches for its backward (blocks.py: pe
 block; with bf16 activations each norm's output h and the SwiGLU product are re-made in the backward
 instead, 2C + F fewer, unless keep_activations; in the fp8 mode the FFN keeps FP8 copies of its h and
 SwiGLU product instead, C + F bytes), the heads' logits (one head's (N, V) logits and gradient at a time
-in training, all K heads' stacked at evaluation), the largest backward temporaries, and the weights, their
-gradients and AdamW's two moments. With activation recomputation (recompute.py) the step keeps the
-float32 stream entering each layer (2C per token and layer) and one layer's caches at a time instead of
-every layer's; an evaluation forward keeps no caches either way. Attention is blockwise on every path,
-so nothing grows with T * T. tests/model/test_memory.py and test_recompute.py hold it against the
-measured peak.
+in training, the gradient written over bf16 logits; all K heads' stacked at evaluation), the largest
+backward temporaries, and the weights, their gradients and AdamW's two moments. With activation
+recomputation (recompute.py) the step keeps the float32 stream entering each layer (2C per token and
+layer) and one layer's caches at a time instead of every layer's; an evaluation forward keeps no caches
+either way. Attention is blockwise on every path, so nothing grows with T * T. tests/model/test_memory.py
+and test_recompute.py hold it against the measured peak.
 
 >>> from euler_model import preset
 >>> m = step_memory(preset("small"), batch_size=16)
@@ -59,7 +59,9 @@ def _train_bytes_per_token(
     """Activation bytes per token alive at the training step's peak (keep: the bf16 caches keep the norms'
     outputs and the SwiGLU product; in the fp8 mode only the attention norm's, the FFN's being FP8 copies)."""
     c, f, v = config.dim, config.ffn_dim, config.vocab_size
-    temporaries = activation_bytes * (3 * v + 3 * f + 4 * c)  # one head's logits + backward temporaries
+    # one head's logits and their gradient (bf16: written over the logits) + backward temporaries
+    logit_floats = v if activation_bytes == 2 else 3 * v
+    temporaries = activation_bytes * (logit_floats + 3 * f + 4 * c)
     fp8_bytes = _fp8_layer_bytes(config) if fp8 else 0
     remade = activation_bytes == 2 and not (keep and not fp8_bytes)
     layer = activation_bytes * _layer_floats(config, bf16=remade)

@@ -262,7 +262,8 @@ def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tup
         e, c_e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])  # (B, T, C): x_{t+k}
         pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"])  # (N, C)
         h2, c_cond = h2 + pe, (c_e, c_p)
-    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"])  # (N, V)
+    # (N, V); bf16 on the bf16 path (autocast's logits): half the bytes of the largest activation
+    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"], bf16_out=ek.bf16_activations(params["embed"]))
     tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
     mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
     loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
@@ -303,6 +304,7 @@ def _heads_loss_and_grads(
     if grad_scale is not None:  # the backward is linear: scaling dlogits scales every gradient
         master = params["embed"]  # float64 on the CPU's float64 path: 1 / K must not round to float32
         dloss = ek.get_array_module(master).asarray(grad_scale, dtype=master.dtype) * dloss
+    bf16_logits = ek.bf16_activations(params["embed"])  # _head_loss's rule
     params = _head_params(config, params, h)
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     total, dh, grads = 0.0, None, {}
@@ -310,7 +312,8 @@ def _heads_loss_and_grads(
         loss, c_head, c_ce, c_cond = _head_loss(config, params, h2, targets, loss_mask, k)
         scale = 1.0 if head_scales is None else head_scales[k]
         total = total + (loss if head_scales is None else loss * scale)
-        dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h))  # (N, V), bf16 on bf16
+        # (N, V), bf16 on bf16, written over the bf16 logits (no second (N, V) array)
+        dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h), in_place=bf16_logits)
         del c_ce  # the logits it holds can go before the next head's are made
         if c_cond is None:
             # (N, C), summed over heads
