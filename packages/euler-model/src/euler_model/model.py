@@ -252,6 +252,12 @@ def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: An
         raise ValueError(f"{where}: loss_mask must have the targets' shape {want}, got {loss_mask.shape}")
 
 
+def _bf16_logits(params: dict[str, Any]) -> bool:
+    """Whether the heads write bf16 logits: on the bf16 path, as autocast's heads do (half the bytes of the
+    largest activation; the loss and its statistics stay float32)."""
+    return ek.bf16_activations(params["embed"])
+
+
 def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tuple, tuple, Any]:
     """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches, and the caches
     of its conditioning (None unless config.mtp_conditioned and k >= 1: then head k reads h + P_k e, e the
@@ -262,8 +268,7 @@ def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tup
         e, c_e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])  # (B, T, C): x_{t+k}
         pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"])  # (N, C)
         h2, c_cond = h2 + pe, (c_e, c_p)
-    # (N, V); bf16 on the bf16 path (autocast's logits): half the bytes of the largest activation
-    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"], bf16_out=ek.bf16_activations(params["embed"]))
+    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"], bf16_out=_bf16_logits(params))  # (N, V)
     tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
     mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
     loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
@@ -304,8 +309,8 @@ def _heads_loss_and_grads(
     if grad_scale is not None:  # the backward is linear: scaling dlogits scales every gradient
         master = params["embed"]  # float64 on the CPU's float64 path: 1 / K must not round to float32
         dloss = ek.get_array_module(master).asarray(grad_scale, dtype=master.dtype) * dloss
-    bf16_logits = ek.bf16_activations(params["embed"])  # _head_loss's rule
     params = _head_params(config, params, h)
+    in_place = _bf16_logits(params)  # dlogits written over bf16 logits
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     total, dh, grads = 0.0, None, {}
     for k in range(config.n_mtp_heads):
@@ -313,7 +318,7 @@ def _heads_loss_and_grads(
         scale = 1.0 if head_scales is None else head_scales[k]
         total = total + (loss if head_scales is None else loss * scale)
         # (N, V), bf16 on bf16, written over the bf16 logits (no second (N, V) array)
-        dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h), in_place=bf16_logits)
+        dz = ek.cross_entropy_backward(dloss * scale, c_ce, bf16_out=ek.is_bf16(h), in_place=in_place)
         del c_ce  # the logits it holds can go before the next head's are made
         if c_cond is None:
             # (N, C), summed over heads

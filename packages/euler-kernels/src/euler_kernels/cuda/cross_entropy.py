@@ -9,14 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from euler_kernels.backend import is_bf16
 from euler_kernels.cuda._module import THREADS, contiguous, get_kernel
-from euler_kernels.cuda.cast import from_bf16, to_bf16
+from euler_kernels.cuda.cast import as_float32, to_bf16
 
-# (float4 rows, bf16 dlogits) -> backward kernel; bf16 dlogits exist only for float4 rows
+# (float4 rows, bf16 dlogits, bf16 logits) -> backward kernel; the bf16 kernels exist only for float4 rows
 _BACKWARD = {
-    (False, False): "cross_entropy_backward",
-    (True, False): "cross_entropy_backward_vec",
-    (True, True): "cross_entropy_backward_vec_bf16",
+    (False, False, False): "cross_entropy_backward",
+    (True, False, False): "cross_entropy_backward_vec",
+    (True, True, False): "cross_entropy_backward_vec_bf16",
+    (True, True, True): "cross_entropy_backward_vec_in16",
 }
 
 
@@ -32,14 +34,13 @@ def cross_entropy_forward(logits: Any, targets: Any, weight: Any) -> tuple[Any, 
 
     logits, targets, weight = contiguous(logits, targets, weight)
     N, V = logits.shape
-    bf16 = logits.dtype == cupy.uint16
-    if bf16 and not _float4_rows(logits):  # no bf16 kernel for odd V: the float32 values
-        return cross_entropy_forward(from_bf16(logits), targets, weight)
+    if is_bf16(logits) and not _float4_rows(logits):  # no bf16 kernel for odd V: the float32 values
+        logits = as_float32(logits)
+    name = "cross_entropy_forward_vec" if _float4_rows(logits) else "cross_entropy_forward"
+    name = "cross_entropy_forward_vec_in16" if is_bf16(logits) else name
     nll = cupy.empty((N,), dtype=cupy.float32)
     lse = cupy.empty((N,), dtype=cupy.float32)
     args = (nll, lse, logits, targets, weight, np.int32(V))
-    name = "cross_entropy_forward_vec" if _float4_rows(logits) else "cross_entropy_forward"
-    name = "cross_entropy_forward_vec_in16" if bf16 else name
     get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
     return nll, lse
 
@@ -53,18 +54,12 @@ def cross_entropy_backward(
     import cupy
 
     N, V = logits.shape
-    if logits.dtype == cupy.uint16:
-        if not _float4_rows(logits):
-            return to_bf16(cross_entropy_backward(from_bf16(logits), lse, targets, weight, scale))
-        dlogits = cupy.empty(logits.shape, dtype=cupy.uint16) if out is None else out
-        args = (dlogits, logits, lse, targets, weight, scale, np.int32(V))
-        get_kernel("cross_entropy.cu", "cross_entropy_backward_vec_in16")((N,), (THREADS,), args)
-        return dlogits
+    bf16_out = bool(bf16_out) or is_bf16(logits)
     if bf16_out and not _float4_rows(logits):  # no bf16 kernel for odd V: round the float32 result
-        return to_bf16(cross_entropy_backward(logits, lse, targets, weight, scale))
+        return to_bf16(cross_entropy_backward(as_float32(logits), lse, targets, weight, scale))
     dtype = cupy.uint16 if bf16_out else cupy.float32
     dlogits = cupy.empty(logits.shape, dtype=dtype) if out is None else out
     args = (dlogits, logits, lse, targets, weight, scale, np.int32(V))
-    name = _BACKWARD[_float4_rows(logits, dlogits), bool(bf16_out)]
+    name = _BACKWARD[_float4_rows(logits, dlogits), bf16_out, is_bf16(logits)]
     get_kernel("cross_entropy.cu", name)((N,), (THREADS,), args)
     return dlogits
