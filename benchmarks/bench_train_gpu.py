@@ -85,10 +85,13 @@ def bench_config(args) -> tuple[dict, object]:
     return cfg, euler_model.preset(cfg["model"]["preset"], **model_overrides(cfg))
 
 
-def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1.0, graph=False, **changes):
+def euler_step_fn(
+    cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1.0, graph=False, planned=True, **changes
+):
     """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
-    as a CUDA graph (what `euler-train pretrain` uses on one GPU), with the run config's [train] settings
-    (optimizer, recompute) and `changes` to them; returns (step, its runner)."""
+    as a CUDA graph (what `euler-train pretrain` uses on one GPU; `planned`: its memory laid out in one
+    slab, else served by a pool as it comes), with the run config's [train] settings (optimizer,
+    recompute) and `changes` to them; returns (step, its runner)."""
     params = {k: v.copy() for k, v in params.items()}
     train = {**train, **changes}
     if train["optimizer"] != "adamw":  # bf16 gradients are AdamW's (train.bf16_grads)
@@ -98,7 +101,8 @@ def euler_step_fn(cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1
     # graph's dry run measures their first maxima, an eager runner's first step does
     scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.get("fp8_scaling") == "delayed" else None
     options = (max_norm, train["recompute"], scales, train["keep_activations"], train["bf16_grads"])
-    runner = (GraphStep if graph else EagerStep)(cfg, params, opt, Comm(), *options)
+    args = (cfg, params, opt, Comm(), *options)
+    runner = GraphStep(*args, planned_memory=planned) if graph else EagerStep(*args)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
     def step():
@@ -289,6 +293,11 @@ def parse_args() -> argparse.Namespace:
         "--kernels", action="store_true", help="GPU time per kernel: our graph step and PyTorch's step"
     )
     parser.add_argument("--muon", action="store_true", help="also the graph step with --optimizer muon")
+    parser.add_argument(
+        "--pool-memory",
+        action="store_true",
+        help="also the graph step with its memory served by a pool as it comes, not the planned slab",
+    )
     parser.add_argument("--recompute", action="store_true", help="also the graph step with train.recompute")
     parser.add_argument(
         "--precision",
@@ -361,6 +370,7 @@ def main() -> None:
     sec_graph = timed(graph_step, args.steps)
     mem_graph = graph_bytes(graph)
     rows.append(("euler CUDA graph", sec_graph, mem_graph, state_bytes(graph) + pool_peak.peak))
+    print(graph.memory_plan())
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
     print_gemm_choices()
@@ -375,6 +385,15 @@ def main() -> None:
         print(
             f"recompute's cost in the captured step: {100 * (on[0] / off[0] - 1):+.1f}% step time, "
             f"peak {on[1] / 2**30:.2f} GiB instead of {off[1] / 2**30:.2f} GiB"
+        )
+        del step, runner
+    if args.pool_memory:  # the same step with its body's memory from the pool as it comes: the plan's gain
+        step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, planned=False)
+        sec = timed(step, args.steps)
+        rows.append(("euler CUDA graph, pool memory", sec, graph_bytes(runner), None))
+        print(
+            f"the planned slab against the pool: held {mem_graph / 2**30:.2f} GiB instead of "
+            f"{graph_bytes(runner) / 2**30:.2f} GiB, step time {100 * (sec_graph / sec - 1):+.1f}%"
         )
         del step, runner
     if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph

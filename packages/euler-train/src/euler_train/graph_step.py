@@ -7,9 +7,13 @@ optimizer's hyper); afterwards it reads back the loss, the norm and whether the 
 non-finite loss or gradient norm makes the update leave weights and moments untouched (decided on the
 device, in the control vector).
 
-The graph's intermediate buffers come from a memory pool of its own, so no other allocation can ever
-land on an address the graph writes to. The trainer uses it on one GPU when `train.cuda_graph` is true
-(the default) and attention runs the fused kernel; otherwise step.EagerStep runs the same function.
+The graph's intermediate buffers are its own, so no other allocation can ever land on an address the
+graph writes to: the step's buffers come from a pool of its own, and the body's activations, gradients
+and temporaries from one slab laid out ahead of time (graph_memory.py: the body is captured once to record
+its requests, then captured again with each request at its planned offset), which holds what the step has
+in use at its peak, not what a pool's splits and fresh blocks add to it. The trainer uses it on one GPU
+when `train.cuda_graph` is true (the default) and attention runs the fused kernel; otherwise
+step.EagerStep runs the same function.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_train.graph_memory import (
+    AllocationRecord,
+    PlannedAllocator,
+    no_cycle_collection,
+    peak_in_use,
+    plan_offsets,
+)
 from euler_train.step import StepBuffers, bf16_weight_copies, train_step
 
 
@@ -37,7 +48,10 @@ class GraphStep:
         fp8_scales: Any = None,
         keep_activations: bool = False,
         bf16_grads: bool = False,
+        planned_memory: bool = False,
     ) -> None:
+        """`planned_memory`: serve the body's allocations from one planned slab (graph_memory.py); False:
+        from the pool as they come (what the planned layout is measured against)."""
         import cupy as cp  # only on the GPU path
 
         self.cp, self.mcfg, self.params, self.opt, self.comm = cp, mcfg, params, opt, comm
@@ -46,6 +60,10 @@ class GraphStep:
         self.buf: StepBuffers | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
+        self.planned_memory = planned_memory
+        self.slab = None  # the planned slab (cupy.cuda.Memory), or None: the pool serves the body
+        self.planner: PlannedAllocator | None = None  # its `misses`: requests the pool served instead
+        self.plan_stats: tuple[int, int, int] | None = None  # (requests, slab bytes, most alive at once)
         self.graph = None
         self.copies: dict[str, Any] = {}  # bf16_weight_copies, made before the capture
 
@@ -54,10 +72,47 @@ class GraphStep:
         args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, *layers)
         train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
 
+    def _captured(self) -> Any:
+        """The body captured on self.stream into a graph (nothing runs)."""
+        self.stream.begin_capture()
+        try:
+            self._body()
+        except BaseException:
+            try:
+                self.stream.end_capture()
+            except Exception:  # the capture is already invalid; the first error is the one to show
+                pass
+            raise
+        return self.stream.end_capture()
+
+    def _planned_allocator(self) -> Any:
+        """Capture the body once from the pool, recording its requests (that graph is dropped), lay them
+        out in one slab, and return the allocator that serves the kept capture from it: a
+        PlannedAllocator, or the pool's malloc where the slab cannot be had."""
+        cp = self.cp
+        record = AllocationRecord(cp, self.pool)
+        with cp.cuda.using_allocator(record.malloc):
+            self._captured()
+        record.close()
+        self.buf.release_step_grads()  # the recording's gradients: the kept capture makes its own
+        self.pool.free_all_blocks()  # what the recording freed goes back: the slab takes its place
+        offsets, total = plan_offsets(record.sizes, record.starts, record.ends)
+        self.plan_stats = (len(record.sizes), total, peak_in_use(record.sizes, record.starts, record.ends))
+        try:
+            self.slab = cp.cuda.Memory(total) if total else None
+        except cp.cuda.memory.OutOfMemoryError:
+            return self.pool.malloc
+        if self.slab is None:
+            return self.pool.malloc
+        self.planner = PlannedAllocator(cp, record, offsets, self.slab, self.pool.malloc)
+        return self.planner.malloc
+
     def _capture(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> None:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing; with
         delayed FP8 scales it measures their first maxima, so the graph casts with them), then the
-        capture of the same work into a graph."""
+        capture of the same work into a graph: with planned memory, a first capture records the body's
+        requests and the kept one serves them from the planned slab. The cyclic collector is off through
+        both, so blocks are freed at the same points in each."""
         cp = self.cp
         dry = np.array(hyper, dtype=np.float32)
         dry[3] = 0.0  # enable = 0
@@ -73,16 +128,10 @@ class GraphStep:
             if kept is not None:
                 ek.restore_fp8_scales(scales, kept)
                 self.stream.synchronize()
-            self.stream.begin_capture()
-            try:
-                self._body()
-            except BaseException:
-                try:
-                    self.stream.end_capture()
-                except Exception:  # the capture is already invalid; the first error is the one to show
-                    pass
-                raise
-            self.graph = self.stream.end_capture()
+            with no_cycle_collection():
+                malloc = self._planned_allocator() if self.planned_memory else self.pool.malloc
+                with cp.cuda.using_allocator(malloc):
+                    self.graph = self._captured()
 
     def run(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> tuple[float, float, bool]:
         """Step on these micro-batches; returns (loss, norm before clipping, whether the update was
@@ -101,10 +150,22 @@ class GraphStep:
         self.stream.synchronize()
         return self.buf.read()
 
+    def memory_plan(self) -> str:
+        """One line on the planned slab: its requests, its size against the least any layout could have (the
+        most bytes alive at once), and how many requests the pool served instead."""
+        if self.plan_stats is None:
+            return "memory plan: none (the pool served the body)"
+        requests, total, floor = self.plan_stats
+        misses = self.planner.misses if self.planner is not None else requests
+        return (
+            f"memory plan: {requests:,} requests in a {total / 2**30:.2f} GiB slab (the most alive at once: "
+            f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead"
+        )
+
     def memory_bytes(self) -> int:
-        """Device memory held by the graph's own pool: the step's buffers (gradients included), activations
+        """Device memory held by the graph's own pool and slab: the step's buffers, gradients, activations
         and temporaries; everything of the step but the weights and the optimizer's state."""
-        return int(self.pool.total_bytes())
+        return int(self.pool.total_bytes()) + (self.slab.size if self.slab is not None else 0)
 
 
 class CapturedOrEager:

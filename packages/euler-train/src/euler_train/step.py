@@ -79,6 +79,12 @@ class StepBuffers:
             else:
                 buf.set(values, stream=stream)
 
+    def release_step_grads(self) -> None:
+        """Drop the gradients the last step made: with one micro-batch they are its backward's own arrays
+        (a new set each step); several micro-batches sum into buffers made once, which stay."""
+        if self.tokens.shape[0] == 1:
+            self.grads = {}
+
     def read(self) -> tuple[float, float, bool]:
         """(loss, gradient norm before clipping, whether the update was applied), read back to the host."""
         control = ek.to_numpy(self.control)
@@ -128,8 +134,7 @@ def train_step(
     micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
     backward's own arrays (no pass over the gradients, no second set of them in memory)."""
     count = buf.tokens.shape[0]
-    if count == 1:
-        buf.grads = {}  # the last step's gradients go before this backward makes new ones
+    buf.release_step_grads()  # the last step's gradients go before this backward makes new ones
     for i in range(count):
         mask = None if buf.masks is None else buf.masks[i]
         share = buf.shares[i]  # a 0-d array: no host value enters the step

@@ -9,7 +9,9 @@ inside the scope serves them from there even if the cache has evicted them meanw
 
 Tables are uploaded with `upload`, which also works while a graph is being captured (the graph then
 re-copies the table from pinned host memory on each replay): a step whose gradients are new arrays in the
-capture can build their tables there.
+capture can build their tables there. Their device memory comes from a pool of their own, not the current
+allocator: whether a table is built or found (it depends on addresses) never changes the sequence of a
+step's own allocations, which euler-train's captured step records once and then lays out ahead of time.
 """
 
 from __future__ import annotations
@@ -76,27 +78,35 @@ class Uploaded(tuple):
     pinned: list[Any]
 
 
+_pool: Any = None  # the tables' own cupy.cuda.MemoryPool, made at the first upload
+
+
 def upload(*arrays: np.ndarray) -> Uploaded:
-    """The host arrays as CuPy arrays on the current stream. Outside a capture: cupy.asarray. While the
-    current stream is being captured (where CuPy refuses host-to-device copies) each array goes through a
-    page-locked host buffer and cudaMemcpyAsync, which the graph records as a copy node."""
+    """The host arrays as CuPy arrays on the current stream, in the tables' own pool. Outside a capture:
+    cupy.asarray. While the current stream is being captured (where CuPy refuses host-to-device copies)
+    each array goes through a page-locked host buffer and cudaMemcpyAsync, which the graph records as a
+    copy node."""
     import cupy
 
+    global _pool
+    if _pool is None:
+        _pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.get_current_stream()
-    if not stream.is_capturing():
-        table = Uploaded(cupy.asarray(a) for a in arrays)
-        table.pinned = []
-        return table
-    devices, pinned = [], []
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        host = cupy.cuda.alloc_pinned_memory(max(a.nbytes, 1))
-        np.frombuffer(host, dtype=a.dtype, count=a.size)[...] = a.reshape(-1)
-        device = cupy.empty(a.shape, dtype=a.dtype)
-        kind = cupy.cuda.runtime.memcpyHostToDevice
-        cupy.cuda.runtime.memcpyAsync(device.data.ptr, host.ptr, a.nbytes, kind, stream.ptr)
-        devices.append(device)
-        pinned.append(host)
+    with cupy.cuda.using_allocator(_pool.malloc):
+        if not stream.is_capturing():
+            table = Uploaded(cupy.asarray(a) for a in arrays)
+            table.pinned = []
+            return table
+        devices, pinned = [], []
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            host = cupy.cuda.alloc_pinned_memory(max(a.nbytes, 1))
+            np.frombuffer(host, dtype=a.dtype, count=a.size)[...] = a.reshape(-1)
+            device = cupy.empty(a.shape, dtype=a.dtype)
+            kind = cupy.cuda.runtime.memcpyHostToDevice
+            cupy.cuda.runtime.memcpyAsync(device.data.ptr, host.ptr, a.nbytes, kind, stream.ptr)
+            devices.append(device)
+            pinned.append(host)
     table = Uploaded(devices)
     table.pinned = pinned
     return table

@@ -1,0 +1,163 @@
+"""The captured step's memory laid out ahead of time: one slab, every allocation at a planned offset.
+
+CuPy's pool serves a step's allocations as they come: a block freed in the forward is split for a smaller
+one, a larger one then needs fresh memory, and the pool ends up holding about a gigabyte more than the
+step ever has in use at once (856M model, kept activations). A captured step, though, makes the same
+requests in the same order every time its body runs. So graph_step captures the body once to record them
+(`AllocationRecord`: each request's size, when it was made and when its block was freed), packs those
+lifetimes into one slab (`plan_offsets`), and captures the graph it keeps with every request served from
+the slab (`PlannedAllocator`). A request the record did not foresee (another size, more requests, or a
+slab range still in use because a block lives longer than it did in the record) is served by the pool
+instead: two live arrays never share an address, whatever the step does.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# bytes: every block starts on this boundary, as CuPy's pool's do (kernels choose paths by alignment)
+ALIGN = 512
+
+
+def plan_offsets(sizes: list[int], starts: list[int], ends: list[int | None]) -> tuple[np.ndarray, int]:
+    """(offsets, slab bytes): an offset in one slab for each block i, alive from event starts[i] to event
+    ends[i] (None: to the end), such that no two blocks alive at once share a byte. Largest block first,
+    each at the lowest offset free over its whole lifetime (greedy by size, which lands within a few percent
+    of the most bytes ever alive at once on networks' lifetimes).
+
+    >>> offsets, total = plan_offsets([1024, 1024, 2048], [0, 1, 3], [2, 5, None])
+    >>> offsets.tolist(), total  # blocks 0 and 2 are never alive at once: they share an address
+    ([0, 2048, 0], 3072)
+    """
+    n = len(sizes)
+    size = (np.asarray(sizes, dtype=np.int64) + ALIGN - 1) // ALIGN * ALIGN
+    start = np.asarray(starts, dtype=np.int64)
+    end = np.array([np.iinfo(np.int64).max if e is None else e for e in ends], dtype=np.int64)
+    offsets = np.zeros(n, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
+    for i in np.lexsort((start, -size)):  # largest first; among equals, the earliest
+        meets = placed & (start < end[i]) & (start[i] < end)  # placed blocks alive at some time i is
+        lo, hi = offsets[meets], offsets[meets] + size[meets]
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        # below the k-th block (by offset), the lowest free byte is the furthest end of the blocks before it
+        reach = np.concatenate(([0], np.maximum.accumulate(hi)))
+        fits = np.flatnonzero(lo - reach[:-1] >= size[i])
+        offsets[i] = reach[fits[0]] if fits.size else reach[-1]
+        placed[i] = True
+    return offsets, int((offsets + size).max()) if n else 0
+
+
+def peak_in_use(sizes: list[int], starts: list[int], ends: list[int | None]) -> int:
+    """The most bytes (each block rounded to ALIGN) alive at once: no plan's slab can be smaller.
+
+    >>> peak_in_use([1024, 1024, 2048], [0, 1, 3], [2, 5, None])
+    3072
+    """
+    size = [(s + ALIGN - 1) // ALIGN * ALIGN for s in sizes]
+    made = [(t, s) for t, s in zip(starts, size)]
+    events = sorted(made + [(e, -s) for e, s in zip(ends, size) if e is not None])
+    alive = peak = 0
+    for _, change in events:  # event times are distinct: each alloc or free is its own tick
+        alive += change
+        peak = max(peak, alive)
+    return peak
+
+
+class _Release:
+    """Owner of one block: when the last array on the block is gone, so is this, and the block is freed."""
+
+    __slots__ = ("index", "memory", "on_free")
+
+    def __init__(self, on_free: Callable[[int], None], index: int, memory: Any) -> None:
+        self.on_free, self.index, self.memory = on_free, index, memory
+
+    def __del__(self) -> None:
+        self.on_free(self.index)
+
+
+class AllocationRecord:
+    """An allocator (`malloc`) that serves from `pool` and records each request: sizes[i], and the ticks
+    at which block i was made (starts[i]) and freed (ends[i]; None while it lives). Size-0 requests are
+    neither recorded nor planned."""
+
+    def __init__(self, cp: Any, pool: Any) -> None:
+        self.cp, self.pool = cp, pool
+        self.sizes: list[int] = []
+        self.starts: list[int] = []
+        self.ends: list[int | None] = []
+        self.tick, self.closed = 0, False
+
+    def malloc(self, size: int) -> Any:
+        held = self.pool.malloc(size)
+        if size == 0:
+            return held
+        index = len(self.sizes)
+        self.sizes.append(size)
+        self.starts.append(self.tick)
+        self.ends.append(None)
+        self.tick += 1
+        owner = _Release(self._freed, index, held)
+        memory = self.cp.cuda.UnownedMemory(held.ptr, size, owner, held.device_id)
+        return self.cp.cuda.MemoryPointer(memory, 0)
+
+    def _freed(self, index: int) -> None:
+        if not self.closed:  # blocks that outlive the record stay alive to its end
+            self.ends[index] = self.tick
+            self.tick += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class PlannedAllocator:
+    """An allocator (`malloc`) whose i-th request gets offsets[i] of `slab` when it is the size the record
+    saw and no block sharing that range is still alive; otherwise `fallback` (the pool) serves it and
+    `misses` counts it."""
+
+    def __init__(
+        self, cp: Any, record: AllocationRecord, offsets: np.ndarray, slab: Any, fallback: Callable
+    ) -> None:
+        self.cp, self.slab, self.fallback = cp, slab, fallback
+        self.sizes, self.offsets = record.sizes, offsets
+        n = len(record.sizes)
+        size = (np.asarray(record.sizes, dtype=np.int64) + ALIGN - 1) // ALIGN * ALIGN
+        lo, hi = offsets, offsets + size
+        # for each block: the blocks made before it that share a byte of the slab (the plan has them freed
+        # by then; the capture must too)
+        self.before = [np.flatnonzero((lo[:i] < hi[i]) & (lo[i] < hi[:i])) for i in range(n)]
+        self.alive = np.zeros(n, dtype=bool)
+        self.next, self.misses = 0, 0
+        self.device = cp.cuda.Device().id
+
+    def malloc(self, size: int) -> Any:
+        if size == 0:
+            return self.fallback(0)
+        i, self.next = self.next, self.next + 1
+        if i >= len(self.sizes) or size != self.sizes[i] or self.alive[self.before[i]].any():
+            self.misses += 1
+            return self.fallback(size)
+        self.alive[i] = True
+        owner = _Release(self._freed, i, self.slab)
+        memory = self.cp.cuda.UnownedMemory(self.slab.ptr + int(self.offsets[i]), size, owner, self.device)
+        return self.cp.cuda.MemoryPointer(memory, 0)
+
+    def _freed(self, index: int) -> None:
+        self.alive[index] = False
+
+
+class no_cycle_collection:
+    """`with no_cycle_collection():` the cyclic garbage collector off, so that a block is freed exactly
+    when its last reference goes, the same in the recording capture as in the planned one."""
+
+    def __enter__(self) -> None:
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was:
+            gc.enable()

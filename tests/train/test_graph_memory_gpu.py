@@ -1,0 +1,85 @@
+"""The captured step's planned memory (graph_memory, GraphStep(planned_memory=True), the default): the
+steps it replays are those of the pool-served graph, every request of the kept capture lands in the slab,
+the slab holds no more than the pool did, and a request the record did not foresee goes to the pool
+rather than onto a live array's bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import euler_model
+from euler_train.comm import Comm
+from euler_train.config import resolve_config
+from euler_train.graph_memory import AllocationRecord, PlannedAllocator, plan_offsets
+from euler_train.graph_step import GraphStep
+from euler_train.optimizer import AdamW
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+
+def run_steps(planned, monkeypatch, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
+    """(params after the steps, the runner, the losses): a bf16 model with kept activations and bf16
+    gradients (the 1b preset's step, small), captured, a new batch every step."""
+    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+    cfg = euler_model.preset("tiny", dim=256, n_heads=4, n_kv_heads=2, n_layers=3, context=128)
+    params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=3).items()}
+    t = resolve_config("tiny")["train"]
+    opt = AdamW(params, t["beta1"], t["beta2"], t["eps"], 0.1)
+    runner = GraphStep(cfg, params, opt, Comm(), 1.0, False, None, keep, True, planned_memory=planned)
+    rng = np.random.default_rng(0)
+    losses = []
+    for lr in lrs:
+        tokens = rng.integers(0, cfg.vocab_size, (8, 128))
+        micro = [(tokens, rng.integers(0, cfg.vocab_size, (8, 128 + cfg.n_mtp_heads - 1)), None)]
+        loss, _, applied = runner.run(micro, [1.0], opt.hyper(lr))
+        opt.t += int(applied)
+        losses.append(loss)
+    return params, runner, losses
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "remade"])
+def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
+    """Three steps: the same losses and weights (up to the order of the atomic sums in the embedding's and
+    norms' gradients), every request of the kept capture served from the slab, which is within 10% of the
+    most bytes the body had alive at once, and held memory no more than the pool-served graph's."""
+    planned, runner, losses = run_steps(True, monkeypatch, keep)
+    pooled, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
+    assert runner.slab is not None and runner.planner.misses == 0, runner.memory_plan()
+    requests, total, floor = runner.plan_stats
+    assert requests > 50 and floor <= total <= 1.10 * floor, runner.memory_plan()
+    assert pool_runner.slab is None and pool_runner.plan_stats is None
+    held, pool_held = runner.memory_bytes(), pool_runner.memory_bytes()
+    assert held <= pool_held, (held, pool_held)
+    np.testing.assert_allclose(losses, pool_losses, rtol=1e-5)
+    for name in planned:
+        got, want = planned[name].get(), pooled[name].get()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_request_the_record_did_not_foresee_goes_to_the_pool():
+    """Recorded: a made and freed, then b (the plan puts b on a's bytes), then c. Served: a is still alive
+    when b comes, so b goes to the pool; c, of another size than recorded, too; a block alive in the
+    slab keeps its values while the pool serves the others."""
+    pool = cp.cuda.MemoryPool()
+    record = AllocationRecord(cp, pool)
+    with cp.cuda.using_allocator(record.malloc):
+        a = cp.empty(1 << 20, dtype=cp.uint8)
+        del a
+        b = cp.empty(1 << 20, dtype=cp.uint8)
+        c = cp.empty(4096, dtype=cp.uint8)
+    record.close()
+    offsets, total = plan_offsets(record.sizes, record.starts, record.ends)
+    assert offsets[0] == offsets[1] and total == (1 << 20) + 4096
+    slab = cp.cuda.Memory(total)
+    planner = PlannedAllocator(cp, record, offsets, slab, pool.malloc)
+    with cp.cuda.using_allocator(planner.malloc):
+        a = cp.full(1 << 20, 7, dtype=cp.uint8)
+        b = cp.full(1 << 20, 9, dtype=cp.uint8)
+        c = cp.empty(8192, dtype=cp.uint8)
+    assert a.data.ptr == slab.ptr + int(offsets[0])
+    assert planner.misses == 2
+    for other in (b, c):
+        assert not slab.ptr <= other.data.ptr < slab.ptr + total
+    assert int((a == 7).all()) and int((b == 9).all())
