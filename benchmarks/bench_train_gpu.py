@@ -86,7 +86,17 @@ def bench_config(args) -> tuple[dict, object]:
 
 
 def euler_step_fn(
-    cfg, params, tokens, targets, train: dict, lr=3e-4, max_norm=1.0, graph=False, planned=True, **changes
+    cfg,
+    params,
+    tokens,
+    targets,
+    train: dict,
+    lr=3e-4,
+    max_norm=1.0,
+    graph=False,
+    planned=True,
+    sites=False,
+    **changes,
 ):
     """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
     as a CUDA graph (what `euler-train pretrain` uses on one GPU; `planned`: its memory laid out in one
@@ -102,7 +112,7 @@ def euler_step_fn(
     scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.get("fp8_scaling") == "delayed" else None
     options = (max_norm, train["recompute"], scales, train["keep_activations"], train["bf16_grads"])
     args = (cfg, params, opt, Comm(), *options)
-    runner = GraphStep(*args, planned_memory=planned) if graph else EagerStep(*args)
+    runner = GraphStep(*args, planned_memory=planned, memory_sites=sites) if graph else EagerStep(*args)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
     def step():
@@ -294,6 +304,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--muon", action="store_true", help="also the graph step with --optimizer muon")
     parser.add_argument(
+        "--memory-sites", action="store_true", help="what the graph step has alive at its peak, by call site"
+    )
+    parser.add_argument(
         "--pool-memory",
         action="store_true",
         help="also the graph step with its memory served by a pool as it comes, not the planned slab",
@@ -364,13 +377,16 @@ def main() -> None:
         profile_ops(ours_step)
     del ours_step
     pool.free_all_blocks()  # the eager step's activations are not the graph's
-    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True)
+    sites = args.memory_sites
+    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True, sites=sites)
     with PoolPeak(graph.pool) as pool_peak:  # the first step records the graph: every allocation of its pool
         graph_step()
     sec_graph = timed(graph_step, args.steps)
     mem_graph = graph_bytes(graph)
     rows.append(("euler CUDA graph", sec_graph, mem_graph, state_bytes(graph) + pool_peak.peak))
     print(graph.memory_plan())
+    for line in graph.memory_at_peak():
+        print("  at the peak:", line)
     if args.kernels:
         kernel_table(graph_step, "euler CUDA graph")
     print_gemm_choices()

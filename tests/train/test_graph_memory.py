@@ -4,6 +4,8 @@ at once (peak_in_use, checked here against a count at every tick) and close to i
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +53,7 @@ def test_blocks_alive_together_never_share_a_byte(record):
     last = max(starts + [e for e in ends if e is not None])
     for tick in range(last + 1):
         spans = sorted((int(offsets[i]), int(offsets[i]) + rounded[i]) for i in alive_at(starts, ends, tick))
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), (tick, spans)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), (tick, spans)
 
 
 @given(lifetimes())

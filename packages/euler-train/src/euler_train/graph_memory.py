@@ -13,8 +13,11 @@ instead: two live arrays never share an address, whatever the step does.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+import os
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -58,14 +61,20 @@ def peak_in_use(sizes: list[int], starts: list[int], ends: list[int | None]) -> 
     >>> peak_in_use([1024, 1024, 2048], [0, 1, 3], [2, 5, None])
     3072
     """
+    return _peak(sizes, starts, ends)[0]
+
+
+def _peak(sizes: list[int], starts: list[int], ends: list[int | None]) -> tuple[int, int]:
+    """(the most bytes alive at once, the first tick they are)."""
     size = [(s + ALIGN - 1) // ALIGN * ALIGN for s in sizes]
     made = [(t, s) for t, s in zip(starts, size)]
     events = sorted(made + [(e, -s) for e, s in zip(ends, size) if e is not None])
-    alive = peak = 0
-    for _, change in events:  # event times are distinct: each alloc or free is its own tick
+    alive = peak = peak_tick = 0
+    for tick, change in events:  # event ticks are distinct: each alloc or free is its own
         alive += change
-        peak = max(peak, alive)
-    return peak
+        if alive > peak:
+            peak, peak_tick = alive, tick
+    return peak, peak_tick
 
 
 class _Release:
@@ -82,11 +91,12 @@ class _Release:
 
 class AllocationRecord:
     """An allocator (`malloc`) that serves from `pool` and records each request: sizes[i], and the ticks
-    at which block i was made (starts[i]) and freed (ends[i]; None while it lives). Size-0 requests are
-    neither recorded nor planned."""
+    at which block i was made (starts[i]) and freed (ends[i]; None while it lives); with `sites`, also
+    where each was asked for (call_site). Size-0 requests are neither recorded nor planned."""
 
-    def __init__(self, cp: Any, pool: Any) -> None:
+    def __init__(self, cp: Any, pool: Any, sites: bool = False) -> None:
         self.cp, self.pool = cp, pool
+        self.sites: list[str] | None = [] if sites else None
         self.sizes: list[int] = []
         self.starts: list[int] = []
         self.ends: list[int | None] = []
@@ -100,6 +110,8 @@ class AllocationRecord:
         self.sizes.append(size)
         self.starts.append(self.tick)
         self.ends.append(None)
+        if self.sites is not None:
+            self.sites.append(call_site())
         self.tick += 1
         owner = _Release(self._freed, index, held)
         memory = self.cp.cuda.UnownedMemory(held.ptr, size, owner, held.device_id)
@@ -150,14 +162,35 @@ class PlannedAllocator:
         self.alive[index] = False
 
 
-class no_cycle_collection:
-    """`with no_cycle_collection():` the cyclic garbage collector off, so that a block is freed exactly
-    when its last reference goes, the same in the recording capture as in the planned one."""
-
-    def __enter__(self) -> None:
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.was:
+@contextlib.contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector off inside the scope, so that a block is freed exactly when its last
+    reference goes, the same in the recording capture as in the planned one."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
             gc.enable()
+
+
+def alive_at_peak(sizes: list[int], starts: list[int], ends: list[int | None]) -> list[int]:
+    """The blocks alive at the first tick where the most bytes are (what a smaller peak must shrink).
+
+    >>> alive_at_peak([1024, 1024, 2048], [0, 1, 3], [2, 5, None])
+    [1, 2]
+    """
+    tick = _peak(sizes, starts, ends)[1]
+    return [i for i, (s, e) in enumerate(zip(starts, ends)) if s <= tick and (e is None or tick < e)]
+
+
+def call_site() -> str:
+    """Where in euler's packages the current allocation was asked for: the two innermost frames of
+    euler_model / euler_train / euler_kernels.ops (file:line function), innermost first."""
+    frames = [
+        f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+        for f in reversed(traceback.extract_stack(limit=24))
+        if any(part in f.filename for part in ("euler_model", "euler_train/step", "euler_kernels/ops"))
+    ]
+    return " < ".join(frames[:2]) or "?"

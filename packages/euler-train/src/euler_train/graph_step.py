@@ -27,6 +27,7 @@ import euler_kernels as ek
 from euler_train.graph_memory import (
     AllocationRecord,
     PlannedAllocator,
+    alive_at_peak,
     no_cycle_collection,
     peak_in_use,
     plan_offsets,
@@ -49,9 +50,11 @@ class GraphStep:
         keep_activations: bool = False,
         bf16_grads: bool = False,
         planned_memory: bool = False,
+        memory_sites: bool = False,
     ) -> None:
         """`planned_memory`: serve the body's allocations from one planned slab (graph_memory.py); False:
-        from the pool as they come (what the planned layout is measured against)."""
+        from the pool as they come (what the planned layout is measured against). `memory_sites`: the
+        record notes where each request was made, for memory_at_peak."""
         import cupy as cp  # only on the GPU path
 
         self.cp, self.mcfg, self.params, self.opt, self.comm = cp, mcfg, params, opt, comm
@@ -60,7 +63,8 @@ class GraphStep:
         self.buf: StepBuffers | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
-        self.planned_memory = planned_memory
+        self.planned_memory, self.memory_sites = planned_memory, memory_sites
+        self.record: AllocationRecord | None = None  # the recording capture's requests
         self.slab = None  # the planned slab (cupy.cuda.Memory), or None: the pool serves the body
         self.planner: PlannedAllocator | None = None  # its `misses`: requests the pool served instead
         self.plan_stats: tuple[int, int, int] | None = None  # (requests, slab bytes, most alive at once)
@@ -90,7 +94,7 @@ class GraphStep:
         out in one slab, and return the allocator that serves the kept capture from it: a
         PlannedAllocator, or the pool's malloc where the slab cannot be had."""
         cp = self.cp
-        record = AllocationRecord(cp, self.pool)
+        record = self.record = AllocationRecord(cp, self.pool, self.memory_sites)
         with cp.cuda.using_allocator(record.malloc):
             self._captured()
         record.close()
@@ -161,6 +165,18 @@ class GraphStep:
             f"memory plan: {requests:,} requests in a {total / 2**30:.2f} GiB slab (the most alive at once: "
             f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead"
         )
+
+    def memory_at_peak(self, top: int = 12) -> list[str]:
+        """What the body has alive at its peak, by where it was made (needs memory_sites): the `top` sites
+        by bytes, one line each."""
+        record = self.record
+        if record is None or record.sites is None:
+            return []
+        by_site: dict[str, list[int]] = {}
+        for i in alive_at_peak(record.sizes, record.starts, record.ends):
+            by_site.setdefault(record.sites[i], []).append(record.sizes[i])
+        ranked = sorted(by_site.items(), key=lambda kv: -sum(kv[1]))[:top]
+        return [f"{sum(s) / 2**30:7.3f} GiB in {len(s):4d} blocks  {site}" for site, s in ranked]
 
     def memory_bytes(self) -> int:
         """Device memory held by the graph's own pool and slab: the step's buffers, gradients, activations
