@@ -68,6 +68,7 @@ class GraphStep:
         self.slab = None  # the planned slab (cupy.cuda.Memory), or None: the pool serves the body
         self.planner: PlannedAllocator | None = None  # its `misses`: requests the pool served instead
         self.plan_stats: tuple[int, int, int] | None = None  # (requests, slab bytes, most alive at once)
+        self.setup_bytes = 0  # the most the pool held while capturing (dry run, recording capture)
         self.graph = None
         self.copies: dict[str, Any] = {}  # bf16_weight_copies, made before the capture
 
@@ -98,6 +99,7 @@ class GraphStep:
         with cp.cuda.using_allocator(record.malloc):
             self._captured()
         record.close()
+        self.setup_bytes = max(self.setup_bytes, self.pool.total_bytes())
         self.buf.release_step_grads()  # the recording's gradients: the kept capture makes its own
         self.pool.free_all_blocks()  # what the recording freed goes back: the slab takes its place
         offsets, total = plan_offsets(record.sizes, record.starts, record.ends)
@@ -129,6 +131,7 @@ class GraphStep:
             self.buf.write(micro, shares, dry, stream=self.stream)
             self._body()
             self.stream.synchronize()
+            self.setup_bytes = self.pool.total_bytes()
             if kept is not None:
                 ek.restore_fp8_scales(scales, kept)
                 self.stream.synchronize()
@@ -163,7 +166,8 @@ class GraphStep:
         misses = self.planner.misses if self.planner is not None else requests
         return (
             f"memory plan: {requests:,} requests in a {total / 2**30:.2f} GiB slab (the most alive at once: "
-            f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead"
+            f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead; while capturing, the pool held "
+            f"up to {self.setup_bytes / 2**30:.2f} GiB"
         )
 
     def memory_at_peak(self, top: int = 12) -> list[str]:
