@@ -44,6 +44,7 @@ def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
     """Three steps: the same losses and weights (up to the order of the atomic sums in the embedding's and
     norms' gradients), every request of the kept capture served from the slab, which is within 10% of the
     most bytes the body had alive at once, and held memory no more than the pool-served graph's."""
+    run_steps(False, monkeypatch, keep, lrs=(1e-3,))  # handles, workspaces, tuned products: made once, here
     planned, runner, losses = run_steps(True, monkeypatch, keep)
     pooled, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
     assert runner.slab is not None and runner.planner.misses == 0, runner.memory_plan()

@@ -155,11 +155,11 @@ def test_the_refusal_suggests_the_setting_with_which_it_would_fit(key, monkeypat
     assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == fits
 
 
-def test_350m_keeps_its_activations_unless_told_not_to() -> None:
-    assert resolve_config("350m")["train"]["keep_activations"] is True
-    assert resolve_config("1b")["train"]["keep_activations"] is False  # no memory room beside compile's
-    off = resolve_config("350m", overrides=["train.keep_activations=false"])
-    assert off["train"]["keep_activations"] is False
+def test_the_large_presets_keep_their_activations_unless_told_not_to() -> None:
+    for name in ("350m", "1b"):
+        assert resolve_config(name)["train"]["keep_activations"] is True
+        off = resolve_config(name, overrides=["train.keep_activations=false"])
+        assert off["train"]["keep_activations"] is False
     with pytest.raises(ConfigError, match=r"train\.keep_activations must be bool"):
         resolve_config("tiny", overrides=["train.keep_activations='yes'"])
 

@@ -49,7 +49,7 @@ class GraphStep:
         fp8_scales: Any = None,
         keep_activations: bool = False,
         bf16_grads: bool = False,
-        planned_memory: bool = False,
+        planned_memory: bool = True,
         memory_sites: bool = False,
     ) -> None:
         """`planned_memory`: serve the body's allocations from one planned slab (graph_memory.py); False:
@@ -132,6 +132,7 @@ class GraphStep:
             self._body()
             self.stream.synchronize()
             self.setup_bytes = self.pool.total_bytes()
+            self.pool.free_all_blocks()  # the dry run's freed blocks: the recording starts from what lives
             if kept is not None:
                 ek.restore_fp8_scales(scales, kept)
                 self.stream.synchronize()

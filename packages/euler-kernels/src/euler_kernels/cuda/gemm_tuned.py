@@ -69,7 +69,7 @@ def run_tuned(
     if key not in _choices:
         if cupy.cuda.get_current_stream().is_capturing():
             return False
-        _choices[key] = _time_choice(key, a, b, out, gemm_ex)
+        _choices[key] = _time_choice(key, a, b, out, gemm_ex, accumulate)
     choice = _choices[key]
     if choice == GEMM_EX:
         return False
@@ -94,13 +94,16 @@ def candidates(key: tuple, count: int = TUNE_CANDIDATES) -> cublaslt.Product:
     return cublaslt.Product(m, n, k, trans, (CUDA_R_16BF, CUDA_R_16BF, out_type), align, count, mask)
 
 
-def _time_choice(key: tuple, a: Any, b: Any, out: Any, gemm_ex: Callable[[Any, bool], None]) -> int:
+def _time_choice(
+    key: tuple, a: Any, b: Any, out: Any, gemm_ex: Callable[[Any, bool], None], accumulate: bool
+) -> int:
     """The kind's choice: the fastest cuBLASLt candidate if TUNE_MARGIN faster than cublasGemmEx, timed into
-    a scratch output (out keeps its values)."""
+    out itself where the call overwrites it anyway (no second output-sized array at the step's peak), else
+    into a scratch output (out keeps the values the call adds to)."""
     import cupy
 
     product = _products[key] = candidates(key)
-    scratch = cupy.empty_like(out)
+    scratch = cupy.empty_like(out) if accumulate else out
     best, best_ms = GEMM_EX, time_ms(lambda: gemm_ex(scratch, False)) * (1.0 - TUNE_MARGIN)
     for i in range(product.count):
         if product.run(i, a, b, scratch, False) != 0:  # a candidate this call cannot take
