@@ -41,12 +41,14 @@ def run_steps(planned, monkeypatch, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
 
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "remade"])
 def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
-    """Three steps: the same losses and weights (up to the order of the atomic sums in the embedding's and
-    norms' gradients), every request of the kept capture served from the slab, which is within 10% of the
-    most bytes the body had alive at once, and held memory no more than the pool-served graph's."""
+    """Three replays: the same losses, every request of the kept capture served from the slab, which is
+    within 10% of the most bytes the body had alive at once, and held memory no more than the pool-served
+    graph's. One step: the matrices' updates bit for bit (cuBLAS products, the same every run), the
+    embedding and norms to float32 rounding (their gradients are atomic sums in no fixed order, which
+    AdamW's later steps magnify)."""
     run_steps(False, monkeypatch, keep, lrs=(1e-3,))  # handles, workspaces, tuned products: made once, here
-    planned, runner, losses = run_steps(True, monkeypatch, keep)
-    pooled, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
+    _, runner, losses = run_steps(True, monkeypatch, keep)
+    _, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
     assert runner.slab is not None and runner.planner.misses == 0, runner.memory_plan()
     requests, total, floor = runner.plan_stats
     assert requests > 50 and floor <= total <= 1.10 * floor, runner.memory_plan()
@@ -54,9 +56,14 @@ def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
     held, pool_held = runner.memory_bytes(), pool_runner.memory_bytes()
     assert held <= pool_held, (held, pool_held)
     np.testing.assert_allclose(losses, pool_losses, rtol=1e-5)
+    planned, _, _ = run_steps(True, monkeypatch, keep, lrs=(3e-3,))
+    pooled, _, _ = run_steps(False, monkeypatch, keep, lrs=(3e-3,))
     for name in planned:
         got, want = planned[name].get(), pooled[name].get()
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+        if name.startswith("layers.") and got.ndim == 2:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-8, err_msg=name)
 
 
 def test_a_request_the_record_did_not_foresee_goes_to_the_pool():
