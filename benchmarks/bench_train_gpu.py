@@ -405,11 +405,11 @@ def main() -> None:
         del step, runner
     if args.pool_memory:  # the same step with its body's memory from the pool as it comes: the plan's gain
         step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, planned=False)
-        sec = timed(step, args.steps)
-        rows.append(("euler CUDA graph, pool memory", sec, graph_bytes(runner), None))
+        sec, mem = timed(step, args.steps), graph_bytes(runner)
+        rows.append(("euler CUDA graph, pool memory", sec, mem, None))
         print(
             f"the planned slab against the pool: held {mem_graph / 2**30:.2f} GiB instead of "
-            f"{graph_bytes(runner) / 2**30:.2f} GiB, step time {100 * (sec_graph / sec - 1):+.1f}%"
+            f"{mem / 2**30:.2f} GiB, step time {100 * (sec_graph / sec - 1):+.1f}%"
         )
         del step, runner
     if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph

@@ -26,6 +26,15 @@ import numpy as np
 ALIGN = 512
 
 
+def block_bytes(sizes: list[int]) -> np.ndarray:
+    """Each request's bytes rounded up to ALIGN: what its block takes of the slab (int64).
+
+    >>> block_bytes([1, 512, 513]).tolist()
+    [512, 512, 1024]
+    """
+    return (np.asarray(sizes, dtype=np.int64) + ALIGN - 1) // ALIGN * ALIGN
+
+
 def plan_offsets(sizes: list[int], starts: list[int], ends: list[int | None]) -> tuple[np.ndarray, int]:
     """(offsets, slab bytes): an offset in one slab for each block i, alive from event starts[i] to event
     ends[i] (None: to the end), such that no two blocks alive at once share a byte. Largest block first,
@@ -37,7 +46,7 @@ def plan_offsets(sizes: list[int], starts: list[int], ends: list[int | None]) ->
     ([0, 2048, 0], 3072)
     """
     n = len(sizes)
-    size = (np.asarray(sizes, dtype=np.int64) + ALIGN - 1) // ALIGN * ALIGN
+    size = block_bytes(sizes)
     start = np.asarray(starts, dtype=np.int64)
     end = np.array([np.iinfo(np.int64).max if e is None else e for e in ends], dtype=np.int64)
     offsets = np.zeros(n, dtype=np.int64)
@@ -66,7 +75,7 @@ def peak_in_use(sizes: list[int], starts: list[int], ends: list[int | None]) -> 
 
 def _peak(sizes: list[int], starts: list[int], ends: list[int | None]) -> tuple[int, int]:
     """(the most bytes alive at once, the first tick they are)."""
-    size = [(s + ALIGN - 1) // ALIGN * ALIGN for s in sizes]
+    size = block_bytes(sizes).tolist()
     made = [(t, s) for t, s in zip(starts, size)]
     events = sorted(made + [(e, -s) for e, s in zip(ends, size) if e is not None])
     alive = peak = peak_tick = 0
@@ -137,8 +146,7 @@ class PlannedAllocator:
         self.cp, self.slab, self.fallback = cp, slab, fallback
         self.sizes, self.offsets = record.sizes, offsets
         n = len(record.sizes)
-        size = (np.asarray(record.sizes, dtype=np.int64) + ALIGN - 1) // ALIGN * ALIGN
-        lo, hi = offsets, offsets + size
+        lo, hi = offsets, offsets + block_bytes(record.sizes)
         # for each block: the blocks made before it that share a byte of the slab (the plan has them freed
         # by then; the capture must too)
         self.before = [np.flatnonzero((lo[:i] < hi[i]) & (lo[i] < hi[:i])) for i in range(n)]

@@ -104,11 +104,11 @@ class GraphStep:
         self.pool.free_all_blocks()  # what the recording freed goes back: the slab takes its place
         offsets, total = plan_offsets(record.sizes, record.starts, record.ends)
         self.plan_stats = (len(record.sizes), total, peak_in_use(record.sizes, record.starts, record.ends))
-        try:
-            self.slab = cp.cuda.Memory(total) if total else None
-        except cp.cuda.memory.OutOfMemoryError:
+        if not total:  # a body that asks for nothing
             return self.pool.malloc
-        if self.slab is None:
+        try:
+            self.slab = cp.cuda.Memory(total)
+        except cp.cuda.memory.OutOfMemoryError:
             return self.pool.malloc
         self.planner = PlannedAllocator(cp, record, offsets, self.slab, self.pool.malloc)
         return self.planner.malloc
