@@ -19,8 +19,9 @@ Prints tokens/s, step ms, achieved TFLOP/s, MFU and GPU memory for each, then ea
 of PyTorch's: the throughput ratio and both MFUs. Memory, two columns: "held" is what the step keeps from
 the GPU, free blocks of the caching allocators included (ours: weights, optimizer state and CuPy's pool;
 PyTorch: torch.cuda.max_memory_reserved), the like-for-like figure; "live" is the peak of memory in use
-(PyTorch: max_memory_allocated; our captured step: weights, optimizer state and the most its pool had in
-use at once while the graph was recorded, from a CuPy memory hook).
+(PyTorch: max_memory_allocated; our captured step: weights, optimizer state, the most its pool had in
+use at once while the graph was recorded, from a CuPy memory hook, and with planned memory the most bytes
+its body has alive at once and what the dry run made to keep).
 --recompute adds our graph step with train.recompute = true (activations re-made in the backward): its
 step time and memory against the same step without it.
 --muon adds our graph step with train.optimizer = "muon".
@@ -383,7 +384,10 @@ def main() -> None:
         graph_step()
     sec_graph = timed(graph_step, args.steps)
     mem_graph = graph_bytes(graph)
-    rows.append(("euler CUDA graph", sec_graph, mem_graph, state_bytes(graph) + pool_peak.peak))
+    live = state_bytes(graph) + pool_peak.peak
+    if graph.plan_stats is not None:  # the body's requests are served by the slab, not the pool
+        live += graph.plan_stats[2] + graph.dry_pool.total_bytes()
+    rows.append(("euler CUDA graph", sec_graph, mem_graph, live))
     print(graph.memory_plan())
     for line in graph.memory_at_peak():
         print("  at the peak:", line)

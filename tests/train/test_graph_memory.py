@@ -5,11 +5,12 @@ at once (peak_in_use, checked here against a count at every tick) and close to i
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from euler_train.graph_memory import ALIGN, peak_in_use, plan_offsets
+from euler_train.graph_memory import ALIGN, peak_in_use, plan_offsets, plan_record
 
 
 @st.composite
@@ -121,3 +122,23 @@ def test_a_chain_of_temporaries_reuses_one_range():
     offsets, total = plan_offsets([4096] * n, starts, ends)
     assert total == 2 * 4096 == peak_in_use([4096] * n, starts, ends)
     assert len(set(offsets.tolist())) == 2
+
+
+def test_a_record_plans_its_freed_blocks_and_keeps_out_those_still_alive():
+    """plan_record: blocks still alive when the plan is made (made once, kept: a workspace) get no offset
+    (size -1) and take no part in the slab; the rest are laid out as plan_offsets lays them out."""
+    sizes, starts, ends = step_like_record(layers=2)
+    alive = [e is None for e in ends]
+    alive[0] = True  # the embedding's output: kept by someone past the step
+    record = SimpleNamespace(sizes=sizes, starts=starts, ends=ends, alive=alive)
+    planned_sizes, offsets, total, floor = plan_record(record)
+    kept = [i for i, a in enumerate(alive) if not a]
+    want_offsets, want_total = plan_offsets(*[[seq[i] for i in kept] for seq in (sizes, starts, ends)])
+    assert [planned_sizes[i] for i in kept] == [sizes[i] for i in kept]
+    assert all(planned_sizes[i] == -1 for i, a in enumerate(alive) if a)
+    assert offsets[kept].tolist() == want_offsets.tolist() and total == want_total
+    assert (
+        floor
+        == peak_in_use(*[[seq[i] for i in kept] for seq in (sizes, starts, ends)])
+        < peak_in_use(sizes, starts, ends)
+    )

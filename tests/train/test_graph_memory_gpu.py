@@ -11,7 +11,7 @@ import pytest
 import euler_model
 from euler_train.comm import Comm
 from euler_train.config import resolve_config
-from euler_train.graph_memory import AllocationRecord, PlannedAllocator, plan_offsets
+from euler_train.graph_memory import AllocationRecord, PlannedAllocator, plan_offsets, plan_record
 from euler_train.graph_step import GraphStep
 from euler_train.optimizer import AdamW
 
@@ -41,15 +41,16 @@ def run_steps(planned, monkeypatch, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
 
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "remade"])
 def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
-    """Three replays: the same losses, every request of the kept capture served from the slab, which is
-    within 10% of the most bytes the body had alive at once, and held memory no more than the pool-served
-    graph's. One step: the matrices' updates bit for bit (cuBLAS products, the same every run), the
-    embedding and norms to float32 rounding (their gradients are atomic sums in no fixed order, which
-    AdamW's later steps magnify)."""
+    """Three replays: the same losses, every request of the capture served from the slab laid out for the
+    dry run's, which is within 10% of the most bytes the body had alive at once, and held memory no more
+    than the pool-served graph's. One step: the matrices' updates bit for bit (cuBLAS products, the same
+    every run), the embedding and norms to float32 rounding (their gradients are atomic sums in no fixed
+    order, which AdamW's later steps magnify)."""
     run_steps(False, monkeypatch, keep, lrs=(1e-3,))  # handles, workspaces, tuned products: made once, here
     _, runner, losses = run_steps(True, monkeypatch, keep)
     _, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
     assert runner.slab is not None and runner.planner.misses == 0, runner.memory_plan()
+    assert runner.planned_from == "the dry run's", runner.memory_plan()  # it foresaw every request
     requests, total, floor = runner.plan_stats
     assert requests > 50 and floor <= total <= 1.10 * floor, runner.memory_plan()
     assert pool_runner.slab is None and pool_runner.plan_stats is None
@@ -71,7 +72,7 @@ def test_a_request_the_record_did_not_foresee_goes_to_the_pool():
     when b comes, so b goes to the pool; c, of another size than recorded, too; a block alive in the
     slab keeps its values while the pool serves the others."""
     pool = cp.cuda.MemoryPool()
-    record = AllocationRecord(cp, pool)
+    record = AllocationRecord(cp, pool.malloc)
     with cp.cuda.using_allocator(record.malloc):
         a = cp.empty(1 << 20, dtype=cp.uint8)
         del a
@@ -81,7 +82,7 @@ def test_a_request_the_record_did_not_foresee_goes_to_the_pool():
     offsets, total = plan_offsets(record.sizes, record.starts, record.ends)
     assert offsets[0] == offsets[1] and total == (1 << 20) + 4096
     slab = cp.cuda.Memory(total)
-    planner = PlannedAllocator(cp, record, offsets, slab, pool.malloc)
+    planner = PlannedAllocator(cp, record.sizes, offsets, slab, pool.malloc)
     with cp.cuda.using_allocator(planner.malloc):
         a = cp.full(1 << 20, 7, dtype=cp.uint8)
         b = cp.full(1 << 20, 9, dtype=cp.uint8)
@@ -91,3 +92,37 @@ def test_a_request_the_record_did_not_foresee_goes_to_the_pool():
     for other in (b, c):
         assert not slab.ptr <= other.data.ptr < slab.ptr + total
     assert int((a == 7).all()) and int((b == 9).all())
+
+
+def test_the_dry_runs_record_plans_what_the_capture_asks_for():
+    """The dry run's record, served by a pool that gives each freed block back at once: it holds only what
+    is in use. A block still alive after it (a workspace made once) is kept out of the plan and keeps its
+    memory; a request made only in the dry run is passed over when the capture does not make it; the
+    capture's requests all land in the slab, a block on the bytes of one freed before it."""
+    dry_pool, pool = cp.cuda.MemoryPool(), cp.cuda.MemoryPool()
+    record = AllocationRecord(cp, dry_pool.malloc, after_free=dry_pool.free_all_blocks)
+    with cp.cuda.using_allocator(record.malloc):
+        workspace = cp.empty(1 << 20, dtype=cp.uint8)
+        once = cp.empty(4096, dtype=cp.uint8)
+        del once
+        a = cp.empty(1 << 16, dtype=cp.uint8)
+        b = cp.empty(1 << 16, dtype=cp.uint8)
+        assert dry_pool.total_bytes() == (1 << 20) + 2 * (1 << 16)  # the freed block went back at once
+        del a
+        c = cp.empty(1 << 16, dtype=cp.uint8)
+        del b, c
+    record.close()
+    assert dry_pool.total_bytes() == 1 << 20 and record.alive == [True, False, False, False, False]
+    sizes, offsets, total, floor = plan_record(record)
+    assert sizes == [-1, 4096, 1 << 16, 1 << 16, 1 << 16]
+    assert total == floor == 2 * (1 << 16) and offsets[4] == offsets[2]
+    slab = cp.cuda.Memory(total)
+    planner = PlannedAllocator(cp, sizes, offsets, slab, pool.malloc)
+    with cp.cuda.using_allocator(planner.malloc):
+        a = cp.full(1 << 16, 1, dtype=cp.uint8)
+        b = cp.full(1 << 16, 2, dtype=cp.uint8)
+        del a
+        c = cp.full(1 << 16, 3, dtype=cp.uint8)
+    assert planner.misses == 0 and pool.total_bytes() == 0
+    assert {b.data.ptr, c.data.ptr} == {slab.ptr + int(offsets[3]), slab.ptr + int(offsets[4])}
+    assert int((b == 2).all()) and int((c == 3).all()) and workspace.size == 1 << 20

@@ -3,12 +3,13 @@
 CuPy's pool serves a step's allocations as they come: a block freed in the forward is split for a smaller
 one, a larger one then needs fresh memory, and the pool ends up holding about a gigabyte more than the
 step ever has in use at once (856M model, kept activations). A captured step, though, makes the same
-requests in the same order every time its body runs. So graph_step captures the body once to record them
-(`AllocationRecord`: each request's size, when it was made and when its block was freed), packs those
-lifetimes into one slab (`plan_offsets`), and captures the graph it keeps with every request served from
-the slab (`PlannedAllocator`). A request the record did not foresee (another size, more requests, or a
-slab range still in use because a block lives longer than it did in the record) is served by the pool
-instead: two live arrays never share an address, whatever the step does.
+requests in the same order every time its body runs. So graph_step records them in the dry run that comes
+before the capture (`AllocationRecord`: each request's size, when it was made and when its block was
+freed), served by a pool that gives every freed block back at once (so the dry run holds no more than it
+has in use), packs those lifetimes into one slab (`plan_offsets`), and captures the graph
+with every request served from the slab (`PlannedAllocator`). A request the record did not foresee
+(another size, more requests, or a slab range still in use because a block lives longer than it did in
+the record) is served by the pool instead: two live arrays never share an address, whatever the step does.
 """
 
 from __future__ import annotations
@@ -95,30 +96,42 @@ class _Release:
         self.on_free, self.index, self.memory = on_free, index, memory
 
     def __del__(self) -> None:
+        self.memory = None  # the block goes back to its source before the owner hears of it
         self.on_free(self.index)
 
 
 class AllocationRecord:
-    """An allocator (`malloc`) that serves from `pool` and records each request: sizes[i], and the ticks
-    at which block i was made (starts[i]) and freed (ends[i]; None while it lives); with `sites`, also
-    where each was asked for (call_site). Size-0 requests are neither recorded nor planned."""
+    """An allocator (`malloc`) that serves from `source` (another allocator) and records each request:
+    sizes[i], and the ticks at which block i was made (starts[i]) and freed (ends[i]; None while it lives);
+    with `sites`, also where each was asked for (call_site); `after_free`, called after each block goes back
+    to the source (a pool's free_all_blocks: it then holds no more than is in use, each block its own
+    cudaMalloc). After `close`, frees are neither ticked nor passed on (cudaFree may not run in a capture),
+    but `alive` still follows them. Size-0 requests are neither recorded nor planned."""
 
-    def __init__(self, cp: Any, pool: Any, sites: bool = False) -> None:
-        self.cp, self.pool = cp, pool
+    def __init__(
+        self,
+        cp: Any,
+        source: Callable[[int], Any],
+        sites: bool = False,
+        after_free: Callable[[], Any] | None = None,
+    ) -> None:
+        self.cp, self.source, self.after_free = cp, source, after_free
         self.sites: list[str] | None = [] if sites else None
         self.sizes: list[int] = []
         self.starts: list[int] = []
         self.ends: list[int | None] = []
+        self.alive: list[bool] = []
         self.tick, self.closed = 0, False
 
     def malloc(self, size: int) -> Any:
-        held = self.pool.malloc(size)
+        held = self.source(size)
         if size == 0:
             return held
         index = len(self.sizes)
         self.sizes.append(size)
         self.starts.append(self.tick)
         self.ends.append(None)
+        self.alive.append(True)
         if self.sites is not None:
             self.sites.append(call_site())
         self.tick += 1
@@ -127,26 +140,35 @@ class AllocationRecord:
         return self.cp.cuda.MemoryPointer(memory, 0)
 
     def _freed(self, index: int) -> None:
-        if not self.closed:  # blocks that outlive the record stay alive to its end
-            self.ends[index] = self.tick
-            self.tick += 1
+        self.alive[index] = False
+        if self.closed:  # blocks that outlive the record stay alive to its end
+            return
+        self.ends[index] = self.tick
+        self.tick += 1
+        if self.after_free is not None:
+            self.after_free()
 
     def close(self) -> None:
         self.closed = True
 
 
-class PlannedAllocator:
-    """An allocator (`malloc`) whose i-th request gets offsets[i] of `slab` when it is the size the record
-    saw and no block sharing that range is still alive; otherwise `fallback` (the pool) serves it and
-    `misses` counts it."""
+# requests a captured body makes that the record's next ones are not: how far ahead a request's size is
+# looked for (the dry run makes a few the capture does not: workspaces made once, kept out of the plan)
+LOOKAHEAD = 16
 
-    def __init__(
-        self, cp: Any, record: AllocationRecord, offsets: np.ndarray, slab: Any, fallback: Callable
-    ) -> None:
+
+class PlannedAllocator:
+    """An allocator (`malloc`) that serves the record's requests in order from `slab`: a request takes
+    the next recorded block of its size (within LOOKAHEAD; the ones passed over are never made) at
+    offsets[i], unless a block sharing that range is still alive; otherwise `fallback` (the pool) serves
+    it and `misses` counts it. sizes[i] < 0: a recorded block kept out of the plan."""
+
+    def __init__(self, cp: Any, sizes: list[int], offsets: np.ndarray, slab: Any, fallback: Callable) -> None:
         self.cp, self.slab, self.fallback = cp, slab, fallback
-        self.sizes, self.offsets = record.sizes, offsets
-        n = len(record.sizes)
-        lo, hi = offsets, offsets + block_bytes(record.sizes)
+        self.sizes, self.offsets = sizes, offsets
+        n = len(sizes)
+        lo = np.asarray(offsets, dtype=np.int64)
+        hi = lo + np.where(np.asarray(sizes) > 0, block_bytes(np.maximum(sizes, 0).tolist()), 0)
         # for each block: the blocks made before it that share a byte of the slab (the plan has them freed
         # by then; the capture must too)
         self.before = [np.flatnonzero((lo[:i] < hi[i]) & (lo[i] < hi[:i])) for i in range(n)]
@@ -157,8 +179,13 @@ class PlannedAllocator:
     def malloc(self, size: int) -> Any:
         if size == 0:
             return self.fallback(0)
-        i, self.next = self.next, self.next + 1
-        if i >= len(self.sizes) or size != self.sizes[i] or self.alive[self.before[i]].any():
+        ahead = self.sizes[self.next : self.next + LOOKAHEAD]
+        if size not in ahead:
+            self.misses += 1
+            return self.fallback(size)
+        i = self.next + ahead.index(size)
+        self.next = i + 1
+        if self.alive[self.before[i]].any():
             self.misses += 1
             return self.fallback(size)
         self.alive[i] = True
@@ -168,6 +195,20 @@ class PlannedAllocator:
 
     def _freed(self, index: int) -> None:
         self.alive[index] = False
+
+
+def plan_record(record: AllocationRecord) -> tuple[list[int], np.ndarray, int, int]:
+    """(sizes, offsets, slab bytes, the most bytes alive at once) for the record's blocks that are no
+    longer alive: those still alive were made once and stay (a workspace, a buffer the body fills), so they
+    are kept out of the plan (their sizes -1) and keep the memory they have."""
+    planned = [i for i, alive in enumerate(record.alive) if not alive]
+    lifetimes = [[seq[i] for i in planned] for seq in (record.sizes, record.starts, record.ends)]
+    planned_offsets, total = plan_offsets(*lifetimes)
+    sizes = [-1] * len(record.sizes)
+    offsets = np.zeros(len(record.sizes), dtype=np.int64)
+    for i, offset in zip(planned, planned_offsets.tolist()):
+        sizes[i], offsets[i] = record.sizes[i], offset
+    return sizes, offsets, total, peak_in_use(*lifetimes)
 
 
 @contextlib.contextmanager

@@ -9,9 +9,9 @@ device, in the control vector).
 
 The graph's intermediate buffers are its own, so no other allocation can ever land on an address the
 graph writes to: the step's buffers come from a pool of its own, and the body's activations, gradients
-and temporaries from one slab laid out ahead of time (graph_memory.py: the body is captured once to record
-its requests, then captured again with each request at its planned offset), which holds what the step has
-in use at its peak, not what a pool's splits and fresh blocks add to it. The trainer uses it on one GPU
+and temporaries from one slab laid out ahead of time (graph_memory.py: the dry run before the capture
+records the body's requests, and the capture serves each at its planned offset), which holds what the step
+has in use at its peak, not what a pool's splits and fresh blocks add to it. The trainer uses it on one GPU
 when `train.cuda_graph` is true (the default) and attention runs the fused kernel; otherwise
 step.EagerStep runs the same function.
 """
@@ -30,7 +30,7 @@ from euler_train.graph_memory import (
     alive_at_peak,
     no_cycle_collection,
     peak_in_use,
-    plan_offsets,
+    plan_record,
 )
 from euler_train.step import StepBuffers, bf16_weight_copies, train_step
 
@@ -64,11 +64,13 @@ class GraphStep:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
         self.planned_memory, self.memory_sites = planned_memory, memory_sites
-        self.record: AllocationRecord | None = None  # the recording capture's requests
+        self.dry_pool = cp.cuda.MemoryPool()  # the planned dry run's: each freed block goes back at once
+        self.record: AllocationRecord | None = None  # the kept capture's requests
         self.slab = None  # the planned slab (cupy.cuda.Memory), or None: the pool serves the body
         self.planner: PlannedAllocator | None = None  # its `misses`: requests the pool served instead
         self.plan_stats: tuple[int, int, int] | None = None  # (requests, slab bytes, most alive at once)
-        self.setup_bytes = 0  # the most the pool held while capturing (dry run, recording capture)
+        self.planned_from = ""  # whose requests the slab is for: "the dry run's" or "a first capture's"
+        self.setup_bytes = 0  # the most the step's memory came to while capturing (dry run, captures)
         self.graph = None
         self.copies: dict[str, Any] = {}  # bf16_weight_copies, made before the capture
 
@@ -90,56 +92,87 @@ class GraphStep:
             raise
         return self.stream.end_capture()
 
-    def _planned_allocator(self) -> Any:
-        """Capture the body once from the pool, recording its requests (that graph is dropped), lay them
-        out in one slab, and return the allocator that serves the kept capture from it: a
-        PlannedAllocator, or the pool's malloc where the slab cannot be had."""
+    def _planned_capture(self, record: AllocationRecord) -> Any:
+        """The body captured with its requests served from a slab laid out for `record`'s (the dry run's).
+        Where the capture asked for what the record did not foresee (the pool served it), the capture's own
+        requests are laid out and the body captured once more."""
+        self.planned_from = "the dry run's"
+        graph = self._captured_from_plan(record)
+        if self.planner is not None and self.planner.misses:
+            self.planned_from = "a first capture's"
+            del graph  # dropped before the second capture
+            self.buf.release_step_grads()
+            self.planner = self.slab = None
+            self.pool.free_all_blocks()
+            graph = self._captured_from_plan(self.record)
+        return graph
+
+    def _captured_from_plan(self, record: AllocationRecord) -> Any:
+        """The body captured with each request at its offset in a slab laid out for `record`'s (without
+        the slab's memory: from the pool); self.record becomes the capture's own requests."""
         cp = self.cp
-        record = self.record = AllocationRecord(cp, self.pool, self.memory_sites)
-        with cp.cuda.using_allocator(record.malloc):
-            self._captured()
-        record.close()
-        self.setup_bytes = max(self.setup_bytes, self.pool.total_bytes())
-        self.buf.release_step_grads()  # the recording's gradients: the kept capture makes its own
-        self.pool.free_all_blocks()  # what the recording freed goes back: the slab takes its place
-        offsets, total = plan_offsets(record.sizes, record.starts, record.ends)
-        self.plan_stats = (len(record.sizes), total, peak_in_use(record.sizes, record.starts, record.ends))
-        if not total:  # a body that asks for nothing
-            return self.pool.malloc
+        sizes, offsets, total, floor = plan_record(record)
+        self.plan_stats = (sum(size > 0 for size in sizes), total, floor)
         try:
-            self.slab = cp.cuda.Memory(total)
+            self.slab = cp.cuda.Memory(total) if total else None
         except cp.cuda.memory.OutOfMemoryError:
-            return self.pool.malloc
-        self.planner = PlannedAllocator(cp, record, offsets, self.slab, self.pool.malloc)
-        return self.planner.malloc
+            self.plan_stats = None
+            with cp.cuda.using_allocator(self.pool.malloc):
+                return self._captured()
+        self.planner = PlannedAllocator(cp, sizes, offsets, self.slab, self.pool.malloc)
+        self.record = AllocationRecord(cp, self.planner.malloc, self.memory_sites)
+        with cp.cuda.using_allocator(self.record.malloc):
+            graph = self._captured()
+        self.record.close()
+        self.setup_bytes = max(self.setup_bytes, self.memory_bytes())
+        return graph
 
     def _capture(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> None:
         """A dry run (enable = 0: compiles kernels, creates handles and tables, updates nothing; with
         delayed FP8 scales it measures their first maxima, so the graph casts with them), then the
-        capture of the same work into a graph: with planned memory, a first capture records the body's
-        requests and the kept one serves them from the planned slab. The cyclic collector is off through
-        both, so blocks are freed at the same points in each."""
+        capture of the same work into a graph. With planned memory the dry run records the body's
+        requests, served by a pool that frees each block as it comes back (so it holds what is in use),
+        and the capture serves them from the slab laid out for them. The cyclic collector is off
+        throughout, so blocks are freed at the same points in each."""
         cp = self.cp
         dry = np.array(hyper, dtype=np.float32)
         dry[3] = 0.0  # enable = 0
         # the graph holds the addresses of the multi-tensor tables: keep them alive as long as it lives
         scales = self.fp8_scales  # scales a resumed run saved: the dry run must not move them
         kept = ek.fp8_scale_arrays(scales) if scales is not None and scales.calibrated else None
-        with ek.keep_tables() as self.tables, cp.cuda.using_allocator(self.pool.malloc), self.stream:
+        with (
+            ek.keep_tables() as self.tables,
+            cp.cuda.using_allocator(self.pool.malloc),
+            self.stream,
+            no_cycle_collection(),
+        ):
             self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
             self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
             self.buf.write(micro, shares, dry, stream=self.stream)
-            self._body()
-            self.stream.synchronize()
-            self.setup_bytes = self.pool.total_bytes()
-            self.pool.free_all_blocks()  # the dry run's freed blocks: the recording starts from what lives
+            if self.planned_memory:
+                pool = self.dry_pool
+                record = AllocationRecord(cp, pool.malloc, self.memory_sites, pool.free_all_blocks)
+                with cp.cuda.using_allocator(record.malloc):
+                    self._body()
+                self.stream.synchronize()
+                record.close()
+                held = self.pool.total_bytes()
+                self.setup_bytes = held + peak_in_use(record.sizes, record.starts, record.ends)
+            else:
+                self._body()
+                self.stream.synchronize()
+                self.setup_bytes = self.pool.total_bytes()
+            self.buf.release_step_grads()  # the dry run's: the capture makes its own
+            for pool in (self.pool, self.dry_pool):  # the dry run's freed blocks go: the capture starts
+                pool.free_all_blocks()  # from what lives
             if kept is not None:
                 ek.restore_fp8_scales(scales, kept)
                 self.stream.synchronize()
-            with no_cycle_collection():
-                malloc = self._planned_allocator() if self.planned_memory else self.pool.malloc
-                with cp.cuda.using_allocator(malloc):
-                    self.graph = self._captured()
+            if self.planned_memory:
+                self.graph = self._planned_capture(record)
+                self.dry_pool.free_all_blocks()  # dry-run blocks the capture let go of (none it could use)
+            else:
+                self.graph = self._captured()
 
     def run(self, micro: list[tuple], shares: list[float], hyper: np.ndarray) -> tuple[float, float, bool]:
         """Step on these micro-batches; returns (loss, norm before clipping, whether the update was
@@ -166,9 +199,10 @@ class GraphStep:
         requests, total, floor = self.plan_stats
         misses = self.planner.misses if self.planner is not None else requests
         return (
-            f"memory plan: {requests:,} requests in a {total / 2**30:.2f} GiB slab (the most alive at once: "
-            f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead; while capturing, the pool held "
-            f"up to {self.setup_bytes / 2**30:.2f} GiB"
+            f"memory plan: {requests:,} requests ({self.planned_from}) in a {total / 2**30:.2f} GiB slab "
+            f"(the most alive at once: "
+            f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead; while capturing, the graph's "
+            f"own memory came to at most {self.setup_bytes / 2**30:.2f} GiB"
         )
 
     def memory_at_peak(self, top: int = 12) -> list[str]:
@@ -186,7 +220,8 @@ class GraphStep:
     def memory_bytes(self) -> int:
         """Device memory held by the graph's own pool and slab: the step's buffers, gradients, activations
         and temporaries; everything of the step but the weights and the optimizer's state."""
-        return int(self.pool.total_bytes()) + (self.slab.size if self.slab is not None else 0)
+        slab = self.slab.size if self.slab is not None else 0
+        return int(self.pool.total_bytes()) + int(self.dry_pool.total_bytes()) + slab
 
 
 class CapturedOrEager:

@@ -103,7 +103,12 @@ def _time_choice(
     import cupy
 
     product = _products[key] = candidates(key)
-    scratch = cupy.empty_like(out) if accumulate else out
+    scratch = out
+    # the scratch is its own cudaMalloc, not the current allocator's: a captured step's memory plan
+    # records the requests its body makes every step, and this one is made once
+    if accumulate:
+        memory = cupy.cuda.MemoryPointer(cupy.cuda.Memory(out.nbytes), 0)
+        scratch = cupy.ndarray(out.shape, out.dtype, memory)
     best, best_ms = GEMM_EX, time_ms(lambda: gemm_ex(scratch, False)) * (1.0 - TUNE_MARGIN)
     for i in range(product.count):
         if product.run(i, a, b, scratch, False) != 0:  # a candidate this call cannot take
