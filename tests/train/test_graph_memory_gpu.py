@@ -44,8 +44,9 @@ def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
     """Three replays: the same losses, every request of the capture served from the slab laid out for the
     dry run's, which is within 10% of the most bytes the body had alive at once, and held memory no more
     than the pool-served graph's. One step: the matrices' updates bit for bit (cuBLAS products, the same
-    every run), the embedding and norms to float32 rounding (their gradients are atomic sums in no fixed
-    order, which AdamW's later steps magnify)."""
+    every run), the embedding and norms to 0.1% of the step's lr (their gradients are atomic sums in no
+    fixed order; AdamW's first step divides each by its own size, which makes one rounding of a small
+    gradient a visible share of lr, and its later steps magnify it)."""
     run_steps(False, monkeypatch, keep, lrs=(1e-3,))  # handles, workspaces, tuned products: made once, here
     _, runner, losses = run_steps(True, monkeypatch, keep)
     _, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
@@ -64,7 +65,7 @@ def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
         if name.startswith("layers.") and got.ndim == 2:
             np.testing.assert_array_equal(got, want, err_msg=name)
         else:
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-8, err_msg=name)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3 * 3e-3, err_msg=name)  # 0.1% of lr
 
 
 def test_a_request_the_record_did_not_foresee_goes_to_the_pool():
