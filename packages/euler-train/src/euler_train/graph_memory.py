@@ -27,7 +27,7 @@ import numpy as np
 ALIGN = 512
 
 
-def block_bytes(sizes: list[int]) -> np.ndarray:
+def block_bytes(sizes: list[int] | np.ndarray) -> np.ndarray:
     """Each request's bytes rounded up to ALIGN: what its block takes of the slab (int64).
 
     >>> block_bytes([1, 512, 513]).tolist()
@@ -168,7 +168,7 @@ class PlannedAllocator:
         self.sizes, self.offsets = sizes, offsets
         n = len(sizes)
         lo = np.asarray(offsets, dtype=np.int64)
-        hi = lo + np.where(np.asarray(sizes) > 0, block_bytes(np.maximum(sizes, 0).tolist()), 0)
+        hi = lo + block_bytes(np.maximum(sizes, 0))  # a block kept out of the plan takes no bytes
         # for each block: the blocks made before it that share a byte of the slab (the plan has them freed
         # by then; the capture must too)
         self.before = [np.flatnonzero((lo[:i] < hi[i]) & (lo[i] < hi[:i])) for i in range(n)]
@@ -214,7 +214,7 @@ def plan_record(record: AllocationRecord) -> tuple[list[int], np.ndarray, int, i
 @contextlib.contextmanager
 def no_cycle_collection() -> Iterator[None]:
     """The cyclic garbage collector off inside the scope, so that a block is freed exactly when its last
-    reference goes, the same in the recording capture as in the planned one."""
+    reference goes, the same in the dry run that records the requests as in the capture planned for them."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -170,7 +170,7 @@ class GraphStep:
                 self.stream.synchronize()
             if self.planned_memory:
                 self.graph = self._planned_capture(record)
-                self.dry_pool.free_all_blocks()  # dry-run blocks the capture let go of (none it could use)
+                self.dry_pool.free_all_blocks()  # dry-run blocks the capture let go of (the pool kept them)
             else:
                 self.graph = self._captured()
 
@@ -196,13 +196,12 @@ class GraphStep:
         most bytes alive at once), and how many requests the pool served instead."""
         if self.plan_stats is None:
             return "memory plan: none (the pool served the body)"
-        requests, total, floor = self.plan_stats
-        misses = self.planner.misses if self.planner is not None else requests
+        requests, total, floor = self.plan_stats  # set together with the planner, or neither
         return (
             f"memory plan: {requests:,} requests ({self.planned_from}) in a {total / 2**30:.2f} GiB slab "
-            f"(the most alive at once: "
-            f"{floor / 2**30:.2f} GiB); {misses} served by the pool instead; while capturing, the graph's "
-            f"own memory came to at most {self.setup_bytes / 2**30:.2f} GiB"
+            f"(the most alive at once: {floor / 2**30:.2f} GiB); {self.planner.misses} served by the pool "
+            f"instead; while capturing, the graph's own memory came to at most "
+            f"{self.setup_bytes / 2**30:.2f} GiB"
         )
 
     def memory_at_peak(self, top: int = 12) -> list[str]:
