@@ -7,6 +7,7 @@
 from euler_data.__about__ import __version__
 from euler_data.chat import CHAT_TEMPLATE, alpaca_messages, encode_chat, render_chat
 from euler_data.errors import DataError
+from euler_data.folder_lock import FolderBusy, FolderUnwritable, hold_folder
 from euler_data.loaders import PretrainLoader, SFTLoader
 from euler_data.meta import read_meta, split_paths
 from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
@@ -25,6 +26,8 @@ __all__ = [
     "CHAT_TEMPLATE",
     "DataError",
     "FilterConfig",
+    "FolderBusy",
+    "FolderUnwritable",
     "PretrainLoader",
     "Recipe",
     "SFTLoader",
@@ -33,6 +36,7 @@ __all__ = [
     "alpaca_messages",
     "build_sft",
     "encode_chat",
+    "hold_folder",
     "load_recipe",
     "prepare",
     "read_meta",
