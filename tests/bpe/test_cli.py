@@ -8,6 +8,7 @@ from array import array
 
 import pytest
 
+import euler_bpe
 from euler_bpe import Tokenizer
 from euler_bpe.cli import main
 
@@ -109,3 +110,22 @@ def test_train_with_sample_bytes_and_workers(tmp_path) -> None:
     learned = {tok.token_bytes(i) for i in range(256, tok.vocab_size)}
     assert b" beta" in learned or b"beta" in learned
     assert b" delta" in learned or b"delta" in learned  # the sample reaches the second half
+
+
+def test_train_says_when_the_text_supports_fewer_tokens_than_asked(tmp_path) -> None:
+    out = tmp_path / "t.json"
+    done = run_cli(
+        "train", "--vocab-size", "60000", "--chat-specials", "--out", str(out), stdin=TEXT.encode()
+    )
+    assert done.returncode == 0, done.stderr
+    got = Tokenizer.load(out).vocab_size
+    assert got < 60000
+    note = f"euler-bpe train: note: asked for 60000 tokens, the text supports {got}; the tokenizer has {got}"
+    assert note in done.stderr.decode().splitlines()  # on a line of its own, after the progress bar
+    quiet = run_cli("train", "--vocab-size", "270", "--out", str(out), "--quiet", stdin=TEXT.encode())
+    assert quiet.returncode == 0 and b"note:" not in quiet.stderr  # asked for what it got: nothing to say
+
+
+def test_version() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0 and done.stdout.decode() == f"euler-bpe {euler_bpe.__version__}\n"

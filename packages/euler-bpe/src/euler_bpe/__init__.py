@@ -8,6 +8,7 @@
 
 from euler_bpe.__about__ import __version__
 from euler_bpe._pretokenize import GPT2_PATTERN
+from euler_bpe._train import vocab_note
 from euler_bpe.errors import TokenizerFileError
 from euler_bpe.specials import CHAT_SPECIAL_TOKENS, ENDOFTEXT
 from euler_bpe.tokenizer import Tokenizer
@@ -19,4 +20,5 @@ __all__ = [
     "Tokenizer",
     "TokenizerFileError",
     "__version__",
+    "vocab_note",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from euler_bpe._encode import word_bytes
 from euler_bpe._pretokenize import GPT2_PATTERN, finder, special_splitter
+from euler_bpe._workers import leave_interrupts_to_parent
 
 Source = str | bytes | os.PathLike
 PIECE = 1 << 20  # about 1 MiB of text per piece
@@ -158,7 +159,7 @@ def count_words(
     jobs = ((batch, pattern, list(specials)) for batch in _batches(pieces))
     total: Counter = Counter()
     if workers > 1:
-        with multiprocessing.get_context(_context()).Pool(workers) as pool:
+        with multiprocessing.get_context(_context()).Pool(workers, leave_interrupts_to_parent) as pool:
             for counts in pool.imap_unordered(_count_batch, jobs):
                 total.update(counts)
     else:

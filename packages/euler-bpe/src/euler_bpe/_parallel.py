@@ -18,6 +18,7 @@ from typing import Any
 
 from euler_bpe._corpus import split_safely
 from euler_bpe._pretokenize import GPT2_PATTERN
+from euler_bpe._workers import leave_interrupts_to_parent
 
 PIECE = 1 << 18  # characters: texts longer than this are cut into pieces of about this size
 JOBS = 4  # jobs per worker: enough to even out the load, few enough that caches mostly stay apart
@@ -28,6 +29,7 @@ _FORKING: Any = None  # the tokenizer being forked: a forked worker finds it her
 
 def _init(state: dict, rebuild: Callable[[dict], Any]) -> None:
     global _WORKER
+    leave_interrupts_to_parent()
     # Forked: the parent's tokenizer is already in memory. Spawned (or re-forked later): rebuild it.
     _WORKER = _FORKING if _FORKING is not None else rebuild(state)
 

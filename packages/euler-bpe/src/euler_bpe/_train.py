@@ -119,6 +119,21 @@ def learn_merges(
         _merge_everywhere(table, words, counts, (left, right), index[merged])
         if progress is not None:
             progress(len(tokens), num_tokens)
+    if progress is not None and len(tokens) < num_tokens:
+        progress(len(tokens), len(tokens))  # out of pairs: the end is nearer than asked
     if final_words is not None:
         final_words.update(zip(word_counts, words))
     return merges, tokens
+
+
+def vocab_note(asked: int, got: int) -> str | None:
+    """What to tell someone who asked for `asked` tokens when training ran out of pairs at `got`.
+
+    >>> vocab_note(60000, 10875)
+    'asked for 60000 tokens, the text supports 10875; the tokenizer has 10875'
+    >>> vocab_note(512, 512) is None
+    True
+    """
+    if got >= asked:
+        return None
+    return f"asked for {asked} tokens, the text supports {got}; the tokenizer has {got}"

@@ -13,8 +13,10 @@ import sys
 from array import array
 from pathlib import Path
 
+from euler_bpe.__about__ import __version__
 from euler_bpe._corpus import split_safely
 from euler_bpe._pretokenize import GPT2_PATTERN
+from euler_bpe._train import vocab_note
 from euler_bpe.cli_parser import OneLineParser
 from euler_bpe.errors import TokenizerFileError
 from euler_bpe.specials import CHAT_SPECIAL_TOKENS
@@ -34,6 +36,9 @@ def _train(args: argparse.Namespace) -> None:
         progress=not args.quiet,
     )  # fmt: skip
     tok.save(args.out)
+    note = vocab_note(args.vocab_size, tok.vocab_size)
+    if note:
+        print(f"euler-bpe train: note: {note}", file=sys.stderr)
     print(f"wrote {args.out}: {tok!r}", file=sys.stderr)
 
 
@@ -89,6 +94,7 @@ def _info(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="euler-bpe", description="Byte-level BPE: train, encode, decode, info.")
+    p.add_argument("--version", action="version", version=f"euler-bpe {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="learn merges from files (or stdin) and write a tokenizer file")
     t.add_argument("files", nargs="*", help="text files, read as bytes; none or '-' reads stdin")
