@@ -103,8 +103,11 @@ def test_a_raw_text_file_keeps_what_text_reading_drops_or_cleans(tmp_path):
     latin1 = "Caf\xe9 cr\xe8me, na\xefve \u2013 ".encode("cp1252") * 30 + b"\r\n\x07"  # not UTF-8, CRLF, BEL
     path = tmp_path / "old.txt"
     path.write_bytes(latin1)
-    meta = prepare(tmp_path / "as_text", "--source", str(path))
-    assert meta["dropped"] == {"not_utf8": 1} and meta["documents_kept"] == 0
+    as_text = ["--tokenizer", "bytes", "--out", str(tmp_path / "as_text"), "--source", str(path), "--quiet"]
+    done = euler_data("prepare", *as_text)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # nothing kept: refused
+    assert "kept 0 of 1 documents (dropped {'not_utf8': 1})" in done.stderr and "::raw" in done.stderr
+    assert not (tmp_path / "as_text").exists()  # and nothing left behind
     meta = prepare(tmp_path / "as_raw", "--source", f"{path}::raw", "--val-fraction", "0")
     assert bin_docs(tmp_path / "as_raw", "train") == [latin1] and meta["dropped"] == {}
 

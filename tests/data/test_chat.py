@@ -60,3 +60,32 @@ def test_generation_prompt_ends_with_the_assistant_header(tok):
     ids, mask = encode_chat(tok, [{"role": "user", "content": "Hi"}], add_generation_prompt=True)
     assert tok.decode(ids) == "<|user|>\nHi<|end|>\n<|assistant|>\n"
     assert ids[-2] == tok.special_tokens["<|assistant|>"] and sum(mask) == 0
+
+
+@given(system=text, user=text, answer=text)
+def test_a_system_message_is_in_the_first_user_turn_and_never_in_the_mask(tok, system, user, answer):
+    msgs = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": answer},
+    ]
+    ids, mask = encode_chat(tok, msgs)
+    folded = [{"role": "user", "content": system + "\n\n" + user}, msgs[2]]
+    assert tok.decode(ids, errors="strict") == render_chat(msgs) == render_chat(folded)
+    assert (ids, mask) == encode_chat(tok, folded)  # no token of its own: the same ids as a user turn
+    assert tok.decode([i for i, m in zip(ids, mask) if m], errors="strict") == answer + "<|end|>"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [{"role": "system", "content": "x"}],
+        [{"role": "user", "content": "a"}, {"role": "system", "content": "x"}],
+        [{"role": "system", "content": "x"}, {"role": "assistant", "content": "a"}],
+    ],
+)
+def test_a_system_message_comes_first_and_before_a_user_turn(tok, bad):
+    with pytest.raises(
+        ValueError, match="a system message must be the first message and be followed by a user"
+    ):
+        encode_chat(tok, bad)

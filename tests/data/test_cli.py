@@ -111,7 +111,7 @@ def test_progress_in_a_log_is_plain_lines_and_reprepare_drops_a_stale_sft_set(co
     assert main(["sft", "--source", str(records), "--out", str(out)]) == 0
     log = tmp_path / "prepare.log"
     with open(log, "w") as err:
-        cmd = [sys.executable, "-m", "euler_data.cli", "prepare", *src, "--vocab-size", "300"]
+        cmd = [sys.executable, "-m", "euler_data.cli", "prepare", *src, "--vocab-size", "300", "--overwrite"]
         assert subprocess.run(cmd, stderr=err).returncode == 0
     text = log.read_text()
     assert "\r" not in text and "\x1b" not in text and "prepare" in text and "removed the SFT set" in text

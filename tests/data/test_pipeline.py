@@ -167,8 +167,14 @@ def test_accounting_always_balances(tok_path, decode_docs, lines, bad_bytes):
         data = "\n".join(lines).encode("utf-8") + (b'\n{"text": "\xff\xfe"}' if bad_bytes else b"")
         (Path(tmp) / "r.jsonl").write_bytes(data)
         recipe = Recipe(sources=(SourceSpec(str(Path(tmp) / "r.jsonl")),), tokenizer=str(tok_path))
-        meta = prepare(recipe, Path(tmp) / "out", quiet=True)
         n_in = sum(1 for line in data.split(b"\n") if line.strip())
+        try:
+            meta = prepare(recipe, Path(tmp) / "out", quiet=True)
+        except DataError as err:  # every record dropped: refused, and nothing left behind
+            assert (
+                f"kept 0 of {n_in} documents" in str(err) and not (Path(tmp) / "out" / "meta.json").exists()
+            )
+            return
         assert meta["documents_in"] == n_in == meta["documents_kept"] + sum(meta["dropped"].values())
         docs = decode_docs(Path(tmp) / "out", "train") + decode_docs(Path(tmp) / "out", "val")
         assert len(docs) == meta["documents_kept"] == len(set(docs))

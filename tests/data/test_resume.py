@@ -34,8 +34,10 @@ def books(mirror, tmp_path) -> Path:
 
 
 def cli(out: Path, source: Path, *extra: str) -> list[str]:
+    """The prepare command; --overwrite, as a kill that comes after the new dataset is in place leaves a
+    finished folder, which the next run must replace."""
     return [sys.executable, "-m", "euler_data.cli", "prepare", "--source", f"{source}::paragraph",
-            "--out", str(out), "--vocab-size", "600", "--quiet", *extra]  # fmt: skip
+            "--out", str(out), "--vocab-size", "600", "--quiet", "--overwrite", *extra]  # fmt: skip
 
 
 def result_bytes(out: Path) -> dict[str, bytes]:

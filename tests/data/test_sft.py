@@ -38,3 +38,27 @@ def test_examples_longer_than_the_context_are_dropped(tok, tmp_path):
     tokens, mask, offsets, _ = read_sft(tmp_path / "out", "train")
     assert offsets.tolist() == [0, len(tokens)] and len(tokens) <= 48
     assert mask.dtype == np.uint8 and tokens.dtype == np.uint16
+
+
+def test_message_records_with_a_system_turn(tok, tmp_path, check_sft_split):
+    system = {"role": "system", "content": "Answer in one word."}
+    records = [
+        {
+            "messages": [
+                system,
+                {"role": "user", "content": f"Colour {i}?"},
+                {"role": "assistant", "content": "Blue"},
+            ]
+        }
+        for i in range(6)
+    ]
+    records.append(
+        {"messages": [{"role": "user", "content": "Hi"}, system, {"role": "assistant", "content": "x"}]}
+    )
+    src = tmp_path / "chat.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    meta = build_sft([src], tmp_path / "out", tok, context=64, val_fraction=0.0)
+    assert meta["examples_kept"] == 6 and meta["dropped"] == {"not_a_chat_record": 1}  # system not first
+    rendered = check_sft_split(tok, tmp_path / "out", "train")  # the mask: the replies only
+    assert rendered == [render_chat(r["messages"]) for r in records[:6]]
+    assert all(text.startswith("<|user|>\nAnswer in one word.\n\nColour ") for text in rendered)

@@ -6,8 +6,9 @@
 
 from euler_data.__about__ import __version__
 from euler_data.chat import CHAT_TEMPLATE, alpaca_messages, encode_chat, render_chat
+from euler_data.dataset_folder import folder_kind
 from euler_data.errors import DataError
-from euler_data.folder_lock import FolderBusy, FolderUnwritable, hold_folder
+from euler_data.folder_lock import LOCK_FILE, FolderBusy, FolderUnwritable, hold_folder, unwritable
 from euler_data.loaders import PretrainLoader, SFTLoader
 from euler_data.meta import read_meta, split_paths
 from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
@@ -24,6 +25,7 @@ def prepare(*args, **kwargs):
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "LOCK_FILE",
     "DataError",
     "FilterConfig",
     "FolderBusy",
@@ -36,10 +38,12 @@ __all__ = [
     "alpaca_messages",
     "build_sft",
     "encode_chat",
+    "folder_kind",
     "hold_folder",
     "load_recipe",
     "prepare",
     "read_meta",
     "render_chat",
     "split_paths",
+    "unwritable",
 ]

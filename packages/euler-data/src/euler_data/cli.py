@@ -3,26 +3,55 @@
 euler-data prepare --source gutenberg:1342,84 --source web/c4.jsonl --out data/mix --vocab-size 4096
 euler-data inspect data/mix
 euler-data sft --source alpaca --out data/mix --mirror /path/to/mirror
+
+Exit codes: 0 done, 2 bad input (one line on stderr; the folder's dataset stays as it was), 130 Ctrl-C.
+``prepare`` and ``sft`` hold their --out folder's lock (one writer per folder); ``inspect`` reads only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import re
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
+
+from euler_bpe import vocab_note
 from euler_bpe.cli_parser import OneLineParser
+from euler_data.__about__ import __version__
+from euler_data.dataset_folder import SFT_META, check_out
 from euler_data.errors import DataError
-from euler_data.meta import read_meta
+from euler_data.filters import FIXES
+from euler_data.folder_lock import FolderBusy, FolderUnwritable, hold_folder, unwritable
+from euler_data.meta import META_NAME, read_meta
 from euler_data.network import resolve_mirror
 from euler_data.pipeline import prepare
 from euler_data.recipe import BYTE_TOKENIZER, SPLIT_MODES, Recipe, SourceSpec, check_vocab_size, load_recipe
 from euler_data.report import inspect_folder
-from euler_data.sft import build_sft
+from euler_data.sft import build_sft, check_sft_options
 from euler_data.sources import resolve
 from euler_data.tokenizer import load_tokenizer
+
+LOUD_SHARE = 0.25  # a filter dropping more of a source's documents than this is a warning
+# a writing command -> (the file that says its set is whole, what the set is called, how to go on)
+RECORDS = {
+    "prepare": (META_NAME, "dataset", "the same command continues where this one stopped"),
+    "sft": (SFT_META, "SFT set", "run the same command again"),
+}
+# the Ctrl-Cs this process got: a library may turn the KeyboardInterrupt into its own error (DuckDB
+# raises "Query interrupted"), so the handler records them
+INTERRUPTS: list[int] = []
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a writing command; the message says what its folder holds now."""
 
 
 def source_from_cli(spec: str) -> SourceSpec:
@@ -82,24 +111,87 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
     return dataclasses.replace(recipe, sources=tuple(sources), **changes)
 
 
+def _while_writing(err: OSError, out: Path) -> bool:
+    """Whether an OSError is one of writing ``out``: about a file there, or a full disk (whose message
+    may name no file; every file a writer writes is in ``out``)."""
+    if err.filename:
+        return Path(err.filename).resolve().is_relative_to(out.resolve())
+    return err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
+@contextlib.contextmanager
+def writing(out: Path, command: str, overwrite: bool) -> Iterator[None]:
+    """Hold ``out`` for ``command`` (one writer per folder), refuse a folder that is not euler-data's,
+    and say what ``out`` holds when a Ctrl-C stops the command or a write fails."""
+    record, what, go_on = RECORDS[command]
+    with hold_folder(out, f"euler-data {command}"):
+        check_out(out, command, overwrite)
+        before = _read(out / record)
+        try:
+            yield
+        except BaseException as err:
+            if isinstance(err, KeyboardInterrupt) or INTERRUPTS:
+                now = _read(out / record)
+                if now != before:
+                    raise Interrupted(f"interrupted after the new {what} was written to {out}") from None
+                held = f"keeps its previous {what}" if before is not None else f"holds no {what}"
+                raise Interrupted(f"interrupted; {out} {held} ({go_on})") from None
+            if isinstance(err, OSError) and _while_writing(err, out):
+                raise unwritable(out, err) from None
+            raise
+
+
 def cmd_prepare(args: argparse.Namespace) -> None:
     recipe = recipe_from_args(args)
-    meta = prepare(
-        recipe, args.out, mirror=args.mirror, quiet=args.quiet, keep_intermediate=args.keep_intermediate
+    with writing(Path(args.out), "prepare", args.overwrite):
+        meta = prepare(
+            recipe, args.out, mirror=args.mirror, quiet=args.quiet, keep_intermediate=args.keep_intermediate
+        )
+    for line in prepare_notes(recipe, meta):
+        print(f"euler-data prepare: {line}", file=sys.stderr)
+    print(
+        f"wrote {args.out}: {meta['documents_kept']}/{meta['documents_in']} documents kept, "
+        f"tokens train={meta['tokens']['train']} val={meta['tokens']['val']}, dropped {meta['dropped']}"
     )
+
+
+def prepare_notes(recipe: Recipe, meta: dict) -> list[str]:
+    """What a finished prepare should say besides its counts: empty splits, a smaller vocabulary than
+    asked, files no reader took, and filters that dropped much of a source."""
+    lines = []
     fixes = {
         "train": "add sources",
         "val": "raise --val-fraction or add documents, or pretrain with --no-eval",
     }
     for split, fix in fixes.items():
         if not meta["tokens"][split]:
-            kept = meta["documents_kept"]
-            print(f"euler-data prepare: warning: the {split} split is empty ({kept} documents kept); {fix}",
-                  file=sys.stderr)  # fmt: skip
-    print(
-        f"wrote {args.out}: {meta['documents_kept']}/{meta['documents_in']} documents kept, "
-        f"tokens train={meta['tokens']['train']} val={meta['tokens']['val']}, dropped {meta['dropped']}"
-    )
+            lines.append(
+                f"warning: the {split} split is empty ({meta['documents_kept']} documents kept); {fix}"
+            )
+    note = vocab_note(recipe.vocab_size, meta["vocab_size"]) if recipe.tokenizer is None else None
+    lines += [f"note: {note}"] if note else []
+    for name, source in meta["sources"].items():
+        n_in, dropped = source["documents_in"], source["dropped"]
+        if dropped.get("unknown_extension"):
+            n = dropped["unknown_extension"]
+            lines.append(
+                f"note: skipped {n} file{'s' if n > 1 else ''} of {source['spec']} of a type no reader takes "
+                f"(meta.json counts {'them' if n > 1 else 'it'} as dropped: unknown_extension); "
+                f"--source {source['spec']}::raw --tokenizer bytes reads every file's bytes"
+            )
+        for reason, (field, flag) in FIXES.items():
+            n = dropped.get(reason, 0)
+            if n > LOUD_SHARE * n_in:
+                bar = f" ({field} is {meta['recipe']['filter'][field]})" if field else ""
+                lines.append(
+                    f"warning: the {reason} filter dropped {n} of {n_in} documents ({100 * n / n_in:.0f}%) "
+                    f"of source {name!r}{bar}; {flag} changes it"
+                )
+    return lines
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
@@ -114,16 +206,19 @@ def sft_context(out: Path) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    tok_path = args.tokenizer or out / "tokenizer.json"
-    if tok_path != BYTE_TOKENIZER and not Path(tok_path).is_file():
-        raise DataError(
-            str(tok_path), "no tokenizer: pass --tokenizer FILE|bytes or run `prepare` into --out first"
-        )
-    tok = load_tokenizer(tok_path)
-    mirror = resolve_mirror(args.mirror)
-    paths = [Path(i.location) for s in args.source for i in resolve(SourceSpec(s), mirror, out / "downloads")]
-    context = args.context or sft_context(out)
-    meta = build_sft(paths, out, tok, context=context, val_fraction=args.val_fraction, seed=args.seed)
+    check_sft_options(args.context, args.val_fraction)
+    with writing(out, "sft", args.overwrite):
+        tok_path = args.tokenizer or out / "tokenizer.json"
+        if tok_path != BYTE_TOKENIZER and not Path(tok_path).is_file():
+            raise DataError(
+                str(tok_path), "no tokenizer: pass --tokenizer FILE|bytes or run `prepare` into --out first"
+            )
+        tok = load_tokenizer(tok_path)
+        mirror = resolve_mirror(args.mirror)
+        downloads = out / "downloads"
+        paths = [Path(i.location) for s in args.source for i in resolve(SourceSpec(s), mirror, downloads)]
+        context = args.context if args.context is not None else sft_context(out)
+        meta = build_sft(paths, out, tok, context=context, val_fraction=args.val_fraction, seed=args.seed)
     too_long = meta["dropped"].get("too_long", 0)
     if too_long:
         share = 100 * too_long / max(meta["examples_in"], 1)
@@ -133,8 +228,6 @@ def cmd_sft(args: argparse.Namespace) -> None:
             f"{meta['longest_tokens']})",
             file=sys.stderr,
         )
-    if not (out / "tokenizer.json").exists():
-        tok.save(out / "tokenizer.json")
     print(
         f"wrote {out}: {meta['examples_kept']}/{meta['examples_in']} examples kept, dropped {meta['dropped']}"
     )
@@ -142,6 +235,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="euler-data", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"euler-data {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="sources -> clean -> filter -> dedup -> split -> mix -> token shards")
     p.add_argument("--source", action="append", default=[], help="[NAME=]SPEC: file/folder "
@@ -165,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-intermediate", action="store_true", help="keep every stage's table "
                    "and the scratch token file (default: dropped once used; the DB compacted)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--overwrite", action="store_true", help="replace the dataset --out holds, or write "
+                   "into a folder that holds other files (refused without it)")  # fmt: skip
     p.set_defaults(func=cmd_prepare)
     i = sub.add_parser("inspect", help="counts, samples and a token-length histogram of a dataset folder")
     i.add_argument("folder")
@@ -179,18 +275,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--val-fraction", type=float, default=0.05)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--mirror")
+    s.add_argument("--overwrite", action="store_true", help="write into a folder that is not an euler-data "
+                   "dataset folder (refused without it)")  # fmt: skip
     s.set_defaults(func=cmd_sft)
     return parser
 
 
+def _on_interrupt(signum: int, frame) -> None:
+    INTERRUPTS.append(signum)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; bad input exits with status 2 and one line naming the file and the problem."""
+    """Entry point; bad input exits with status 2 and one line naming the file and the problem, Ctrl-C
+    with 130 and one line saying what the folder holds."""
     args = build_parser().parse_args(argv)
+    catch = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGINT, _on_interrupt) if catch else None
     try:
         args.func(args)
-    except (DataError, ValueError, OSError) as err:
+    except Interrupted as err:
+        print(f"euler-data {args.command}: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"euler-data {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (DataError, ValueError, OSError, duckdb.Error, FolderBusy, FolderUnwritable) as err:
         print(f"euler-data: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    finally:
+        if catch:
+            signal.signal(signal.SIGINT, previous)
+            INTERRUPTS.clear()
     return 0
 
 

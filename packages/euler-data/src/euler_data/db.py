@@ -19,7 +19,8 @@ from pathlib import Path
 
 import duckdb
 
-DB_NAME = "pipeline.duckdb"
+from euler_data.dataset_folder import DB_NAME
+
 TEMP_NAME = "duckdb_tmp"
 MEMORY_LIMIT = "1GB"  # DuckDB's buffer pool; sorts, joins and windows spill beyond it
 ROW_GROUP_SIZE = 2048  # rows (DuckDB's vector size, its smallest): tens of MB of documents
@@ -58,16 +59,28 @@ def attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
 def rewrite(folder: str | Path, tables: dict[str, str]) -> None:
     """Replace ``folder/pipeline.duckdb`` by a fresh file holding only ``tables`` (name -> the columns
     to keep, SQL), in their stored order: DuckDB reuses a dropped table's blocks but never gives them
-    back to the disk. A kill before the final rename leaves the old file whole."""
+    back to the disk. A kill or an error (a full disk) before the final rename leaves the old file whole."""
     db, fresh = Path(folder) / DB_NAME, Path(folder) / f"{DB_NAME}.compact"
-    fresh.unlink(missing_ok=True)
+    _remove_db(fresh)  # what a failed rewrite left
     con = connect(folder)
-    attach(con, fresh, "fresh")
-    for table, columns in tables.items():
-        con.execute(f"CREATE TABLE fresh.{table} AS SELECT {columns} FROM {table}")
+    try:
+        attach(con, fresh, "fresh")
+        for table, columns in tables.items():
+            con.execute(f"CREATE TABLE fresh.{table} AS SELECT {columns} FROM {table}")
+        con.execute("CHECKPOINT fresh")  # into the file itself, raising if it cannot (a full disk)
+    except BaseException:
+        con.close()
+        _remove_db(fresh)
+        raise
     con.close()
     fresh.replace(db)
     Path(f"{db}.wal").unlink(missing_ok=True)
+
+
+def _remove_db(path: Path) -> None:
+    """Delete a database file and its write-ahead log."""
+    for name in (path, Path(f"{path}.wal")):
+        name.unlink(missing_ok=True)
 
 
 def remove_temp(folder: str | Path) -> None:

@@ -13,6 +13,15 @@ import duckdb
 from euler_data.db import source_attr
 from euler_data.recipe import FilterConfig
 
+# a filter's reason -> the FilterConfig field that sets its bar, and how to lower it
+FIXES = {
+    "too_short": ("min_chars", "--min-chars N"),
+    "too_long": ("max_chars", "max_chars in the recipe's [filter]"),
+    "low_score": (None, "the source's min_score"),
+    "too_few_words": ("min_words", "min_words in the recipe's [filter]"),
+    "not_prose": ("min_alpha_ratio", "min_alpha_ratio in the recipe's [filter]"),
+}
+
 
 def reason_sql(f: FilterConfig, raw: str = "s.raw", min_score: str = "s.min_score") -> str:
     """The SQL CASE giving a document's drop reason (NULL = kept); ``raw`` and ``min_score`` are the

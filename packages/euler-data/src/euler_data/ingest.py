@@ -1,7 +1,8 @@
 """Stage 1, ingest: every source's records into the ``raw`` table, unreadable ones kept with a reason.
 
 ``raw(doc_id, source, file, text, score, reason)``: one row per document in; ``reason`` is NULL when
-the text was read, else why not (the document is counted as dropped for that reason). A raw source
+the text was read, else why not (the document is counted as dropped for that reason; a folder's file
+of an extension no reader takes is one document dropped as "unknown_extension"). A raw source
 (``::raw``, bytes mode) gives one row per file, its bytes stored as ``raw_bytes`` says, and
 ``sources.raw`` is true for it.
 """
@@ -17,7 +18,7 @@ import duckdb
 from euler_data.errors import DataError
 from euler_data.readers import Record, read_json_file, read_raw, read_txt
 from euler_data.recipe import Recipe, SourceSpec
-from euler_data.sources import Input
+from euler_data.sources import UNKNOWN, Input
 
 RAW_COLUMNS = {
     "doc_id": "BIGINT",
@@ -28,6 +29,7 @@ RAW_COLUMNS = {
     "reason": "VARCHAR",
 }
 _SCHEMA = ", ".join(f"{k} {v}" for k, v in RAW_COLUMNS.items())
+STAGING = "raw_staging.jsonl"  # records on their way into `raw`
 
 
 def create_tables(con: duckdb.DuckDBPyConnection, recipe: Recipe) -> None:
@@ -50,6 +52,8 @@ def python_records(item: Input, source: SourceSpec, max_chars: int) -> Iterator[
         if "://" in item.location:
             raise DataError(source.spec, f"::raw reads local files only, not {item.location}")
         return iter([read_raw(path, max_chars)])
+    if item.fmt == UNKNOWN:  # a folder's file of an extension no reader takes
+        return iter([(None, None, "unknown_extension")])
     if item.fmt == "txt":
         return read_txt(path, source.docs, max_chars * 4)  # a UTF-8 character is at most 4 bytes
     return read_json_file(path, source.text_field, source.score_field)
@@ -124,7 +128,7 @@ def ingest_parquet(con: duckdb.DuckDBPyConnection, item: Input, source: SourceSp
 def ingest(con, recipe: Recipe, inputs: dict[str, list[Input]], workdir: Path, progress=None) -> int:
     """Stage 1: fill ``raw`` from every source's inputs; returns the number of documents in."""
     create_tables(con, recipe)
-    staging = workdir / "raw_staging.jsonl"
+    staging = workdir / STAGING
     next_id, longest = 0, 0
     with open(staging, "w", encoding="utf-8") as out:
         for source in recipe.sources:

@@ -6,27 +6,34 @@
 
 ``pipeline.duckdb`` keeps the per-document accounting (``sources``, ``deduped``, ``pieces``, ``mixed``,
 ``tokenized``, without text) unless ``keep_intermediate`` keeps every stage's table whole.
+
+The dataset's files (token files, ``tokenizer.json``, ``meta.json``) are written into ``pipeline.new/``
+and replace the folder's only when all are written (``dataset_folder.replace_files``), so a run that
+fails or is interrupted leaves the previous dataset as it was.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from tqdm.auto import tqdm
 
 from euler_bpe.progress import progress_stream
 from euler_data import clean, dedup, filters, ingest, mix, shards, split
 from euler_data import tokenizer as tokenizer_stage
-from euler_data.counts import build_meta
-from euler_data.db import connect, remove_temp, rewrite
+from euler_data.counts import build_meta, drop_counts
+from euler_data.dataset_folder import replace_files
+from euler_data.db import DB_NAME, TEMP_NAME, connect, remove_temp, rewrite, scalar
 from euler_data.errors import DataError
-from euler_data.meta import write_meta
+from euler_data.meta import META_NAME, write_meta
 from euler_data.network import resolve_mirror
 from euler_data.raw_bytes import bytes_sql
 from euler_data.recipe import Recipe
@@ -34,6 +41,8 @@ from euler_data.sft import SFT_META, sft_files
 from euler_data.sources import resolve
 
 TRAINED = "pipeline.tokenizer.json"  # the trained tokenizer while a run is unfinished
+NEW = "pipeline.new"  # the run's dataset files until they replace the folder's
+PREVIOUS = f"{DB_NAME}.previous"  # the folder's dataset's database while a new run replaces that dataset
 STAGES = ("ingest", "clean", "filter", "dedup", "split", "mix", "tokenizer", "tokenize")
 
 
@@ -49,7 +58,22 @@ def _dedup(con, recipe: Recipe) -> int:
     kept = dedup.dedup(con, recipe.filter.near_dedup)
     if recipe.filter.minhash_threshold is not None:
         kept = dedup.drop_similar(con, recipe.filter.minhash_threshold)
+    if not kept:
+        raise nothing_kept(con, recipe)
     return kept
+
+
+def nothing_kept(con, recipe: Recipe) -> DataError:
+    """The error of a run that keeps no document: the drops, and the fix when a flag has one."""
+    n_in, dropped = scalar(con, "SELECT count(*) FROM deduped"), drop_counts(con)
+    fixes = []
+    if "too_short" in dropped:
+        longest = scalar(con, "SELECT max(length(text)) FROM filtered WHERE reason = 'too_short'")
+        fixes.append(f"the longest document dropped as too short has {longest} characters (--min-chars is "
+                     f"{recipe.filter.min_chars}): pass --min-chars {longest} or less")  # fmt: skip
+    if "not_utf8" in dropped:
+        fixes.append("PATH::raw with --tokenizer bytes reads files that are not UTF-8 as their bytes")
+    return DataError("prepare", "; ".join([f"kept 0 of {n_in} documents (dropped {dropped})", *fixes]))
 
 
 def _text_bytes(con, table: str) -> int:
@@ -94,6 +118,7 @@ def finished_stages(con, key: str, out: Path) -> dict[str, dict[str, float]]:
     if not rows:  # a fresh start: no batch of an earlier run's tokenize may be resumed
         con.execute("DROP TABLE IF EXISTS tokenized")
         (out / shards.SCRATCH).unlink(missing_ok=True)
+        shutil.rmtree(out / NEW, ignore_errors=True)
     return {stage: json.loads(timing) for stage, timing in rows}
 
 
@@ -134,26 +159,26 @@ def run_stages(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: 
         "tokenizer": lambda: _tokenizer(state, recipe, out),
         "tokenize": lambda: _tokenize(state, out, recipe, quiet),
     }
-    for name in STAGES:
-        bar.set_postfix_str(name)
-        if name not in timings:
-            start = time.perf_counter()
-            steps[name]()
-            seconds = time.perf_counter() - start
-            mb = _stage_bytes(con(), name, recipe) / 1e6
-            timings[name] = {
-                "seconds": round(seconds, 3),
-                "mb": round(mb, 3),
-                "mb_per_s": round(mb / seconds, 2),
-            }
-            finish_stage(con(), key, name, timings[name], keep)
-            if name == "split" and not keep:  # after the record: a kill in between leaves more disk only
+    with bar:  # closed before an error is printed
+        for name in STAGES:
+            bar.set_postfix_str(name)
+            if name not in timings:
                 start = time.perf_counter()
-                shed_text(state, out)
-                seconds += time.perf_counter() - start  # counted in split's time (meta.json)
-                timings[name].update(seconds=round(seconds, 3), mb_per_s=round(mb / seconds, 2))
-        bar.update(1)
-    bar.close()
+                steps[name]()
+                seconds = time.perf_counter() - start
+                mb = _stage_bytes(con(), name, recipe) / 1e6
+                timings[name] = {
+                    "seconds": round(seconds, 3),
+                    "mb": round(mb, 3),
+                    "mb_per_s": round(mb / seconds, 2),
+                }
+                finish_stage(con(), key, name, timings[name], keep)
+                if name == "split" and not keep:  # after the record: a kill in between leaves more disk only
+                    start = time.perf_counter()
+                    shed_text(state, out)
+                    seconds += time.perf_counter() - start  # counted in split's time (meta.json)
+                    timings[name].update(seconds=round(seconds, 3), mb_per_s=round(mb / seconds, 2))
+            bar.update(1)
     if "shards" not in state:  # tokenize finished in an earlier run: its shard list is in the table
         state["shards"] = shard_list(con())
     return {name: timings[name] for name in STAGES}
@@ -176,7 +201,8 @@ def _tokenize(state: dict[str, Any], out: Path, recipe: Recipe, quiet: bool) -> 
     with bar:
         shards.encode_pieces(out, state["tok"], recipe.workers, bar)
     state["con"] = connect(out)
-    state["shards"] = shards.tokenize(state["con"], state["tok"], out, recipe.shard_tokens)
+    (out / NEW).mkdir(exist_ok=True)
+    state["shards"] = shards.tokenize(state["con"], state["tok"], out, recipe.shard_tokens, dest=out / NEW)
     state["con"].execute("CREATE OR REPLACE TABLE shard_files AS SELECT unnest(?::VARCHAR[]) AS list",
                          [[json.dumps(state["shards"])]])  # fmt: skip
 
@@ -214,6 +240,9 @@ def prepare(
     A run killed part-way and started again with the same recipe and inputs continues after its last
     finished stage (or, inside tokenize, its last encoded batch). Tables a stage has consumed are
     dropped, and the database is compacted to its accounting at the end, unless ``keep_intermediate``.
+    The new dataset replaces the folder's only once it is whole (see the module docstring); a run that
+    started afresh and stops on bad input (DataError) removes its work again, and the database of the
+    folder's dataset (set aside meanwhile) comes back.
     """
     check_sources(recipe)
     out = Path(out)
@@ -222,11 +251,35 @@ def prepare(
     given = tokenizer_stage.load_tokenizer(recipe.tokenizer) if recipe.tokenizer else None  # fail early
     out.mkdir(parents=True, exist_ok=True)
     remove_temp(out)  # spill files of a killed run
+    fresh = set_aside_finished(out)
     state: dict[str, Any] = {"con": connect(out), "tok": given}
     try:
-        timings = run_stages(state, recipe, inputs, out, quiet, keep_intermediate)
+        meta = _run(state, recipe, inputs, out, quiet, keep_intermediate)
+    except DataError:
+        if fresh:
+            discard_work(out)
+            _move_db(out, PREVIOUS, DB_NAME)
+        raise
+    stale = _stale_sft(out, meta["tokenizer_fingerprint"])
+    replace_files(out, out / NEW, META_NAME, _replaced_splits(out, meta) + stale)
+    _move_db(out, PREVIOUS, None)
+    if not keep_intermediate:
+        compact(out)
+    if stale:
+        print(
+            f"euler-data prepare: removed the SFT set in {out}: it was built with the previous tokenizer "
+            "(run `euler-data sft` again)",
+            file=sys.stderr,
+        )
+    return meta
+
+
+def _run(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool, keep: bool) -> dict:
+    """Every stage, then the new dataset's tokenizer.json and meta.json in the staging folder."""
+    try:
+        timings = run_stages(state, recipe, inputs, out, quiet, keep)
         tok, con = state["tok"], state["con"]
-        tok.save(out / "tokenizer.json")
+        tok.save(out / NEW / "tokenizer.json")
         extra = {
             "context_hint": recipe.context_hint,
             "seed": recipe.seed,
@@ -240,24 +293,57 @@ def prepare(
     if meta["tokens"] != written:  # the per-source counts must add up to the shards
         raise RuntimeError(f"prepare: meta.json tokens {meta['tokens']} != tokens written {written}")
     meta["shards"] = state["shards"]
-    if not keep_intermediate:
-        compact(out)
-    write_meta(out, meta)
-    _drop_stale_sft(out, tok.fingerprint)
+    write_meta(out / NEW, meta)
     return meta
 
 
-def _drop_stale_sft(folder: Path, fingerprint: str) -> None:
-    """An SFT set built with another tokenizer no longer fits the folder's new tokenizer.json: remove it."""
+def _replaced_splits(folder: Path, meta: dict) -> list[Path]:
+    """The folder's token files that the new dataset does not have (a train.bin replaced by shards, or
+    the other way round)."""
+    new = {f["file"] for files in meta["shards"].values() for f in files}
+    return [p for split in ("train", "val") for p in shards.split_files(folder, split) if p.name not in new]
+
+
+def _stale_sft(folder: Path, fingerprint: str) -> list[Path]:
+    """The files of an SFT set built with another tokenizer than the new tokenizer.json (to remove)."""
     meta = folder / SFT_META
     if (
         meta.is_file()
         and json.loads(meta.read_text(encoding="utf-8")).get("tokenizer_fingerprint") != fingerprint
     ):
-        for path in sft_files(folder):
+        return sft_files(folder)
+    return []
+
+
+def set_aside_finished(out: Path) -> bool:
+    """Move a database that holds no unfinished run (a finished dataset's accounting) to PREVIOUS, out of
+    the new run's way; whether the run starts afresh."""
+    db = out / DB_NAME
+    if db.exists():
+        con = duckdb.connect(str(db), read_only=True)  # read only: the file stays byte for byte
+        try:
+            tables = {t for (t,) in con.execute("SHOW TABLES").fetchall()}
+            if "progress" in tables and scalar(con, "SELECT count(*) FROM progress"):
+                return False
+        finally:
+            con.close()
+    _move_db(out, DB_NAME, PREVIOUS)
+    return True
+
+
+def _move_db(out: Path, name: str, to: str | None) -> None:
+    """Rename (or, to None, delete) the database ``name`` and its write-ahead log, where they exist."""
+    for suffix in ("", ".wal"):
+        path = out / f"{name}{suffix}"
+        if path.exists() and to:
+            path.replace(out / f"{to}{suffix}")
+        elif path.exists():
             path.unlink()
-        print(
-            f"euler-data prepare: removed the SFT set in {folder}: it was built with the previous tokenizer "
-            "(run `euler-data sft` again)",
-            file=sys.stderr,
-        )
+
+
+def discard_work(out: Path) -> None:
+    """Remove what a run that started in a folder without one left there (nothing of a dataset)."""
+    for name in (DB_NAME, f"{DB_NAME}.wal", TRAINED, shards.SCRATCH, ingest.STAGING):
+        (out / name).unlink(missing_ok=True)
+    for name in (NEW, TEMP_NAME):
+        shutil.rmtree(out / name, ignore_errors=True)

@@ -13,9 +13,11 @@ A recipe is a TOML or JSON file; every field has a default, so ``sources`` is al
 from __future__ import annotations
 
 import json
+import math
+import types
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 from euler_bpe import CHAT_SPECIAL_TOKENS
 from euler_data.errors import DataError
@@ -54,12 +56,11 @@ class SourceSpec:
     score_field: str = "score"  # ... and the score (FineWeb-Edu also has "int_score")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.docs not in SPLIT_MODES:
             raise ValueError(f"SourceSpec: docs={self.docs!r} is not one of {SPLIT_MODES}")
         if self.split not in ("auto", "hash", "position"):
             raise ValueError(f"SourceSpec: split={self.split!r} is not 'auto', 'hash' or 'position'")
-        if not self.weight >= 0:
-            raise ValueError(f"SourceSpec: weight={self.weight} must be >= 0")
 
     @property
     def kind(self) -> str:
@@ -93,6 +94,9 @@ class FilterConfig:
     near_dedup: bool = True  # also drop documents equal after lower-casing and stripping punctuation
     minhash_threshold: float | None = None  # e.g. 0.7: also drop MinHash-similar documents (slower)
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -110,12 +114,7 @@ class Recipe:
     filter: FilterConfig = field(default_factory=FilterConfig)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"Recipe: val_fraction={self.val_fraction} must be in [0, 1)")
-        if self.shard_tokens < 1:
-            raise ValueError(f"Recipe: shard_tokens={self.shard_tokens} must be >= 1")
-        if self.vocab_size > 65536:
-            raise ValueError(f"Recipe: vocab_size={self.vocab_size} must be at most 65536 (uint16 shards)")
+        check_fields(self)
         smallest = 256 + len(CHAT_SPECIAL_TOKENS) + 1  # the bytes, the specials and one merge
         if self.tokenizer is None and self.vocab_size < smallest:
             raise ValueError(
@@ -132,6 +131,47 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# field -> (rule, what the rule says, the flag that sets the field): checked for every recipe, file or flags
+LIMITS = {
+    "weight": (lambda v: 0 <= v < math.inf, "a finite number >= 0", "--weight NAME=W"),
+    "min_chars": (lambda v: v >= 0, ">= 0", "--min-chars"),
+    "max_chars": (lambda v: v >= 1, ">= 1", None),
+    "min_alpha_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]", None),
+    "min_words": (lambda v: v >= 0, ">= 0", None),
+    "minhash_threshold": (lambda v: 0 < v <= 1, "in (0, 1]", "--minhash"),
+    "vocab_size": (lambda v: v <= 65536, "at most 65536 (uint16 shards)", "--vocab-size"),
+    "tokenizer_sample_bytes": (lambda v: v >= 1, ">= 1", None),
+    "val_fraction": (lambda v: 0 <= v < 1, "in [0, 1)", "--val-fraction"),
+    "context_hint": (lambda v: v >= 1, ">= 1", "--context"),
+    "workers": (lambda v: v >= 1, ">= 1", "--workers"),
+    "shard_tokens": (lambda v: v >= 1, ">= 1", "--shard-tokens"),
+}
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def check_fields(obj: Any) -> None:
+    """Each field of a recipe dataclass has its annotated type and keeps its LIMITS; else one ValueError
+    naming the field, e.g. ``vocab_size must be an integer, got 'big'``."""
+    for name, hint in get_type_hints(type(obj)).items():
+        value = getattr(obj, name)
+        kinds = get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if not any(_is_a(value, kind) for kind in kinds):
+            expected = " or ".join(TYPE_NAMES.get(k, str(k)) for k in kinds if k is not type(None))
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+        rule, says, flag = LIMITS.get(name, (None, "", None))
+        if rule is not None and value is not None and not rule(value):
+            raise ValueError(f"{name} must be {says}, got {value!r}" + (f" ({flag})" if flag else ""))
+
+
+def _is_a(value: Any, kind: Any) -> bool:
+    """isinstance, where a bool is no number and a float field takes an int (TOML writes 0, not 0.0)."""
+    if kind is type(None):
+        return value is None
+    if kind in (int, float):
+        return isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    return isinstance(value, get_origin(kind) or kind)
 
 
 def _known(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -159,12 +199,22 @@ def recipe_from_dict(data: dict[str, Any], where: str = "recipe") -> Recipe:
     data = dict(data)
     check_vocab_size(data.get("tokenizer"), data.get("vocab_size"), where)
     raw_sources = data.pop("source", data.pop("sources", []))
+    if not isinstance(raw_sources, list):
+        raise DataError(where, f"source must be a list of [[source]] tables, got {raw_sources!r}")
     sources = []
     for item in raw_sources:
         item = {"spec": item} if isinstance(item, str) else item
+        if not isinstance(item, dict):
+            raise DataError(where, f'each source must be a string or a table with spec = "...", got {item!r}')
         sources.append(SourceSpec(**_known(SourceSpec, item, where)))
-    filt = FilterConfig(**_known(FilterConfig, data.pop("filter", {}), where))
-    return Recipe(sources=tuple(sources), filter=filt, **_known(Recipe, data, where))
+    filt = data.pop("filter", {})
+    if not isinstance(filt, dict):
+        raise DataError(where, f"filter must be a [filter] table, got {filt!r}")
+    return Recipe(
+        sources=tuple(sources),
+        filter=FilterConfig(**_known(FilterConfig, filt, where)),
+        **_known(Recipe, data, where),
+    )
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -178,9 +228,13 @@ def load_recipe(path: str | Path) -> Recipe:
             data = _load_toml(text)
     except ValueError as err:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
         raise DataError(str(path), f"cannot parse recipe: {err}") from err
+    if not isinstance(data, dict):
+        raise DataError(str(path), f"a recipe is a table of keys, got {type(data).__name__}")
     try:
         return recipe_from_dict(data, str(path))
-    except TypeError as err:
+    except DataError:
+        raise
+    except (TypeError, ValueError) as err:  # a missing spec, or a field of the wrong type or out of range
         raise DataError(str(path), str(err)) from err
 
 

@@ -4,12 +4,15 @@ Files per split (``train`` / ``val``): ``sft_{split}_tokens.bin`` (uint16), ``sf
 (uint8, 1 on response tokens and their closing ``<|end|>``), ``sft_{split}_offsets.bin`` (int64,
 examples + 1 boundaries: example i is ``tokens[offsets[i]:offsets[i+1]]``), and ``sft_meta.json``.
 Examples longer than ``context`` tokens are dropped ("too_long"); the loaders pad or pack the rest.
+The files are written into ``sft.new/`` and then replace the folder's previous set (``replace_files``),
+so an interrupted or refused build leaves the previous set as it was.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from euler_data.chat import _check, _segments, alpaca_messages, render_chat
+from euler_data.dataset_folder import SFT_META, SFT_STAGING, replace_files
 from euler_data.errors import DataError
 from euler_data.meta import open_bin
 from euler_data.workers import stop_workers
 
-SFT_META = "sft_meta.json"
+TOKENIZER = "tokenizer.json"
 TEMPLATE = "<|user|>\\n{instruction}[\\n\\n{input}]<|end|>\\n<|assistant|>\\n{output}<|end|>"
 Example = tuple[list[dict] | None, str | None]  # (messages, drop reason)
 
@@ -103,11 +107,36 @@ def write_split(folder: Path, split: str, examples: list[tuple[list[int], list[i
     return {"examples": len(examples), "tokens": len(tokens), "response_tokens": int(mask.sum())}
 
 
+def check_sft_options(context: int | None, val_fraction: float) -> None:
+    """The numbers ``sft`` takes, checked before any work (ValueError naming the flag); a context of None
+    is taken from the folder later."""
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise ValueError(f"context must be an integer >= 1, got {context!r} (--context)")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r} (--val-fraction)")
+
+
+def nothing_kept(n_in: int, dropped: Counter, context: int, shortest_too_long: int) -> DataError:
+    """The error of a set that keeps no example, with the fix when the context is what dropped them."""
+    too_long = dropped["too_long"]
+    fix = f"(the shortest has {shortest_too_long}); pass --context {shortest_too_long}"
+    if too_long and too_long == n_in:
+        return DataError("sft", f"kept 0 of {n_in} examples: all are longer than the context of {context} "
+                                f"tokens {fix}")  # fmt: skip
+    counts = dict(sorted((k, v) for k, v in dropped.items() if v))
+    longer = f"; {too_long} are longer than the context of {context} tokens {fix}" if too_long else ""
+    return DataError("sft", f"kept 0 of {n_in} examples (dropped {counts}){longer}")
+
+
 def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: float = 0.05, seed: int = 0,
               workers: int = 2) -> dict[str, Any]:  # fmt: skip
-    """Build an SFT set in ``folder`` from Alpaca-style files; returns (and writes) ``sft_meta.json``."""
+    """Build an SFT set in ``folder`` from Alpaca-style files; returns (and writes) ``sft_meta.json``.
+
+    A folder without ``tokenizer.json`` gets ``tok``'s (the set is read with it). A set that would keep
+    no example is refused (DataError) and the folder keeps what it held.
+    """
+    check_sft_options(context, val_fraction)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     for name in ("<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"):
         if name not in tok.special_tokens:
             raise DataError(
@@ -132,7 +161,13 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
             dropped["too_long"] += 1
             continue
         splits[split_of(text, seed, val_fraction)].append(enc)
-    counts = {split: write_split(folder, split, rows) for split, rows in splits.items()}
+    if not any(splits.values()):
+        shortest = min((len(ids) for ids, _ in encoded), default=0)
+        raise nothing_kept(len(examples), dropped, context, shortest)
+    staging = folder / SFT_STAGING
+    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted build left
+    staging.mkdir(parents=True)
+    counts = {split: write_split(staging, split, rows) for split, rows in splits.items()}
     meta = {
         "examples_in": len(examples),
         "examples_kept": sum(c["examples"] for c in counts.values()),
@@ -145,7 +180,10 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
         "vocab_size": tok.vocab_size,
         "eot_id": tok.special_tokens["<|endoftext|>"],
     }
-    (folder / SFT_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    (staging / SFT_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    if not (folder / TOKENIZER).exists():
+        tok.save(staging / TOKENIZER)
+    replace_files(folder, staging, SFT_META)
     return meta
 
 

@@ -175,17 +175,18 @@ def split_files(folder: Path, split: str) -> list[Path]:
     return [p for p in [folder / f"{split}.bin", *sorted(folder.glob(f"{split}_[0-9]*.bin"))] if p.is_file()]
 
 
-def write_split(con, split: str, eot: int, folder: Path, shard_tokens: int | None) -> list[dict]:
-    """Write one split in the ``mixed`` order, streamed from the scratch file; returns its shard list."""
+def write_split(con, split: str, eot: int, folder: Path, shard_tokens: int | None, dest: Path) -> list[dict]:
+    """Write one split into ``dest`` in the ``mixed`` order, streamed from ``folder``'s scratch file;
+    returns its shard list."""
     total = con.execute(
         "SELECT coalesce(sum(t.tokens + 1), 0) FROM mixed m JOIN tokenized t USING (doc_id, part) "
         "WHERE m.split = ?",
         [split],
     ).fetchone()[0]
     sharded = split == "train" and shard_tokens is not None and total > shard_tokens
-    for path in split_files(folder, split):
+    for path in split_files(dest, split):
         path.unlink()
-    writer = ShardWriter(folder, split, shard_tokens if sharded else None)
+    writer = ShardWriter(dest, split, shard_tokens if sharded else None)
     eot_bytes = np.array([eot], dtype="<u2").tobytes()
     cursor = con.execute(
         "SELECT t.start, t.tokens FROM mixed m JOIN tokenized t USING (doc_id, part) WHERE m.split = ? "
@@ -202,7 +203,15 @@ def write_split(con, split: str, eot: int, folder: Path, shard_tokens: int | Non
     return writer.close()
 
 
-def tokenize(con: duckdb.DuckDBPyConnection, tok: Tokenizer, folder: Path, shard_tokens: int | None) -> dict:
-    """Stage 8 (after ``encode_pieces``): the shards; returns ``{split: [{"file", "tokens"}, ...]}``."""
+def tokenize(
+    con: duckdb.DuckDBPyConnection,
+    tok: Tokenizer,
+    folder: Path,
+    shard_tokens: int | None,
+    dest: Path | None = None,
+) -> dict:
+    """Stage 8 (after ``encode_pieces``): the shards, in ``dest`` (default ``folder``); returns
+    ``{split: [{"file", "tokens"}, ...]}``."""
     eot = tok.special_tokens[ENDOFTEXT]
-    return {split: write_split(con, split, eot, folder, shard_tokens) for split in ("train", "val")}
+    dest = folder if dest is None else dest
+    return {split: write_split(con, split, eot, folder, shard_tokens, dest) for split in ("train", "val")}

@@ -28,6 +28,7 @@ FINEWEB_HTTP_URL = (
 )
 FINEWEB_ROWS = 100_000  # rows read from the remote file when the spec gives no ROWS
 NO_SOURCE = "no mirror has it (--mirror DIR or EULER_DATA_MIRROR) and {url} cannot be reached"
+UNKNOWN = "unknown"  # the format of a folder's file of another extension: counted as dropped, not read
 
 
 @dataclass(frozen=True)
@@ -55,15 +56,25 @@ def file_format(path: Path) -> str:
 
 
 def local_inputs(path: Path) -> list[Input]:
-    """Every supported file under a folder (sorted), or the file itself."""
+    """Every file under a folder (sorted; one of another extension as an UNKNOWN input, which ingest
+    counts as dropped), or the file itself."""
     if path.is_file():
         return [Input(str(path), file_format(path))]
     if not path.is_dir():
         raise DataError(str(path), "no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
-    if not files:
-        raise DataError(str(path), f"folder holds no {sorted(FORMATS)} files")
-    return [Input(str(p), file_format(p)) for p in files]
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    inputs = [Input(str(p), file_format(p) if p.suffix.lower() in FORMATS else UNKNOWN) for p in files]
+    if all(i.fmt == UNKNOWN for i in inputs):
+        raise DataError(
+            str(path),
+            f"folder holds no {sorted(FORMATS)} files"
+            + (
+                f" ({len(files)} of other types: PATH::raw with --tokenizer bytes reads any file's bytes)"
+                if files
+                else ""
+            ),
+        )
+    return inputs
 
 
 def raw_inputs(path: Path) -> list[Input]:

@@ -77,7 +77,12 @@ def train_tokenizer(con: duckdb.DuckDBPyConnection, vocab_size: int, sample_byte
     """Stage 7: a byte-level BPE with the chat special tokens, trained on the sample."""
     texts = sample_texts(con, sample_bytes)
     if not texts:
-        dropped = drop_counts(con)
-        raise DataError("prepare", f"no train documents left to train a tokenizer on (dropped: {dropped})")
+        val = con.execute("SELECT count(DISTINCT doc_id) FROM mixed WHERE split = 'val'").fetchone()[0]
+        raise DataError(
+            "prepare",
+            f"no train documents left to train a tokenizer on ({val} kept in the val split, dropped "
+            f"{drop_counts(con)}); cut the text into more documents (PATH::paragraph or PATH::line), lower "
+            "--val-fraction, or give the sources weights above 0",
+        )
     tok = Tokenizer.train(texts, vocab_size=vocab_size, special_tokens=CHAT_SPECIAL_TOKENS)
     return check_tokenizer(tok, "trained tokenizer")
