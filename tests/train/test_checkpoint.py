@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import pytest
 
@@ -95,13 +97,26 @@ def test_half_written_temporaries_are_ignored_and_cleaned(tmp_path) -> None:
 
 
 def test_a_failing_writer_leaves_no_checkpoint(tmp_path) -> None:
+    """An OSError while writing (the disk full) is one line naming the last good checkpoint; any other
+    error passes through; neither leaves anything half-written."""
     mgr = CheckpointManager(tmp_path)
 
     def broken(folder):
         (folder / "model.safetensors").write_bytes(b"partial")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError) as failed:
         mgr.save(4, broken, {"step": 4})
+    assert str(failed.value).startswith(f"cannot write {tmp_path}/step_4: the disk is full; {tmp_path} holds")
     assert mgr.folders() == []
     assert list(tmp_path.iterdir()) == []
+    mgr.save(2, lambda d: (d / "model.safetensors").write_bytes(b"w"), {"step": 2})
+    with pytest.raises(CheckpointError, match="the last good checkpoint is step_2; fix that, then continue"):
+        mgr.save(4, broken, {"step": 4})
+
+    def wrong(folder):
+        raise ValueError("not an OS error")
+
+    with pytest.raises(ValueError, match="not an OS error"):
+        mgr.save(4, wrong, {"step": 4})
+    assert [p.name for p in tmp_path.iterdir()] == ["step_2"]

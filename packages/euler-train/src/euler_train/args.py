@@ -132,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_args(add("pretrain", "pretrain a model on a dataset folder"), sft=False)
     add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True)
-    chat = add("chat", "chat REPL: /reset, /temp X, /quit")
+    chat = add(
+        "chat",
+        "chat REPL: /reset, /temp X, /quit; Ctrl-C stops a reply (at the prompt it ends the chat: exit 130), "
+        "Ctrl-D ends it (exit 0)",
+    )
     add_sampling_args(chat)
     gen = add("generate", "sample a continuation of one prompt, or of each prompt of a --batch-file")
     add_sampling_args(gen)
@@ -161,7 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--quick", action="store_true", help="fewer cases")
     exp = add("export-hf", "write a Hugging Face LlamaForCausalLM folder")
     exp.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
-    exp.add_argument("--out", required=True, metavar="DIR")
+    exp.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder (or --overwrite)")
+    exp.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="DIR holds an earlier export: replace it (your other files stay; never a dataset or run folder)",
+    )
     plot = add("plot", "metrics.jsonl -> PNG of train and val loss; several runs: overlaid and compared")
     plot.add_argument("runs", nargs="+", metavar="RUN", help="run folder or metrics.jsonl (one or more)")
     plot.add_argument("--labels", metavar="A,B,...", help="names of the runs (default: folder names)")

@@ -2,7 +2,9 @@
 
 Tokens stream as they are sampled; bytes are decoded incrementally so a multi-byte character split over
 two tokens prints once it is whole. The chat keeps the history that fits the context window (oldest
-turns drop first) and stops a reply at `<|end|>` (or `<|endoftext|>`).
+turns drop first) and stops a reply at `<|end|>` (or `<|endoftext|>`). In the chat, Ctrl-C stops the reply
+being written and returns to the prompt; at the prompt it ends the chat (KeyboardInterrupt: the CLI's exit
+130), as Ctrl-D (end of input) and /quit do (exit 0).
 
 What is printed: text, with U+FFFD for bytes that are not UTF-8 and, on a terminal, for control
 characters other than tab, newline and carriage return (so sampled bytes cannot drive the terminal).
@@ -18,16 +20,19 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import euler_model
 from euler_bpe import Tokenizer
 from euler_data import encode_chat
+from euler_train.checkpoint import read_state
 from euler_train.config import ConfigError
 from euler_train.device import setup_device
 from euler_train.modelio import TOKENIZER, load_model
 
 USER, ASSISTANT, END, EOT = "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"
+BANNER = "euler chat: /reset clears the history, /temp X sets the temperature, /quit or Ctrl-D ends"
 TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0/C1 but \t \n \r
 
 
@@ -36,6 +41,7 @@ class SamplingModel:
     mcfg: Any
     params: dict[str, Any]
     tokenizer: Any
+    folder: Path | None = None  # the checkpoint folder it was loaded from
 
 
 def load_for_sampling(path: str, device: str = "cpu", precision: str = "fp32") -> SamplingModel:
@@ -46,7 +52,16 @@ def load_for_sampling(path: str, device: str = "cpu", precision: str = "fp32") -
     mcfg, params, _, folder = load_model(path, xp)
     if not (folder / TOKENIZER).is_file():
         raise ConfigError(f"checkpoint {folder} has no {TOKENIZER}; cannot encode prompts")
-    return SamplingModel(mcfg, params, Tokenizer.load(folder / TOKENIZER))
+    return SamplingModel(mcfg, params, Tokenizer.load(folder / TOKENIZER), folder)
+
+
+def note_if_not_tuned(model: SamplingModel) -> None:
+    """Say on stderr, before a chat, that a checkpoint that was only pretrained never saw the chat format."""
+    if model.folder is not None and read_state(model.folder).get("mode") == "pretrain":
+        note(
+            f"{model.folder} was pretrained, not tuned for chat (euler-train sft); its replies may not "
+            "follow the chat format"
+        )
 
 
 def stop_ids(tok: Any, names: tuple[str, ...]) -> tuple[int, ...]:
@@ -205,9 +220,11 @@ def fit_history(tok: Any, history: list[dict[str, str]], budget: int) -> list[in
 
 
 def chat_repl(model: SamplingModel, args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
-    """Read user lines; answer each; `/reset` clears history, `/temp X` sets temperature, `/quit` ends."""
+    """Read user lines; answer each; `/reset` clears history, `/temp X` sets temperature, `/quit` or the
+    end of input ends (0). Ctrl-C stops a reply; at the prompt it raises KeyboardInterrupt."""
     history: list[dict[str, str]] = []
-    stdout.write("euler chat: /reset clears the history, /temp X sets the temperature, /quit ends\n")
+    stdout.write(BANNER + "\n")
+    stdout.flush()
     while (line := _read_line(stdin, stdout)) is not None:
         if not line:
             continue
@@ -223,28 +240,36 @@ def chat_repl(model: SamplingModel, args: argparse.Namespace, stdin: TextIO, std
 
 def _read_line(stdin: TextIO, stdout: TextIO) -> str | None:
     """The next stripped input line (with a `you> ` prompt on a terminal); None at end of input."""
-    if stdin.isatty():
+    terminal = stdin.isatty()
+    if terminal:
         stdout.write("you> ")
         stdout.flush()
     line = stdin.readline()
+    if not line and terminal:
+        stdout.write("\n")  # Ctrl-D: end the prompt's line, so the shell's prompt starts on its own
     return line.strip() if line else None
 
 
 def _answer(
     model: SamplingModel, args: argparse.Namespace, history: list[dict[str, str]], stdout: TextIO
 ) -> str:
-    """Stream the assistant's reply to the conversation (newest turns that fit the context)."""
+    """Stream the assistant's reply to the conversation (newest turns that fit the context); Ctrl-C stops
+    it, and what was written of it stays in the history."""
     stops = stop_ids(model.tokenizer, (END, EOT))
     budget = max(1, model.mcfg.context - min(args.max_new_tokens, model.mcfg.context // 2))  # room to answer
-    ids = fit_history(model.tokenizer, history, budget)
-    stdout.write("assistant> ")
     reply, terminal = [], stdout.isatty()
-    for piece in decode_stream(
-        model.tokenizer, stream_ids(model, ids, args, stops, turn=len(history) // 2), stops
-    ):
-        reply.append(piece)
-        stdout.write(for_terminal(piece) if terminal else piece)
+    try:
+        ids = fit_history(model.tokenizer, history, budget)
+        stdout.write("assistant> ")
         stdout.flush()
+        for piece in decode_stream(
+            model.tokenizer, stream_ids(model, ids, args, stops, turn=len(history) // 2), stops
+        ):
+            reply.append(piece)
+            stdout.write(for_terminal(piece) if terminal else piece)
+            stdout.flush()
+    except KeyboardInterrupt:
+        stdout.write("\n(reply stopped; Ctrl-C at the prompt, Ctrl-D or /quit ends the chat)")
     stdout.write("\n")
     return "".join(reply)
 

@@ -14,17 +14,24 @@ checkpoint with a message when the newest is truncated or corrupt.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
+from euler_data import unwritable
+
 CHECKSUMS = "checksums.sha256"
 STATE = "trainer_state.json"
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' (Rust) I/O errors name the errno
 
 
 class CheckpointError(RuntimeError):
@@ -47,6 +54,41 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def os_error(err: BaseException) -> OSError | None:
+    """The OSError behind a failed write: `err` itself, or the one a SafetensorError names only in its text;
+    None for anything else.
+
+    >>> os_error(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"))
+    OSError(28, 'No space left on device')
+    """
+    if isinstance(err, OSError):
+        return err
+    found = RUST_OS_ERROR.search(str(err)) if isinstance(err, SafetensorError) else None
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def write_file(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """`write(tmp)` to a temporary file beside `path` (its parents made), then renamed to `path`: a failure
+    leaves what was at `path` as it was; an OSError is FolderUnwritable, one line naming `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")  # the same suffix: writers read the format in it
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        cause = os_error(err)
+        if cause is None:
+            raise
+        raise unwritable(path, cause) from None
+    return path
 
 
 def step_of(path: Path) -> int:
@@ -102,20 +144,30 @@ class CheckpointManager:
                 shutil.rmtree(path, ignore_errors=True)
 
     def save(self, step: int, write_files: Callable[[Path], Any], state: dict[str, Any]) -> Path:
-        """Write checkpoint `step`: `write_files(folder)` writes the tensors, then state, sums, rename."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Write checkpoint `step`: `write_files(folder)` writes the tensors, then state, sums, rename. An
+        OSError (the disk full, say) is a CheckpointError of one line naming the last good checkpoint."""
         tmp = self.root / f".tmp-step_{step}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            self._fill(tmp, write_files, state)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
-            raise
         final = self.root / f"step_{step}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            self._fill(tmp, write_files, state)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+            cause = os_error(err)
+            if cause is None:
+                raise
+            raise CheckpointError(self._not_written(final, cause)) from None
         self._replace(tmp, final)
         self.prune()
         return final
+
+    def _not_written(self, final: Path, err: OSError) -> str:
+        """Why checkpoint `final` was not written, which one is the last good one, what to do."""
+        older = self.folders()
+        kept = f"the last good checkpoint is {older[0].name}" if older else f"{self.root} holds none yet"
+        return f"{unwritable(final, err)}; {kept}; fix that, then continue with --resume"
 
     @staticmethod
     def _fill(tmp: Path, write_files: Callable[[Path], Any], state: dict[str, Any]) -> None:

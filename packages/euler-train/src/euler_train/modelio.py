@@ -1,12 +1,15 @@
 """Model tensors on disk: one checkpoint folder holds `model.safetensors` (+ config) and the tokenizer.
 
 Thin wrappers over euler-model's `save_checkpoint` / `load_checkpoint`, plus the optimizer moments in
-`optimizer.safetensors`; CuPy arrays are copied to the host before writing.
+`optimizer.safetensors`; CuPy arrays are copied to the host before writing. And the folder `export-hf`
+writes: new, empty or an earlier export (replaced only with --overwrite), never a folder of euler's own.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +17,23 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 import euler_model
-from euler_train.checkpoint import CheckpointError, CheckpointManager, verify
+from euler_data import LOCK_FILE, folder_kind, unwritable
+from euler_train.checkpoint import STATE, CheckpointError, CheckpointManager, os_error, verify
+from euler_train.config import ConfigError
+from euler_train.runfolder import describe_run
 
 TOKENIZER = "tokenizer.json"
 MODEL = "model.safetensors"
+# what euler-model's save_hf writes (mtp_heads.safetensors when K > 1, the tokenizer files when there is one)
+EXPORT_FILES = (
+    "config.json",
+    "generation_config.json",
+    MODEL,
+    "mtp_heads.safetensors",
+    TOKENIZER,
+    "tokenizer_config.json",
+)
+EXPORT_TMP = ".tmp-export-"  # + pid: the export being written, inside its folder
 
 
 def to_host(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -80,3 +96,59 @@ def load_model(path: str | Path, xp: Any = np) -> tuple[Any, dict[str, Any], dic
     except (OSError, ValueError) as err:
         raise CheckpointError(str(err)) from None
     return mcfg, params, metadata or {}, folder
+
+
+def check_export_folder(out: Path, overwrite: bool) -> None:
+    """ConfigError unless `out` is new or empty, or holds an earlier export (or other files of the
+    user's) and `overwrite`; a dataset, run or checkpoint folder is refused even then (an export would
+    replace or mix with its files). Leftovers of a killed export are removed (the caller holds the lock)."""
+    for tmp in out.glob(f"{EXPORT_TMP}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    present = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
+    if not present:
+        return
+    what = euler_folder(out)
+    if what is not None:
+        raise ConfigError(f"{out} is {what}: an export must not mix with it; choose another --out")
+    if overwrite:
+        return
+    others = [name for name in present if name not in EXPORT_FILES]
+    if not others:
+        raise ConfigError(
+            f"{out} already holds an export ({', '.join(present)}); pass --overwrite to replace it"
+        )
+    raise ConfigError(
+        f"{out} already holds files that are not an export ({', '.join(others[:4])}); choose a new or empty "
+        "folder, or pass --overwrite to write the export beside them"
+    )
+
+
+def euler_folder(folder: Path) -> str | None:
+    """Which folder of euler's own `folder` is, in a few words (a dataset, run or checkpoint folder)."""
+    if folder_kind(folder) in ("dataset", "sft", "unfinished"):
+        return f"a dataset folder (euler-data: its {TOKENIZER} would be replaced)"
+    if (folder / STATE).is_file():
+        return "a checkpoint folder"
+    run = describe_run(folder)
+    return None if run is None else f"a run folder ({run})"
+
+
+def write_export(out: Path, write: Callable[[Path], Any]) -> None:
+    """`write(folder)` into a temporary folder inside `out`, then its files moved into `out` and an earlier
+    export's files that this one lacks removed: a failure (the disk full, Ctrl-C) leaves `out` as it was,
+    an OSError as one line (FolderUnwritable)."""
+    tmp = out / f"{EXPORT_TMP}{os.getpid()}"
+    try:
+        write(tmp)
+        for name in EXPORT_FILES:
+            if (tmp / name).is_file():
+                os.replace(tmp / name, out / name)
+            elif (out / name).is_file():
+                (out / name).unlink()
+    except BaseException as err:
+        cause = os_error(err)
+        if cause is None:
+            raise
+        raise unwritable(out, cause) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

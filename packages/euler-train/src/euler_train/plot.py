@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from euler_train.checkpoint import write_file
 from euler_train.metrics import read_metrics
 
 
@@ -62,10 +63,10 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path, title: str | No
     ax.legend(loc="upper right")
     ax.set_title(title or str(Path(metrics_path).parent.name))
     fig.tight_layout()
-    out_path = Path(out_path)
-    fig.savefig(out_path)
-    plt.close(fig)
-    return out_path
+    try:
+        return write_file(out_path, fig.savefig)  # a failure keeps the old picture; OSError: one line
+    finally:
+        plt.close(fig)
 
 
 def read_runs(runs: list[str | Path], labels: list[str] | None = None) -> dict[str, list[dict]]:
@@ -108,10 +109,26 @@ def plot_runs(
         ax.legend(loc="upper right")
     fig.suptitle(title or " vs ".join(data))
     fig.tight_layout()
-    out_path = Path(out_path)
-    fig.savefig(out_path)
-    plt.close(fig)
-    return out_path
+    try:
+        return write_file(out_path, fig.savefig)  # a failure keeps the old picture; OSError: one line
+    finally:
+        plt.close(fig)
+
+
+def val_summary(rows: list[dict]) -> str | None:
+    """The last evaluation in words: head 0's (next-token) val loss, and val bits per byte when measured;
+    None when no row holds one.
+
+    >>> val_summary([{"step": 30, "val_loss": 4.4812, "val_next_loss": 2.1134, "val_bpb": 2.1702}])
+    'val loss 2.1134 (next token), 2.1702 bits per byte'
+    """
+    last = next((r for r in reversed(rows) if isinstance(r.get("val_next_loss"), (int, float))), None)
+    if last is None:
+        return None
+    bpb = last.get("val_bpb")
+    return f"val loss {last['val_next_loss']:.4f} (next token)" + (
+        f", {bpb:.4f} bits per byte" if isinstance(bpb, (int, float)) else ""
+    )
 
 
 def _final(rows: list[dict], key: str) -> tuple[int, float] | None:
