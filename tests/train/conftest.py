@@ -177,7 +177,8 @@ def chat_run(tmp_path_factory, dataset, tiny_run) -> Path:
         for name, doc in docstrings()
     ]
     (root / "qa.json").write_text(json.dumps(records), encoding="utf-8")
-    assert euler_data(["sft", "--source", str(root / "qa.json"), "--out", str(data), "--context", "64"]) == 0
+    sft_set = ["sft", "--source", str(root / "qa.json"), "--out", str(data), "--context", "64", "--overwrite"]
+    assert euler_data(sft_set) == 0  # replaces the copied SFT set
     run = root / "sft"
     args = ["sft", "--data", str(data), "--init", str(tiny_run), "--out", str(run), "--steps", "150"]
     proc = _cli(*args, "--eval-every", "150", "--no-progress", "--set", "train.lr=1e-2")

@@ -6,24 +6,34 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import euler_model
 from euler_bpe import Tokenizer
-from euler_data import CHAT_TEMPLATE, DataError
+from euler_data import CHAT_TEMPLATE, DataError, FolderBusy, FolderUnwritable, hold_folder
 from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.batch_generate import check_batch_args, write_batch_generation
-from euler_train.chat import ASSISTANT, END, EOT, USER, chat_repl, load_for_sampling, write_generation
+from euler_train.chat import (
+    ASSISTANT,
+    END,
+    EOT,
+    USER,
+    chat_repl,
+    load_for_sampling,
+    note_if_not_tuned,
+    write_generation,
+)
 from euler_train.check import run_check as check
 from euler_train.checkpoint import STATE, CheckpointError, read_state
 from euler_train.comm import EXIT_LOST_RANK, CommError
-from euler_train.config import PRESETS, ConfigError, cpu_world, load_toml, resolve_config
+from euler_train.config import PRESETS, ConfigError, cpu_world, load_toml, recorded_config, resolve_config
 from euler_train.device import setup_device
-from euler_train.distributed import env_world, init_comm, spawn
+from euler_train.distributed import env_world, holds_run_lock, init_comm, spawn
 from euler_train.evals.command import run_eval as evaluate
 from euler_train.memory_check import check_memory
-from euler_train.modelio import TOKENIZER, load_model
+from euler_train.modelio import TOKENIZER, check_export_folder, load_model, write_export
 from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
 from euler_train.report import write_report
 from euler_train.runspec import plan_run
@@ -32,14 +42,20 @@ from euler_train.trainer import EXIT_NONFINITE, NonFiniteError, Trainer
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """preset -> (RUN/config.toml when resuming, else --config) -> --set -> plain flags. Without --preset
-    the preset is the one of that file, or for sft the one data.init was trained with."""
+    """preset -> RUN/config.toml when resuming -> --config -> --set -> plain flags. Without --preset the
+    preset is the one of those files, or for sft the one data.init was trained with. A resumed run keeps
+    its preset (plan_run records or refuses the other changes)."""
     saved = Path(args.out) / "config.toml"
-    base = None
+    base = recorded_config(saved)[0] if args.resume and saved.is_file() else None
+    if base is not None and args.preset is not None:
+        was = base.get("model", {}).get("preset")
+        if args.preset != was:
+            raise ConfigError(
+                f"--resume: {args.out} is a run of preset {was!r} and keeps it (asked for --preset "
+                f"{args.preset}); to train another model, start a new run with another --out"
+            )
     if args.config:
-        base = load_toml(args.config)
-    elif args.resume and saved.is_file():
-        base = load_toml(saved)
+        base = merge_files(base or {}, load_toml(args.config))
     flags = {key: getattr(args, name, None) for name, key in TRAIN_FLAGS.items()}
     if args.no_progress:
         flags["log.progress"] = False
@@ -50,6 +66,14 @@ def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if args.preset is None and args.command == "sft" and args.init:
         args.preset = init_preset(Path(args.init))
     return resolve_config(args.preset or "tiny", base, args.set, flags, mode=args.command)
+
+
+def merge_files(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Two config files' contents, `update`'s keys over `base`'s, section by section."""
+    merged = {section: dict(values) for section, values in base.items()}
+    for section, values in update.items():
+        merged[section] = {**merged.get(section, {}), **values} if isinstance(values, dict) else values
+    return merged
 
 
 def init_preset(init: Path) -> str | None:
@@ -63,20 +87,37 @@ def init_preset(init: Path) -> str | None:
 
 
 def run_training(args: argparse.Namespace, argv: list[str]) -> int:
-    """pretrain / sft: validate everything, then train (spawning one process per GPU when asked)."""
-    cfg = config_from_args(args)
-    _, world, local = env_world()
-    launching = cfg["run"]["gpus"] > 1 and world == 1
-    # checked before spawning too: a bad plan is one line and exit 2 from the launcher, not N workers' errors
-    processes = cfg["run"]["gpus"] if launching else world
-    spec = plan_run(cfg, args.out, args.command, args.resume, args.overwrite, processes)
-    if launching:
-        return spawn(cfg["run"]["gpus"], argv)
-    if args.resume and spec.resume_from is None:
+    """pretrain / sft: hold the run folder (one writer at a time), validate everything, then train
+    (spawning one process per GPU when asked)."""
+    rank, world, local = env_world()
+    lock = hold_folder(args.out, f"euler-train {args.command}") if holds_run_lock(rank) else nullcontext()
+    with lock:
+        cfg = config_from_args(args)
+        launching = cfg["run"]["gpus"] > 1 and world == 1
+        # checked before spawning too: a bad plan is one line and exit 2 from the launcher, not N workers'
+        processes = cfg["run"]["gpus"] if launching else world
+        spec = plan_run(cfg, args.out, args.command, args.resume, args.overwrite, processes)
+        if launching:
+            return spawn(cfg["run"]["gpus"], argv)
+        if args.resume and rank == 0:
+            say_resumed(spec)
+        return _train(spec, local)
+
+
+def say_resumed(spec: Any) -> None:
+    """A --resume's line when there is nothing to resume, and one for its changes to the recorded config."""
+    if spec.resume_from is None:
         print(
-            f"euler-train: --resume: no checkpoint in {args.out} yet; starting from step 0", file=sys.stderr
+            f"euler-train: --resume: no checkpoint in {spec.run_dir} yet; starting from step 0",
+            file=sys.stderr,
         )
-    return _train(spec, local)
+    if spec.changes:
+        listed = ", ".join(f"{c['key']} {c['was']!r} -> {c['now']!r}" for c in spec.changes)
+        print(
+            f"euler-train: --resume changes the run's config at step {spec.changes[0]['step']}: {listed} "
+            "(recorded in config.toml's [[history]] and the report)",
+            file=sys.stderr,
+        )
 
 
 def _train(spec: Any, local_rank: int) -> int:
@@ -106,18 +147,21 @@ def _train(spec: Any, local_rank: int) -> int:
 
 def run_chat(args: argparse.Namespace) -> int:
     model = load_for_sampling(args.checkpoint, args.device)
+    note_if_not_tuned(model)
     return chat_repl(model, args, sys.stdin, sys.stdout)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     if args.batch_file is None and args.draft_tree is not None:
         raise ConfigError("--draft-tree applies to --batch-file (one --prompt drafts a chain, on the host)")
-    if args.batch_file is None:
-        model = load_for_sampling(args.checkpoint, args.device)
+    prompts = None if args.batch_file is None else check_batch_args(args)  # a bad file: before the load
+    model = load_for_sampling(args.checkpoint, args.device)
+    if args.chat:
+        note_if_not_tuned(model)
+    if prompts is None:
         write_generation(model, args, sys.stdout)
-        return 0
-    prompts = check_batch_args(args)  # a bad file stops here, before the model is loaded
-    write_batch_generation(load_for_sampling(args.checkpoint, args.device), args, prompts, sys.stdout)
+    else:
+        write_batch_generation(model, args, prompts, sys.stdout)
     return 0
 
 
@@ -126,23 +170,26 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_export_hf(args: argparse.Namespace) -> int:
-    """A LlamaForCausalLM folder with the tokenizer, euler-data's chat template and the stop tokens.
+    """A LlamaForCausalLM folder with the tokenizer, euler-data's chat template and the stop tokens, written
+    under the folder's lock into a new or empty folder, or over an earlier export with --overwrite.
 
     An SFT checkpoint stops `generate` at <|end|> or <|endoftext|> (eos_token <|end|>, as `chat` does); a
     pretrained one at <|endoftext|>. The pad token is <|endoftext|>.
     """
-    mcfg, params, _, folder = load_model(args.checkpoint)
-    tok, meta = None, {}
-    if (folder / TOKENIZER).is_file():
-        tok = Tokenizer.load(folder / TOKENIZER)
-        names = tok.special_tokens
-        stops = (END, EOT) if read_state(folder).get("mode") == "sft" else (EOT,)
-        meta = {
-            "eos_tokens": [n for n in stops if n in names],
-            "pad_token": EOT if EOT in names else None,
-            "chat_template": CHAT_TEMPLATE if {USER, ASSISTANT, END} <= names.keys() else None,
-        }
-    euler_model.save_hf(mcfg, params, args.out, tokenizer=tok, **meta)
+    with hold_folder(args.out, "euler-train export-hf") as out:
+        check_export_folder(out, args.overwrite)  # before the model is loaded: a refusal costs nothing
+        mcfg, params, _, folder = load_model(args.checkpoint)
+        tok, meta = None, {}
+        if (folder / TOKENIZER).is_file():
+            tok = Tokenizer.load(folder / TOKENIZER)
+            names = tok.special_tokens
+            stops = (END, EOT) if read_state(folder).get("mode") == "sft" else (EOT,)
+            meta = {
+                "eos_tokens": [n for n in stops if n in names],
+                "pad_token": EOT if EOT in names else None,
+                "chat_template": CHAT_TEMPLATE if {USER, ASSISTANT, END} <= names.keys() else None,
+            }
+        write_export(out, lambda tmp: euler_model.save_hf(mcfg, params, tmp, tokenizer=tok, **meta))
     print(f"euler-train export-hf: {folder} -> {args.out}")
     return 0
 
@@ -192,10 +239,18 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def guard(command: str, run: Callable[[], int]) -> int:
-    """run(), with an error caused by the user's input (config, arguments, data, checkpoint) printed as
-    one line and exit code 2 instead of a traceback."""
+    """run(), with an error caused by the user's input (config, arguments, data, checkpoint) or environment
+    (a folder another process writes, one that cannot be written, the disk full) printed as one line and
+    exit code 2 instead of a traceback."""
     try:
         return run()
-    except (ConfigError, CheckpointError, DataError, NotImplementedError) as err:
+    except (
+        ConfigError,
+        CheckpointError,
+        DataError,
+        NotImplementedError,
+        FolderBusy,
+        FolderUnwritable,
+    ) as err:
         print(f"euler-train {command}: error: {err}", file=sys.stderr)
         return EXIT_CONFIG

@@ -27,6 +27,10 @@ class ConfigError(ValueError):
     """A run config that cannot run; the message names the offending key."""
 
 
+# config.toml's array of changes made on --resume: {step, key, was, now}, each at the step it took effect
+HISTORY = "history"
+
+
 # Every key of a run config, with its default; the default's type is the key's type.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"preset": "tiny"},  # plus any ModelConfig field as an override, e.g. n_layers = 2
@@ -358,16 +362,29 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def dumps(cfg: dict[str, dict[str, Any]]) -> str:
-    """The config as TOML text that `tomllib` reads back to the same dict."""
+def dumps(cfg: dict[str, dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
+    """The config (and its `[[history]]` of changes) as TOML text that `tomllib` reads back the same."""
     lines: list[str] = []
     for section, values in cfg.items():
         lines.append(f"[{section}]")
         lines += [f"{key} = {format_value(value)}" for key, value in values.items()]
         lines.append("")
+    for change in history:
+        lines.append(f"[[{HISTORY}]]")
+        lines += [f"{key} = {format_value(value)}" for key, value in change.items()]
+        lines.append("")
     return "\n".join(lines)
 
 
-def save_config(cfg: dict[str, dict[str, Any]], path: str | Path) -> None:
-    """Write the resolved config as TOML."""
-    Path(path).write_text(dumps(cfg), encoding="utf-8")
+def save_config(cfg: dict[str, dict[str, Any]], path: str | Path, history: list[dict[str, Any]] = ()) -> None:
+    """Write the resolved config, and the changes made to it on --resume, as TOML."""
+    Path(path).write_text(dumps(cfg, history), encoding="utf-8")
+
+
+def recorded_config(path: str | Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """A run's config.toml: (the config it runs with now, the changes made on --resume, oldest first)."""
+    doc = load_toml(path)
+    history = doc.pop(HISTORY, [])
+    if not isinstance(history, list) or not all(isinstance(c, dict) for c in history):
+        raise ConfigError(f"{path}: [[{HISTORY}]] must be an array of tables")
+    return doc, history

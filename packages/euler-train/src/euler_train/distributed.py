@@ -157,9 +157,20 @@ def init_comm(gpus: int, run_dir: Path) -> Comm:
     return comm
 
 
+# Set by `spawn` in its workers: the launcher holds the run folder's lock for the whole world.
+LAUNCHER_PID = "EULER_LAUNCHER_PID"
+
+
+def holds_run_lock(rank: int) -> bool:
+    """Whether this process takes the run folder's lock: one process a world, the launcher when there
+    is one (`spawn`), else rank 0."""
+    return rank == 0 and LAUNCHER_PID not in os.environ
+
+
 def spawn(n: int, argv: list[str]) -> int:
     """Run `python -m euler_train.cli argv` once per GPU; forward signals; return the worst exit code."""
     env = dict(os.environ, WORLD_SIZE=str(n), NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
+    env[LAUNCHER_PID] = str(os.getpid())
     if env.get("EULER_COMM") != "socket":  # NCCL: one id for the whole world, made here
         from cupy.cuda import nccl
 

@@ -24,8 +24,8 @@ from euler_data import read_meta
 from euler_data.errors import DataError
 from euler_data.sft import SFT_META
 from euler_train.chat import END, EOT, SamplingModel, for_terminal, load_for_sampling, stop_ids, stream_ids
-from euler_train.checkpoint import CheckpointError, read_state
-from euler_train.config import ConfigError, load_toml
+from euler_train.checkpoint import CheckpointError, read_state, write_file
+from euler_train.config import ConfigError, recorded_config
 from euler_train.evals.chat import greedy_reply, reply_start, val_examples
 from euler_train.evals.command import EVALS, metrics_text
 from euler_train.metrics import read_metrics
@@ -38,17 +38,17 @@ VAL_ROWS = 12  # validation rows shown in the loss section (evenly spaced, the l
 
 
 def write_report(run_dir: str | Path, device: str = "cpu") -> Path:
-    """Write RUN/report.md (the samples run on `device`); returns its path."""
+    """Write RUN/report.md (the samples run on `device`; the old report stays until the new one is
+    whole); returns its path."""
     run = Path(run_dir)
     if not (run / "config.toml").is_file():
         raise ConfigError(f"{run} is not a run folder (no config.toml)")
-    path = run / REPORT
-    path.write_text(report_text(run, device), encoding="utf-8")
-    return path
+    text = report_text(run, device)
+    return write_file(run / REPORT, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def report_text(run: Path, device: str = "cpu") -> str:
-    cfg = load_toml(run / "config.toml")
+    cfg, _ = recorded_config(run / "config.toml")
     rows = read_metrics(run / "metrics.jsonl")
     try:
         checkpoint = resolve_checkpoint(run)
@@ -71,9 +71,16 @@ def report_text(run: Path, device: str = "cpu") -> str:
 
 
 def config_section(run: Path) -> str:
-    return "## Config\n\n`config.toml` (the resolved run config):\n\n```toml\n" + (
+    """config.toml, and the changes --resume made to it, each with the step from which it holds."""
+    text = "## Config\n\n`config.toml` (the resolved run config):\n\n```toml\n" + (
         (run / "config.toml").read_text(encoding="utf-8").strip() + "\n```"
     )
+    _, history = recorded_config(run / "config.toml")
+    if not history:
+        return text
+    rows = [[c.get("step"), c.get("key"), c.get("was"), c.get("now")] for c in history]
+    changed = table(["from step", "key", "before", "after"], rows)
+    return f"{text}\n\nChanged on --resume (the config above holds the values after):\n\n{changed}"
 
 
 def cell(value: Any) -> str:
@@ -190,8 +197,12 @@ def loss_section(run: Path, rows: list[dict[str, Any]]) -> str:
     val = [r for r in rows if isinstance(r.get("val_loss"), (int, float))]
     if not val:
         return f"## Loss\n\n{plot}\n\nNo validation rows in metrics.jsonl."
-    last = val[-1]
-    final = f"Final (step {last['step']}): val loss {last['val_loss']:.4f}"
+    last, head0 = val[-1], val[-1].get("val_next_loss")
+    final = f"Final (step {last['step']}): val loss " + (
+        f"{head0:.4f} (next token; the mean over the prediction heads, as trained: {last['val_loss']:.4f})"
+        if isinstance(head0, (int, float))
+        else f"{last['val_loss']:.4f}"
+    )
     if "val_bpb" in last:
         final += f", val bpb **{last['val_bpb']:.4f}**"
     train = [r for r in rows if isinstance(r.get("loss"), (int, float))]

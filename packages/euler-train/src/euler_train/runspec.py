@@ -16,7 +16,7 @@ from euler_bpe import Tokenizer
 from euler_model import ModelConfig, preset
 from euler_train.batches import check_kind, split_tokens
 from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
-from euler_train.config import ConfigError
+from euler_train.config import ConfigError, recorded_config
 from euler_train.modelio import resolve_checkpoint
 from euler_train.runfolder import describe_run
 
@@ -34,6 +34,10 @@ class RunSpec:
     init: Path | None  # sft: the checkpoint folder to start from
     resume_from: Path | None  # --resume: the newest valid checkpoint of this run
     overwrite: bool = False  # --overwrite: the run folder's old run is deleted before training starts
+    history: list[dict[str, Any]] = dataclasses.field(
+        default_factory=list
+    )  # config changes, each at its step
+    changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # those this --resume makes
 
 
 def dataset_fingerprint(folder: Path, mode: str) -> str | None:
@@ -198,6 +202,11 @@ def plan_run(
         mcfg = build_model_config(cfg, vocab)
     check_splits(cfg, mcfg, folder, mode)
     resume_from = find_resume(run_dir) if resume else None
+    history, changes = [], []
+    if resume and (run_dir / "config.toml").is_file():  # the run's own record first, then its checkpoint
+        recorded, history = recorded_config(run_dir / "config.toml")
+        step = read_state(resume_from)["step"] if resume_from is not None else 0
+        changes = resume_changes(run_dir, recorded, cfg, step)
     if resume_from is not None:
         saved = read_state(resume_from)
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
@@ -210,7 +219,35 @@ def plan_run(
             )
     check_run_folder(run_dir, resume, overwrite)
     tok_path = folder / "tokenizer.json"
-    return RunSpec(cfg, run_dir, mode, mcfg, tok_path, data_fp, init, resume_from, overwrite)
+    spec = RunSpec(cfg, run_dir, mode, mcfg, tok_path, data_fp, init, resume_from, overwrite)
+    spec.history, spec.changes = history + changes, changes
+    return spec
+
+
+# What makes a run the run it is: a resume that asks for other values is another run (another --out).
+FIXED_ON_RESUME = ("model", "data.init")
+UNRECORDED = ("log.progress",)  # how the run is shown, not what it computes
+
+
+def resume_changes(run_dir: Path, recorded: dict, cfg: dict, step: int) -> list[dict[str, Any]]:
+    """The keys a --resume changes from the run's config.toml, each as {step, key, was, now}; ConfigError
+    for a key that makes another run (the model's shape or preset, sft's starting checkpoint)."""
+    changes = []
+    for section, values in cfg.items():
+        saved = recorded.get(section, {})
+        fixed = section in FIXED_ON_RESUME
+        for key, now in values.items():
+            dotted = f"{section}.{key}"
+            if (key not in saved and not fixed) or dotted in UNRECORDED or saved.get(key) == now:
+                continue
+            if fixed or dotted in FIXED_ON_RESUME:
+                was = saved[key] if key in saved else getattr(preset(recorded["model"]["preset"]), key, None)
+                raise ConfigError(
+                    f"--resume: {run_dir} was run with {dotted}={was!r} and keeps it (asked for {now!r}); "
+                    "to train another model, start a new run with another --out"
+                )
+            changes.append({"step": step, "key": dotted, "was": saved[key], "now": now})
+    return changes
 
 
 def _sft_model_section(cfg: dict, mcfg: Any) -> None:

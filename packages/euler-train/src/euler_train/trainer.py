@@ -19,6 +19,7 @@ import numpy as np
 
 import euler_kernels as ek
 import euler_model
+from euler_data import FolderUnwritable
 from euler_model.blocks import fp8_scale_formats
 from euler_train import modelio
 from euler_train.batches import Batches, bits_per_byte, make_batches
@@ -27,8 +28,8 @@ from euler_train.config import ConfigError, save_config
 from euler_train.device import Device, flops_per_token, peak_flops
 from euler_train.distributed import Comm
 from euler_train.graph_step import CapturedOrEager, GraphStep
-from euler_train.metrics import MetricsLogger
-from euler_train.plot import plot_metrics
+from euler_train.metrics import MetricsLogger, read_metrics
+from euler_train.plot import plot_metrics, val_summary
 from euler_train.progress import Progress
 from euler_train.report import write_report
 from euler_train.runfolder import clear_run
@@ -101,7 +102,7 @@ class Trainer:
                 clear_run(self.spec.run_dir)
             self.spec.run_dir.mkdir(parents=True, exist_ok=True)
             self.ckpts.clean_temporaries()
-            save_config(cfg, self.spec.run_dir / "config.toml")
+            save_config(cfg, self.spec.run_dir / "config.toml", self.spec.history)
 
     def _check_sft_fits(self) -> None:
         """Say how many examples the context cuts; ConfigError when the first step's batches hold no
@@ -427,20 +428,25 @@ class Trainer:
         return 128 + signum
 
     def finish(self) -> None:
-        """loss.png, a one-line summary and report.md (rank 0)."""
+        """loss.png, a one-line summary (the last evaluation's next-token val loss and bits per byte) and
+        report.md (rank 0). A plot or report that cannot be written is a note: the run itself is done."""
         if not self.comm.is_main:
             return
+        run = self.spec.run_dir
         try:
-            plot_metrics(self.spec.run_dir / "metrics.jsonl", self.spec.run_dir / "loss.png")
-        except ValueError as err:
+            plot_metrics(run / "metrics.jsonl", run / "loss.png")
+        except (ValueError, FolderUnwritable) as err:
             print(f"euler-train: no plot: {err}", file=sys.stderr)
-        v = self.state.val_loss
+        val = val_summary(read_metrics(run / "metrics.jsonl"))
         print(
             f"euler-train: done: {self.state.step} steps, {self.state.tokens:,} tokens"
-            + (f", val loss {v:.4f}" if v is not None else "")
-            + f"; run folder {self.spec.run_dir}"
+            + (f", {val}" if val else "")
+            + f"; run folder {run}"
         )
-        write_report(self.spec.run_dir, self.device.kind)
+        try:
+            write_report(run, self.device.kind)
+        except FolderUnwritable as err:
+            print(f"euler-train: no report: {err} (`euler-train report {run}` writes it)", file=sys.stderr)
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of this process's GPU, None on CPU."""
