@@ -43,9 +43,10 @@ def special_splitter(specials: list[str]) -> regex.Pattern:
 
 # --- a faster path for GPT2_PATTERN ----------------------------------------------------------------
 # On text whose non-ASCII characters are neither letters, digits nor whitespace, the stdlib `re`
-# pattern below gives exactly GPT2_PATTERN's pretokens, about twice as fast. Such stretches are cut
-# at a newline after a visible ASCII character, where both patterns always split. Letters come
-# first (the most common word, ~15% faster): no contraction can match where a letter word starts.
+# pattern below gives exactly GPT2_PATTERN's pretokens, faster (docs/benchmarks/bpe.md). Such stretches
+# are cut at a newline after a visible ASCII character, where both patterns always split. Letters come
+# first (the most common word, so most matches end at the first alternative): no contraction can match
+# where a letter word starts.
 _ASCII_GPT2 = re.compile(
     r""" ?[A-Za-z]+|'s|'t|'re|'ve|'m|'ll|'d| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""", re.ASCII
 )

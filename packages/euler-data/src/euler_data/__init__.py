@@ -17,7 +17,7 @@ from euler_data.sft import build_sft
 
 def prepare(*args, **kwargs):
     """``euler_data.pipeline.prepare``."""
-    # start-up: the pipeline pulls in DuckDB (~150 ms), which the loaders and read_meta do not need
+    # start-up: the pipeline pulls in DuckDB, slow to import, which the loaders and read_meta do not need
     from euler_data.pipeline import prepare as _prepare
 
     return _prepare(*args, **kwargs)

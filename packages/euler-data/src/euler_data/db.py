@@ -7,7 +7,7 @@ stage's memory does not grow with the corpus (DuckDB's own default is 80% of the
 The file is attached with row groups of ``ROW_GROUP_SIZE`` rows (DuckDB's default is 122,880). DuckDB
 writes a table's finished row groups straight into the file, compressed; rows of an unfinished one wait
 and reach the write-ahead log uncompressed at commit. A corpus has few rows of long text (300 MB of
-web documents is ~35,000 rows), so with the default a stage's whole output went through the WAL, as
+web documents is ~35,000 rows), so with the default a stage's whole output would go through the WAL, as
 large as the text itself, besides the compressed input table.
 """
 

@@ -4,7 +4,7 @@ A NumPy training step allocates its activations and temporaries (hundreds of arr
 `small` preset), frees them all at the end of the step, and allocates the same sizes again in the next.
 By default glibc serves such arrays with fresh mmap pages, or returns the top of the heap to the OS once
 more than a few MiB of it are free, so every step page-faults its memory in again and the kernel zeroes
-every page: measured as about a quarter of a `small` step on a 2-core EPYC (docs/benchmarks/model.md).
+every page: a large share of a `small` step's time (docs/benchmarks/model.md).
 keep_freed_memory() makes freed blocks stay in the process's heap, so the next step reuses warm pages;
 the resident size then stays at the peak of a step instead of rising and falling every step.
 """

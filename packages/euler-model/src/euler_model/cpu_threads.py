@@ -1,10 +1,10 @@
 """Worker threads for the NumPy training step: each runs one slice of the batch with single-threaded BLAS.
 
-NumPy runs its element-wise work (exp, norms, masks: about a third of a `small` step) on one core, and a
+NumPy runs its element-wise work (exp, norms, masks: a large part of a `small` step) on one core, and a
 multi-threaded BLAS splits each of the step's small matrix products across cores, each split paid for
-with a wait; when the cores are shared with other processes those waits turn into stalls (a step of
-0.5 s took 1.4 s with 2 BLAS threads on a loaded 2-core machine). One slice of the batch per core, each
-with a BLAS thread of its own, keeps every core busy with whole ops instead (docs/benchmarks/model.md).
+with a wait; when the cores are shared with other processes those waits turn into stalls that can take
+longer than the step itself. One slice of the batch per core, each with a BLAS thread of its own, keeps
+every core busy with whole ops instead (docs/benchmarks/model.md).
 
 The number of workers is the number of threads the BLAS library was started with (OPENBLAS_NUM_THREADS,
 OMP_NUM_THREADS or MKL_NUM_THREADS, else one per core), so a process that asked for one BLAS thread runs
@@ -46,7 +46,7 @@ def cpu_workers(batch: int) -> int:
 
 class _OneBlasThread:
     """Each BLAS library set to one thread on entry, and back to its count on exit: the libraries' own
-    calls only (threadpoolctl's limit() inspects every library each time, about 20 us, once per token)."""
+    calls only (threadpoolctl's limit() inspects every library each time, a cost paid once per token)."""
 
     def __enter__(self) -> None:
         libs = _controller()[0].lib_controllers
@@ -61,8 +61,8 @@ class _OneBlasThread:
 
 def one_blas_thread() -> Any:
     """A context in which every BLAS call runs on one thread: what the worker threads run under, and what
-    the small products of a decode step want (two BLAS threads made batch-32 generation of the `small`
-    preset 2.5x slower on the loaded 2-core machine)."""
+    the small products of a decode step want (with two BLAS threads each small product waits for the
+    second thread: docs/benchmarks/generate.md)."""
     return _OneBlasThread()
 
 

@@ -1,10 +1,10 @@
 """Decoders kept across calls on the GPU, so that a call pays for no setup that an earlier one has done.
 
 A decoder (decode_batch.Decoder) holds a batch shape's inference weights, static state, captured step and
-captured prefills. Making one costs a call tens of milliseconds of launches and a graph capture; a kept one
-is reused by the next call of the same model, batch size, draft tree and sampling rule. Each call rewrites
-the kept weight copies from params first, so a model updated in place (a trainer's step between two
-evaluations) is decoded with its current weights.
+captured prefills. Making one costs a call many launches and a graph capture; a kept one is reused by the
+next call of the same model, batch size, draft tree and sampling rule. Each call rewrites the kept weight
+copies from params first, so a model updated in place (a trainer's step between two evaluations) is decoded
+with its current weights.
 
 The model is recognised by its params' arrays (names, device addresses, shapes, dtypes), its config and
 the kernel settings (euler_kernels.kernel_settings): the captured graphs read those addresses and were

@@ -21,7 +21,7 @@ tokens accepts more drafts than a chain. A chain's rows compute bit for bit what
 same slots, the same sums: the GPU's kernels, and NumPy for up to 8 product rows and one sequence's
 attention), so its tokens are plain greedy's exactly; a tree's later branches sit at other
 slots than their positions while they are verified, so their sums are grouped differently and a near-tie
-that float rounding decides may go the other way (exact in float64; the H200 showed one such flip in bf16).
+that float rounding decides may go the other way (exact in float64; such a flip has been seen in bf16).
 
 The shapes are the same at every step (T tokens for every row, done or not), and nothing is read back to
 the host, so the step is captured as CUDA graphs like decode_step (decode_graph.py). Greedy only: a
@@ -42,7 +42,7 @@ from euler_model.decode_step import decode_hidden
 def default_draft_tree(config: ModelConfig) -> tuple[int, ...]:
     """The draft tree generate_batch uses unless told: head 1's best guess alone (T = 2); with conditioned
     heads a chain of two (heads 1 and 2), whose drafts are accepted often enough to pay for a third fed
-    token (docs/benchmarks/generate.md measures each tree and chain on the H200)."""
+    token (docs/benchmarks/generate.md measures each tree and chain)."""
     return draft_tree.chain(min(2, config.n_mtp_heads - 1) if config.mtp_conditioned else 1)
 
 

@@ -21,9 +21,10 @@ import numpy as np
 from euler_kernels.cuda.gemm import BF16_MODES, matmul_precision
 
 
-def fused(*arrays: Any) -> bool:
-    """Whether the fused kernels take these arrays: all float32 CuPy arrays (EULER_FUSED_KERNELS=0 turns
-    them off, so the NumPy-style path can be compared with them on the same GPU)."""
+def float32_on_gpu(*arrays: Any) -> bool:
+    """Whether these arrays take the float32 GPU kernels: all are float32 CuPy arrays, and the kernels are
+    on (EULER_FUSED_KERNELS=0 turns them off, so the NumPy-style path can be compared with them on the
+    same GPU)."""
     if isinstance(arrays[0], np.ndarray) or not kernels_on():
         return False
     return all(not isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
@@ -61,18 +62,18 @@ def kernel_settings() -> tuple:
 
 
 def bf16_activations(*arrays: Any) -> bool:
-    """Whether the bf16 path is on for a model on these arrays: float32 CuPy arrays (see `fused`) and
+    """Whether the bf16 path is on for a model on these arrays: float32 CuPy arrays (see `float32_on_gpu`) and
     EULER_MATMUL_PRECISION=bf16 or fp8. Then norms, projections, RoPE, SwiGLU and attention store their
     outputs as bf16 (half the memory and traffic); the residual stream, weights, gradients of weights (unless
     bf16 ones are asked for: train.bf16_grads), softmax statistics and the loss stay float32."""
-    return fused(*arrays) and matmul_precision() in BF16_MODES
+    return float32_on_gpu(*arrays) and matmul_precision() in BF16_MODES
 
 
 def fp8_products(*arrays: Any) -> bool:
     """Whether a model on these arrays multiplies its MLP and heads in FP8 (e4m3 activations and weights,
     e5m2 gradients; see ops/linear_fp8.py): float32 CuPy arrays and EULER_MATMUL_PRECISION=fp8. The rest
     is the bf16 path (`bf16_activations` holds too)."""
-    return fused(*arrays) and matmul_precision() == "fp8"
+    return float32_on_gpu(*arrays) and matmul_precision() == "fp8"
 
 
 def fused_cache(cache: tuple) -> bool:
@@ -82,8 +83,8 @@ def fused_cache(cache: tuple) -> bool:
 
 __all__ = [
     "bf16_activations",
+    "float32_on_gpu",
     "fp8_products",
-    "fused",
     "fused_cache",
     "fused_grads",
     "kernel_settings",

@@ -1,5 +1,5 @@
 """Compile and cache the `.cu` files beside this module with `cupy.RawModule`, and the launch sizes that
-every launcher shares.
+every launcher shares, with the device's own facts they depend on (its SM count: `sm_count`).
 
 Each file is compiled once per set of `-D` defines; a `#line` directive makes compiler errors
 name the real file and line.
@@ -17,7 +17,7 @@ from euler_kernels.backend import require_cuda
 
 CUDA_DIR = Path(__file__).resolve().parent
 THREADS = 256  # threads per block of the elementwise and row kernels
-GRID_CAP = 132 * 32  # enough blocks to fill an H200's 132 SMs for grid-stride loops
+GRID_BLOCKS_PER_SM = 32  # a grid-stride kernel's blocks an SM at most: enough to keep every SM full
 
 
 def _source_and_options(filename: str, defines: tuple[tuple[str, int], ...]) -> tuple[str, tuple[str, ...]]:
@@ -82,14 +82,40 @@ def get_kernel_sm90a(filename: str, name: str, **defines: int):
     return load_module_sm90a(filename, tuple(sorted(defines.items()))).get_function(name)
 
 
+def device_attribute(name: str, device: int | None = None) -> int:
+    """One of CuPy's `Device.attributes` (e.g. "MaxSharedMemoryPerBlockOptin") of GPU `device` (default: the
+    current one), asked of the device once per process."""
+    if device is None:
+        import cupy
+
+        device = cupy.cuda.runtime.getDevice()
+    return _device_attributes(device)[name]
+
+
+@functools.cache
+def _device_attributes(device: int) -> dict[str, int]:
+    return require_cuda().cuda.Device(device).attributes
+
+
+def sm_count(device: int | None = None) -> int:
+    """The streaming multiprocessors of GPU `device` (default: the current one): what every launcher that
+    sizes its grid by the SMs reads."""
+    return device_attribute("MultiProcessorCount", device)
+
+
+def grid_cap() -> int:
+    """The most blocks a grid-stride kernel launches on the current GPU: GRID_BLOCKS_PER_SM an SM."""
+    return GRID_BLOCKS_PER_SM * sm_count()
+
+
 def blocks(n: int, threads: int) -> int:
     """Number of blocks of `threads` threads that cover `n` items."""
     return max(1, (n + threads - 1) // threads)
 
 
 def grid(n: int) -> tuple[int]:
-    """The grid of a grid-stride kernel over n items: blocks of THREADS, at most GRID_CAP of them."""
-    return (min(blocks(n, THREADS), GRID_CAP),)
+    """The grid of a grid-stride kernel over n items: blocks of THREADS, at most grid_cap() of them."""
+    return (min(blocks(n, THREADS), grid_cap()),)
 
 
 def check_in_place(what: str, *arrays: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import blocks, get_kernel
+from euler_kernels.cuda._module import blocks, device_attribute, get_kernel, sm_count
 
 MAX_ROWS = 8  # rows of h per launch of decode_linear.cu: each lane keeps one sum per row
 ROW_LIMIT = 128  # rows whose bits do not depend on the rows beside them (a batch of 32 verifying 4 tokens
@@ -70,18 +70,9 @@ def _mma_bytes(rows: int, k: int, swiglu: bool) -> int:
     return staged * _mma_stride(k) * 2 + (2 if swiglu else 1) * 8 * 16 * staged * 4
 
 
-@functools.cache
-def _device_limits() -> tuple[int, int]:
-    """(SMs, shared memory a block may opt in to) of the current device."""
-    import cupy
-
-    attributes = cupy.cuda.Device().attributes
-    return attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"]
-
-
 def _mma_rows(k: int, swiglu: bool) -> int:
     """Rows per launch of decode_linear_mma.cu: 32, or 16 or 8 where 32 rows of h would not fit."""
-    limit = _device_limits()[1]
+    limit = device_attribute("MaxSharedMemoryPerBlockOptin")  # shared memory a block may opt in to
     return next((r for r in (MMA_ROWS, 16, 8) if _mma_bytes(r, k, swiglu) <= limit), 0)
 
 
@@ -148,7 +139,7 @@ def _launch_mma(out: Any, x: Any, weight: Any, norm: Any, eps: float, residual: 
     g = x if norm is None else norm  # an unused pointer when the switch is off
     res = x if residual is None else residual
     args = (out, x, weight, g, res, np.int32(k), np.int32(columns), np.float32(eps))
-    grid = min(blocks(columns, 16), 2 * _device_limits()[0])
+    grid = min(blocks(columns, 16), 2 * sm_count())
     kernel((grid,), (_THREADS,), args, shared_mem=_mma_bytes(r, k, swiglu))
 
 

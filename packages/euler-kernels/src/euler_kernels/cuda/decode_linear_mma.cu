@@ -1,8 +1,8 @@
 // decode_linear.cu's product for bf16 weights on the tensor cores: out (R, columns) = h (R, K) @ W.T, with
 // the same fusions (NORM in front, SWIGLU or RESIDUAL after) and the same rounding (h and the gate/up sums
 // to bf16, sums in float32), for up to 32 rows a launch. The CUDA-core kernel forms each row's dot products
-// separately, ~50 us a step per row at the gpu preset; here one mma.sync m16n8k16 multiplies 16 weight
-// rows by 8 rows of h, so 32 rows cost about what one does: the weights are read once either way.
+// separately, so its time grows with every row; here one mma.sync m16n8k16 multiplies 16 weight rows by 8
+// rows of h, so 32 rows cost about what one does: the weights are read once either way.
 //
 // A row's bits do not depend on the rows beside it (the decode step's rule: a speculative step's rows give
 // what plain steps' single rows give): the mma computes each output element from its own row of A and
@@ -41,8 +41,8 @@ typedef storage<X_BF16>::type x_t;
 // Warp w takes rows w, w + 8, ... (NT of them), lane l the pieces of 8 at l * 8 + 256 i (i < CHUNKS), so
 // a row's rstd stays in its warp (no barrier). The norm's pass loads a piece of every row before it sums
 // any; a row's sum of squares runs in the same order in whichever warp takes it: each lane over its pieces
-// in order, then the warp's lanes (warp_sum). The loads are what a launch waits on: issued one after the
-// other, 32 rows cost ~10 us (the first version of this kernel, 2026-12-04).
+// in order, then the warp's lanes (warp_sum). The loads are what a launch waits on, so every row's are in
+// flight together (a first version issued them one after the other: docs/benchmarks/generate.md).
 __device__ __forceinline__ void stage_rows(unsigned short* hs, const x_t* x, const float* g, int K, float eps) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if NORM

@@ -41,10 +41,9 @@
 #define LDS (BQ + 8)                     // padded row stride (bf16) of the (BN, BQ) dS^T tile
 #define KD (HEAD_DIM / 16)               // k-steps of 16 over the head dimension
 #define DT (HEAD_DIM / 8)                // n-tiles of 8 over the head dimension
-// Blocks per SM that __launch_bounds__ asks registers for (at most 65536 / (128 n) each; -D to tune).
-// ptxas 13.0 for sm_90, D = 64: forward ~150 registers with n = 3 (3 blocks; smem would allow 4, but
-// n = 4 spills), backward 168 with n = 3 (a 4-byte spill; 176 and only 2 blocks without);
-// D = 128: forward ~220, backward 255 (2 blocks each).
+// Blocks per SM that __launch_bounds__ asks registers for (at most 65536 / (128 n) each; -D to tune): at
+// D = 64 three (shared memory would allow four, but n = 4 spills; the backward's third block costs it a
+// small spill), at D = 128 two. ptxas's register counts: docs/benchmarks/attention_gpu.md.
 #ifndef FWD_MIN_BLOCKS
 #define FWD_MIN_BLOCKS (HEAD_DIM == 64 ? 3 : 2)
 #endif

@@ -664,7 +664,7 @@ flash_attention_backward_sm90(float* dk, float* dv, const __grid_constant__ Tens
         const float* delta_t = reinterpret_cast<const float*>(smem_raw + (sm.delta - smem_u32(smem_raw))) + st * BQ;
 
         // BWD_OVERLAP 1: S^T, then dP^T while P's exponentials run; dV while dS is formed; dK. 0: S^T and
-        // dP^T; P and dS; dV, dK (faster at D 64, 2026-12-04).
+        // dP^T; P and dS; dV, dK (the default, faster at D 64: docs/benchmarks/attention_gpu.md).
         float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: key rows g, g + 8 of this warp; queries 8j + 2t, + 1
         const u64 q_desc = smem_desc(qt, 16, 1024), do_desc = smem_desc(dot, 16, 1024);
         wgmma_fence();

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import get_kernel_sm90a
+from euler_kernels.cuda._module import get_kernel_sm90a, sm_count
 from euler_kernels.cuda.tensor_map import head_rows_map, launch, loaded_function
 
 _SOURCE = "flash_attention_sm90.cu"
@@ -32,11 +32,10 @@ def forward_layout(head_dim: int, T: int, group: int) -> dict[str, int]:
 
     At head_dim 64 a warpgroup's softmax takes as long as its products, so three consumers let each softmax
     run under two others' products. Where the group is a multiple of 3, items of three heads are never
-    padding and cost no more diagonal tiles than two consumers' 128-row items: 1.12-1.25x the two-consumer
-    forward on the H200 at T 128 to 8192 (docs/benchmarks/attention_gpu.md). Otherwise three consumers take
-    192-row items, which pay only where they pad T by at most 4% more than 128-row ones do (T 768, 1536,
-    2048, 8192: 1.04-1.09x; T 256, 512, 1024: 0.69-0.96x), from T 768 on. Head_dim 128 has no registers
-    for three.
+    padding and cost no more diagonal tiles than two consumers' 128-row items, so they beat the two-consumer
+    forward at every T measured (docs/benchmarks/attention_gpu.md). Otherwise three consumers take 192-row
+    items, which pay only where they pad T by at most 4% more than 128-row ones do, and only from T 768 on
+    (below it they lose to two consumers). Head_dim 128 has no registers for three.
 
     >>> forward_layout(64, 512, 3)
     {'FWD_CONSUMERS': 3, 'FWD_GQA_PACK': 1}
@@ -91,13 +90,6 @@ def use_sm90() -> bool:
     return hopper and choice != "mma"
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-
-
 def _forward_smem(head_dim: int, q_stages: int, kv_stages: int, consumers: int = 2) -> int:
     """q_stages x Q (BM = 64 consumers, D) + kv_stages x (K, V) (BN, D) + an O staging tile (64, D) a
     consumer, bf16, the barriers (2 per buffer, 8 bytes each), + 1024 to align."""
@@ -110,8 +102,6 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **
     (B, S, Hkv, D) bf16, written in place: one persistent block per SM (at most one per work item).
     `tuning`: extra -D defines (timing experiments: Q_STAGES, KV_STAGES, FWD_PINGPONG, FWD_CONSUMERS,
     FWD_GQA_PACK)."""
-    import cupy
-
     B, T, Hq, D = q16.shape
     group = Hq // k16.shape[2]  # query heads a kv head
     defines = {
@@ -129,7 +119,7 @@ def forward(q16: Any, k16: Any, v16: Any, causal: bool, out16: Any, lse: Any, **
     smem = _forward_smem(D, defines["Q_STAGES"], defines["KV_STAGES"], consumers)
     function = loaded_function(get_kernel_sm90a(_SOURCE, "flash_attention_forward_sm90", **defines), smem)
     work = (T + rows - 1) // rows * (Hq // heads) * B
-    grid = (min(work, _sm_count(cupy.cuda.runtime.getDevice())), 1, 1)
+    grid = (min(work, sm_count()), 1, 1)
     maps = (head_rows_map(q16, rows), head_rows_map(k16, _BN), head_rows_map(v16, _BN))
     args = (head_rows_map(out16, 64), lse, *maps, *kernel_sizes(q16, k16, causal), np.int32(B))
     launch(function, grid, (128 * (1 + consumers), 1, 1), args, smem)  # a producer warpgroup + the consumers

@@ -2,8 +2,8 @@
 cuBLASLt's first TUNE_CANDIDATES heuristic candidates, each timed once per kind of product (sizes,
 transposes, output type, pointer alignment) the first time that kind runs outside a CUDA graph capture.
 
-cublasGemmEx's default choice is poor for some of a model's shapes: on an H200 the 116M model's k and v
-projections (16,384 x 768 x 256) run at about half the speed of cuBLASLt's best candidate. A cuBLASLt
+cublasGemmEx's default choice is poor for some of a model's shapes, narrow ones such as the k and v
+projections of a model with few kv heads (docs/benchmarks/train_gpu.md has the timings). A cuBLASLt
 algorithm replaces cublasGemmEx only when it is TUNE_MARGIN faster, so close timings do not flip a kind's
 choice from one run to the next. Either way the sums are float32 and a bf16 output is rounded once
 (cuBLASLt's split-K partial sums are kept out of bf16: cublaslt.REDUCTION_IN_FLOAT32). Another algorithm

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda import cast, fp8
-from euler_kernels.cuda._module import GRID_CAP, THREADS, blocks, contiguous, get_kernel
+from euler_kernels.cuda._module import THREADS, blocks, contiguous, get_kernel, grid_cap, sm_count
 
 # (vectorised, x + branch added in front, bf16 out) -> forward kernel
 _FORWARD = {
@@ -43,14 +43,19 @@ _BACKWARD = {
 
 
 # the backward's grid: few blocks, as each adds its dweight sums once (tune_rmsnorm_gpu.py --blocks)
-BACKWARD_BLOCKS = 132 * 2
+BACKWARD_BLOCKS_PER_SM = 2
+
+
+def backward_blocks() -> int:
+    """The most blocks of the backward's grid on the current GPU: BACKWARD_BLOCKS_PER_SM an SM."""
+    return BACKWARD_BLOCKS_PER_SM * sm_count()
 
 
 def _rmsnorm_vec(C: int) -> dict[str, int]:
     """The vectorised kernels' defines for rows of C (C = 128 * n, n <= 16), or {} for the general ones:
     float4 pieces per warp's lane, and warps per row, a power of two leaving at most four pieces a thread
-    (fewer registers, more rows in flight: on an H200 the C = 2048 backward ran 150 us with one warp a
-    row, 116 with two, 84 with four: benchmarks/tune_rmsnorm_gpu.py)."""
+    (fewer registers, more rows in flight: the widest rows' backward is fastest with four warps a row;
+    benchmarks/tune_rmsnorm_gpu.py, its figures in docs/benchmarks/train_gpu.md)."""
     if C % 128 or C > 2048:
         return {}
     pieces = C // 128
@@ -93,7 +98,7 @@ def _rmsnorm_forward(
     out = cupy.empty(x.shape, dtype=cupy.uint16 if bf16_out else cupy.float32)
     rstd = cupy.empty((N,), dtype=cupy.float32)
     vec = _rmsnorm_vec(C)
-    grid = (min(blocks(N, _rows_per_block(vec)), GRID_CAP),)
+    grid = (min(blocks(N, _rows_per_block(vec)), grid_cap()),)
     add, total = (), None
     if branch is not None:  # the residual connection fused in front: the kernel also writes x + branch
         total = cupy.empty_like(x)
@@ -130,7 +135,7 @@ def rmsnorm_backward(
     dx = cupy.empty_like(x)
     dweight = cupy.zeros((C,), dtype=cupy.float32)
     vec = _rmsnorm_vec(C)
-    grid = (min(blocks(N, _rows_per_block(vec)), BACKWARD_BLOCKS),)
+    grid = (min(blocks(N, _rows_per_block(vec)), backward_blocks()),)
     add = () if dx_add is None else (cupy.ascontiguousarray(dx_add),)
     if dout.dtype == cupy.uint16 and not vec:  # the general kernels read float32 only
         dout = cast.from_bf16(dout)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from euler_kernels.cuda._module import GRID_CAP, blocks, contiguous, get_kernel, token_stride
+from euler_kernels.cuda._module import blocks, contiguous, get_kernel, grid_cap, token_stride
 
 # the kernel reading eight pairs per thread in 16-byte pieces, for each one reading a value at a time
 _VEC8 = {
@@ -50,6 +50,6 @@ def rope_rotate(
         name, block = _VEC8[name], (lanes, 256 // lanes)
     else:  # blocks of (32 pair lanes, 8 rows)
         block = (32, 8)
-    grid = (min(blocks(n_rows, block[1]), GRID_CAP),)
+    grid = (min(blocks(n_rows, block[1]), grid_cap()),)
     get_kernel("rope.cu", name)(grid, block, (*args, np.float32(direction), *strides))
     return out

@@ -175,5 +175,5 @@ def adamw_update_ctl(
 def _fused(params: list[Any], ms: list[Any], vs: list[Any], grads: list[Any]) -> bool:
     """Whether one multi-tensor launch takes them: float32 CuPy state, float32 or bf16 gradients."""
     tensors = [*params, *ms, *vs]
-    state = bool(tensors) and cuda.fused(*tensors) and all(t.flags.c_contiguous for t in tensors)
+    state = bool(tensors) and cuda.float32_on_gpu(*tensors) and all(t.flags.c_contiguous for t in tensors)
     return state and cuda.fused_grads(*grads)

@@ -110,7 +110,8 @@ def attention_forward(
         flash_attention.check_head_dim("attention_forward", q.shape[-1])  # bf16 has no other path
         out, lse = flash_attention.flash_attention_forward_bf16(q, k, v, causal)  # bf16 (B, T, Hq, D), lse
         return out, ("cuda", q, k, v, out, lse, causal)
-    if cuda.fused(q, k, v) and flash_attention.flash_attention_supports(q.shape[-1]):  # hand-written kernel
+    # the hand-written kernel
+    if cuda.float32_on_gpu(q, k, v) and flash_attention.flash_attention_supports(q.shape[-1]):
         out, lse = flash_attention.flash_attention_forward(q, k, v, causal)  # (B, T, Hq, D), (B, Hq, T)
         return out, ("cuda", q, k, v, out, lse, causal)
     xp = get_array_module(q)

@@ -77,7 +77,8 @@ def cross_entropy_forward(
     t = targets.reshape(-1)  # (N,)
     w = _weights(xp, z, t, loss_mask, ignore_index)  # (N,)
     t_safe = xp.where(t == ignore_index, 0, t)  # ignored rows read column 0, weighted by 0
-    if cuda.fused(z) or is_bf16(z):  # one kernel per pass; only the log-sum-exp per row is kept, no host sync
+    # one kernel per pass; only the log-sum-exp per row is kept, no host sync
+    if cuda.float32_on_gpu(z) or is_bf16(z):
         t_safe = t_safe.astype(xp.int64, copy=False)
         nll, lse = cross_entropy_cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
         denom = xp.maximum(w.sum(), 1.0)  # device scalar

@@ -37,7 +37,7 @@ def decode_attention_kernel(k_cache: Any, n_heads: int, new_tokens: int = 1) -> 
     """Whether decode_attention_forward runs its kernel for this cache (B, Hkv, S, D), Hq query heads and T
     new tokens a row: then it reads each row's own slots itself and `window` does not matter."""
     _, hkv, _, d = k_cache.shape
-    return cuda.fused(k_cache) and decode_cuda.decode_attention_fits(d, n_heads, hkv, new_tokens)
+    return cuda.float32_on_gpu(k_cache) and decode_cuda.decode_attention_fits(d, n_heads, hkv, new_tokens)
 
 
 def decode_attention_forward(
@@ -100,7 +100,7 @@ def decode_attention_forward(
         masks = None if tree is None else draft_tree.ancestors(tree)
         out = decode_cuda.decode_attention(rows, k_cache, v_cache, pos, cos, sin, n_heads, bf16_out, masks)
     else:
-        if bf16_out and not cuda.fused(qkv):
+        if bf16_out and not cuda.float32_on_gpu(qkv):
             raise ValueError("decode_attention_forward: bf16_out needs float32 CuPy arrays")
         out = _reference(rows, k_cache, v_cache, pos, cos, sin, n_heads, window or s, tree)
         out = cast.as_bf16(out) if bf16_out else out

@@ -117,7 +117,7 @@ def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool) -
         return False
     floats = [a for a in (norm, residual) if a is not None]
     storage_ok = all(is_bf16(a) or a.dtype == np.float32 for a in (x, weight))
-    storage_ok = storage_ok and (not floats or cuda.fused(*floats))
+    storage_ok = storage_ok and (not floats or cuda.float32_on_gpu(*floats))
     exact = is_bf16(weight) or gemm.matmul_precision() not in (*gemm.BF16_MODES, "bf16fast")
     contiguous = residual is None or residual.flags.c_contiguous
     fits = decode_linear_cuda.decode_linear_fits(x, weight, norm, swiglu)

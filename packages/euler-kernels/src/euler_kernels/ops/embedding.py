@@ -43,7 +43,7 @@ def embedding_backward(dout: Any, cache: tuple) -> Any:
         raise shape_error(
             "embedding_backward", f"dout must be tokens.shape + ({wshape[1]},)", dout=dout, tokens=tokens
         )
-    if cuda.fused(dout) and dtype == np.float32:  # one kernel, atomics: no update is lost
+    if cuda.float32_on_gpu(dout) and dtype == np.float32:  # one kernel, atomics: no update is lost
         return embedding_cuda.embedding_backward(dout, tokens, wshape[0])
     flat = tokens.reshape(-1)  # (N,)
     rows = dout.reshape(-1, wshape[1]).astype(dtype, copy=False)  # (N, C)

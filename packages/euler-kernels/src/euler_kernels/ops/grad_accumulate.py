@@ -27,7 +27,8 @@ def accumulate_scaled_many(dst: list[Any], src: list[Any], share: Any, accumulat
         raise ValueError("accumulate_scaled_many: dst and src must be lists of arrays of the same shapes")
     if not dst:
         return
-    on_device = all(cuda.fused(d, share) and d.flags.c_contiguous for d in dst) and cuda.fused_grads(*src)
+    dst_on_device = all(cuda.float32_on_gpu(d, share) and d.flags.c_contiguous for d in dst)
+    on_device = dst_on_device and cuda.fused_grads(*src)
     if on_device:
         grad_accumulate.scale_into_many(dst, src, share, accumulate)
         return

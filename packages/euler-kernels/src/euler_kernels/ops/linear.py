@@ -37,7 +37,7 @@ def linear_forward(
     if bf16_out:
         raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, EULER_MATMUL_PRECISION=bf16)")
     kept = x if keep_input else None
-    if cuda.fused(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
+    if cuda.float32_on_gpu(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
         out = gemm.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
         return out.reshape(*x.shape[:-1], weight.shape[0]), (kept, weight)
     out = x @ weight.T  # (..., C_out)
@@ -67,13 +67,13 @@ def _bf16_product(x: Any, weight: Any) -> bool:
     """Whether x @ weight.T runs on the bf16 tensor cores: x or weight is bf16, or both are float32 CuPy
     arrays in bf16 mode."""
     bf16_mode = gemm.matmul_precision() in gemm.BF16_MODES  # fp8: the products without an FP8 weight
-    return is_bf16(x) or is_bf16(weight) or (cuda.fused(x, weight) and bf16_mode)
+    return is_bf16(x) or is_bf16(weight) or (cuda.float32_on_gpu(x, weight) and bf16_mode)
 
 
 def _check(x: Any, weight: Any) -> None:
     if is_bf16(x) or is_bf16(weight):  # the other one: bf16 too, or a float32 CuPy array
         for name, a in (("x", x), ("weight", weight)):
-            if not (is_bf16(a) or cuda.fused(a)):
+            if not (is_bf16(a) or cuda.float32_on_gpu(a)):
                 raise ValueError(f"linear_forward: with a bf16 operand, {name} must be bf16 or float32 CuPy")
     else:
         check_float("linear_forward", x=x, weight=weight)
@@ -164,7 +164,7 @@ def linear_backward(
         raise shape_error("linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, weight=weight)
     _check_into(dx_into, x_shape)
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
-    if cuda.fused(dout, weight) and (dx_into is None or cuda.fused(dx_into)):
+    if cuda.float32_on_gpu(dout, weight) and (dx_into is None or cuda.float32_on_gpu(dx_into)):
         into = None if dx_into is None else dx_into.reshape(-1, weight.shape[1])
         dx = gemm.gemm(_c(d2), _c(weight), out=into).reshape(x_shape)  # (..., C_in)
         dx = dx if dx_into is None else dx_into
@@ -198,7 +198,7 @@ def linear_weight_grad(dout: Any, cache: tuple, x: Any = None, bf16_dweight: boo
         )
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
     x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
-    if cuda.fused(dout, x, weight):
+    if cuda.float32_on_gpu(dout, x, weight):
         return gemm.gemm(_c(d2), _c(x2), trans_a=True)  # (C_out, C_in)
     return d2.T @ x2  # (C_out, C_in)
 

@@ -82,7 +82,7 @@ def muon_update(
             raise ValueError(f"muon_update: needs matrices of one shape, got {p.shape}, {m.shape}, {g.shape}")
         if is_bf16(g):  # the momentum kernel reads float32 (train.bf16_grads is AdamW's)
             raise ValueError("muon_update: needs float32 gradients, got bf16 (set train.bf16_grads=false)")
-    if params and cuda.fused(*params, *bufs, *grads, control, hyper):
+    if params and cuda.float32_on_gpu(*params, *bufs, *grads, control, hyper):
         scratch = scratch or muon_scratch(params)
         for shape, members in shape_groups(params).items():
             stack = scratch[shape]  # (n, r, c): row i is members[i]'s update

@@ -39,7 +39,7 @@ def newton_schulz(
     """
     if g.ndim not in (2, 3):
         raise ValueError(f"newton_schulz: needs a 2-D matrix or a 3-D stack, got shape {g.shape}")
-    if cuda.fused(g):
+    if cuda.float32_on_gpu(g):
         return newton_schulz_cuda.newton_schulz_bf16(
             g if g.flags.c_contiguous else g.copy(), steps, coefficients, eps
         )

@@ -2,8 +2,8 @@
 where they lie in the product's rows.
 
 One product of the joint (W, C) weight, W = (Hq + 2 Hkv) D, runs the narrow k and v projections at the wide
-product's rate, and so do their dx and dweight products in the backward: on an H200 the three bf16 products
-of the 116M preset's q, k and v take about twice the time of the one joint product. A bf16 step keeps the
+product's rate, and so do their dx and dweight products in the backward: a narrow product runs well below a
+wide one's rate (docs/benchmarks/train_gpu.md times the three products against the one). A bf16 step keeps the
 three weights' copies one after another in one allocation (`to_bf16_many`), so the joint weight is a view
 (`stacked_rows`), and dweight comes back joint: its row blocks are the three weights' gradients.
 

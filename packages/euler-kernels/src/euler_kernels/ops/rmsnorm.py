@@ -28,7 +28,7 @@ def rmsnorm_forward(
     check_float("rmsnorm_forward", x=x, weight=weight)
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
-    if cuda.fused(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x and weight
+    if cuda.float32_on_gpu(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x, weight
         out, rstd = rmsnorm_cuda.rmsnorm_forward(x, weight, eps, bf16_out, amax)
         return out, ("cuda", x, weight, rstd)
     if bf16_out or amax is not None:

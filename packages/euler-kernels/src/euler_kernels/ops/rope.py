@@ -81,11 +81,11 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = F
     """
     if check_activations("rope_forward", x=x) == "bf16":
         check_float("rope_forward", cos=cos, sin=sin)
-        if not cuda.fused(cos, sin):
+        if not cuda.float32_on_gpu(cos, sin):
             raise ValueError("rope_forward: a bf16 x needs float32 CuPy cos/sin tables")
     else:
         check_float("rope_forward", x=x, cos=cos, sin=sin)
-    if is_bf16(x) or cuda.fused(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
+    if is_bf16(x) or cuda.float32_on_gpu(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
         _check_tables("rope_forward", x, cos, sin, offset)
         cache = ("cuda", cos, sin, offset, x.shape, is_bf16(x))
         return rope_cuda.rope_rotate(x, cos, sin, offset, 1.0, out=x if in_place else None), cache

@@ -27,7 +27,7 @@ def step_control(sum_squares: Any, loss: Any, hyper: Any, max_norm: float, out: 
     >>> [round(float(c), 4) for c in step_control(np.array([16.0]), np.float32(2.0), hyper, max_norm=1.0)]
     [0.25, 1.0, 0.1, 0.5, 0.25, 4.0]
     """
-    if cuda.fused(hyper):
+    if cuda.float32_on_gpu(hyper):
         return multi_tensor.step_control(sum_squares, loss, hyper, max_norm, out=out)
     xp = get_array_module(hyper)
     ss, lossf, h = (np.asarray(a.get() if hasattr(a, "get") else a) for a in (sum_squares, loss, hyper))

@@ -37,7 +37,7 @@ def swiglu_forward(gate: Any, up: Any, amax: Any = None) -> tuple[Any, tuple]:
     kind = check_activations("swiglu_forward", gate=gate, up=up)
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
-    if kind == "bf16" or cuda.fused(gate, up):
+    if kind == "bf16" or cuda.float32_on_gpu(gate, up):
         return swiglu_cuda.swiglu_forward(gate, up, amax), ("cuda", gate, up)
     if amax is not None:
         raise ValueError("swiglu_forward: amax needs the GPU kernels (float32 or bf16 CuPy arrays)")
