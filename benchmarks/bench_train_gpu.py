@@ -41,6 +41,7 @@ like in precision, so the loss check's tolerance is FP8's; MFU still against the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -56,11 +57,11 @@ from euler_kernels.cuda import gemm_tuned
 from euler_model import count_params, init_params, loss_and_grads
 from euler_model.blocks import fp8_scale_formats
 from euler_train.comm import Comm
-from euler_train.config import ConfigError, resolve_config
+from euler_train.config import ConfigError, TrainConfig, resolve_config
 from euler_train.graph_step import GraphStep
 from euler_train.optimizer import make_optimizer
 from euler_train.runspec import model_overrides
-from euler_train.step import EagerStep
+from euler_train.step import EagerStep, StepOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import torch_loss, torch_tables
@@ -83,7 +84,7 @@ def bench_config(args) -> tuple[dict, object]:
     overrides = list(args.set) + ([f"model.context={args.context}"] if args.context else [])
     flags = {"run.precision": args.precision} if args.precision else {}  # checked with the [train] keys
     cfg = resolve_config(args.preset, overrides=overrides, flags=flags)
-    return cfg, euler_model.preset(cfg["model"]["preset"], **model_overrides(cfg))
+    return cfg, euler_model.preset(cfg.model["preset"], **model_overrides(cfg))
 
 
 def euler_step_fn(
@@ -91,7 +92,7 @@ def euler_step_fn(
     params,
     tokens,
     targets,
-    train: dict,
+    train: TrainConfig,
     lr=3e-4,
     max_norm=1.0,
     graph=False,
@@ -104,15 +105,15 @@ def euler_step_fn(
     slab, else served by a pool as it comes), with the run config's [train] settings (optimizer,
     recompute) and `changes` to them; returns (step, its runner)."""
     params = {k: v.copy() for k, v in params.items()}
-    train = {**train, **changes}
-    if train["optimizer"] != "adamw":  # bf16 gradients are AdamW's (train.bf16_grads)
-        train["bf16_grads"] = False
+    train = dataclasses.replace(train, **changes)
+    if train.optimizer != "adamw":  # bf16 gradients are AdamW's (train.bf16_grads)
+        train.bf16_grads = False
     opt = make_optimizer(params, train)
     # train.fp8_scaling = "delayed" (--set, with --precision fp8): SwiGLU casts with delayed scales; the
     # graph's dry run measures their first maxima, an eager runner's first step does
-    scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.get("fp8_scaling") == "delayed" else None
-    options = (max_norm, train["recompute"], scales, train["keep_activations"], train["bf16_grads"])
-    args = (cfg, params, opt, Comm(), *options)
+    scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.fp8_scaling == "delayed" else None
+    options = dataclasses.replace(StepOptions.from_train(train), max_norm=max_norm)
+    args = (cfg, params, opt, Comm(), options, scales)
     runner = GraphStep(*args, planned_memory=planned, memory_sites=sites) if graph else EagerStep(*args)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
 
@@ -328,8 +329,8 @@ def main() -> None:
         run, cfg = bench_config(args)
     except (ConfigError, ValueError) as err:
         sys.exit(f"bench_train_gpu: {err}")
-    precision = args.precision or ("bf16" if run["run"]["precision"] == "bf16" else "tf32")
-    batch = args.batch or run["train"]["batch_size"]
+    precision = args.precision or ("bf16" if run.run.precision == "bf16" else "tf32")
+    batch = args.batch or run.train.batch_size
     bf16 = precision in ("bf16", "fp8")  # fp8: PyTorch's side is its bf16 step
     os.environ["EULER_MATMUL_PRECISION"] = precision  # read per call by euler-kernels' gemm
     peak = BF16_PEAK if bf16 else TF32_PEAK
@@ -339,14 +340,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     tokens = cp.asarray(rng.integers(0, cfg.vocab_size, (batch, cfg.context)))
     targets = cp.asarray(rng.integers(0, cfg.vocab_size, (batch, cfg.context + cfg.n_mtp_heads - 1)))
-    train = run["train"]
+    train = run.train
     print(
         f"{torch.cuda.get_device_name()}: preset {args.preset} ({count_params(cfg) / 1e6:.1f}M params; dim "
         f"{cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}, {cfg.n_layers} layers, ffn "
         f"{cfg.ffn_dim}, vocab {cfg.vocab_size}, K {cfg.n_mtp_heads}), B={batch}, T={cfg.context}, "
-        f"optimizer {train['optimizer']}{', recompute' if train['recompute'] else ''}"
-        f"{', activations kept' if train['keep_activations'] and bf16 else ''}"
-        f"{', bf16 weight gradients' if train['bf16_grads'] else ''}, "
+        f"optimizer {train.optimizer}{', recompute' if train.recompute else ''}"
+        f"{', activations kept' if train.keep_activations and bf16 else ''}"
+        f"{', bf16 weight gradients' if train.bf16_grads else ''}, "
         + {
             "fp8": "fp8 (ours: bf16 activations, MLP and heads in FP8; PyTorch: bf16 autocast)",
             "bf16": "bf16 (ours: bf16 activations; PyTorch: autocast)",
@@ -396,7 +397,7 @@ def main() -> None:
     print_gemm_choices()
     del graph_step, graph
     if args.recompute:  # the cost of re-making each layer's activations in the backward, and what it saves
-        rerun = not train["recompute"]
+        rerun = not train.recompute
         step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, recompute=rerun)
         sec = timed(step, args.steps)
         mem = graph_bytes(runner)

@@ -96,10 +96,10 @@ def resolve(args: argparse.Namespace) -> tuple[RunSpec, str, str]:
         setattr(args, name, None)  # flags the twin does not take (init, gpus, ckpt_every, ...)
     cfg = config_from_args(args)
     spec = plan_run(cfg, args.out, "pretrain")
-    device = args.torch_device or ("cuda" if cfg["run"]["device"] == "gpu" else "cpu")
-    if cfg["run"]["device"] == "auto" and not args.torch_device:
+    device = args.torch_device or ("cuda" if cfg.run.device == "gpu" else "cpu")
+    if cfg.run.device == "auto" and not args.torch_device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    precision = args.torch_precision or cfg["run"]["precision"]
+    precision = args.torch_precision or cfg.run.precision
     if precision not in ("fp32", "tf32"):
         raise ConfigError(f"the twin runs fp32 or tf32, not {precision!r}")
     if device == "cpu" and precision != "fp32":
@@ -117,14 +117,12 @@ class TorchTwin:
 
     def __init__(self, spec: RunSpec, device: str, precision: str) -> None:
         self.spec, self.device, self.precision = spec, torch.device(device), precision
-        self.cfg, self.mcfg, tcfg = spec.cfg, spec.mcfg, spec.cfg["train"]
-        world = spec.cfg["run"]["gpus"]  # data-parallel ranks, emulated here one after the other
+        self.cfg, self.mcfg, tcfg = spec.cfg, spec.mcfg, spec.cfg.train
+        world = spec.cfg.run.gpus  # data-parallel ranks, emulated here one after the other
         self.ranks: list[Batches] = [
             make_batches(self.cfg, self.mcfg, "pretrain", r, world) for r in range(world)
         ]
-        init = euler_model.init_params(
-            self.mcfg, seed=tcfg["seed"]
-        )  # the very weights euler-train starts from
+        init = euler_model.init_params(self.mcfg, seed=tcfg.seed)  # the very weights euler-train starts from
         self.params = {k: torch.nn.Parameter(torch.from_numpy(v).to(self.device)) for k, v in init.items()}
         self.opts = self.optimizers(tcfg)
         self.cos, self.sin = (t.to(self.device) for t in torch_tables(self.mcfg))
@@ -134,19 +132,19 @@ class TorchTwin:
     def optimizers(self, tcfg: dict[str, Any]) -> list[tuple[Any, float]]:
         """(optimizer, peak-lr factor) pairs: AdamW over every weight (decay on ndim >= 2), or with
         train.optimizer = "muon" torch.optim.Muon over euler's Muon group at muon_lr / lr x the lr."""
-        muon = set(muon_names(self.params)) if tcfg["optimizer"] == "muon" else set()
+        muon = set(muon_names(self.params)) if tcfg.optimizer == "muon" else set()
         rest = {n: p for n, p in self.params.items() if n not in muon}
         groups = [
-            {"params": [p for p in rest.values() if p.ndim >= 2], "weight_decay": tcfg["weight_decay"]},
+            {"params": [p for p in rest.values() if p.ndim >= 2], "weight_decay": tcfg.weight_decay},
             {"params": [p for p in rest.values() if p.ndim < 2], "weight_decay": 0.0},
         ]
-        betas, fused = (tcfg["beta1"], tcfg["beta2"]), self.device.type == "cuda"
-        out = [(torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=tcfg["eps"], fused=fused), 1.0)]
+        betas, fused = (tcfg.beta1, tcfg.beta2), self.device.type == "cuda"
+        out = [(torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=tcfg.eps, fused=fused), 1.0)]
         if muon:
             matrices = [self.params[n] for n in self.params if n in muon]
-            opt = torch.optim.Muon(matrices, lr=0.0, weight_decay=tcfg["weight_decay"],
-                                   momentum=tcfg["muon_momentum"], nesterov=True)  # fmt: skip
-            out.append((opt, tcfg["muon_lr"] / tcfg["lr"]))
+            opt = torch.optim.Muon(matrices, lr=0.0, weight_decay=tcfg.weight_decay,
+                                   momentum=tcfg.muon_momentum, nesterov=True)  # fmt: skip
+            out.append((opt, tcfg.muon_lr / tcfg.lr))
         return out
 
     def tensors(self, batch: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,7 +155,7 @@ class TorchTwin:
 
     def step(self, step: int) -> dict[str, Any]:
         """Optimizer step `step` (0-based): micro-batches x ranks averaged by loss tokens, clip, AdamW."""
-        tcfg = self.cfg["train"]
+        tcfg = self.cfg.train
         micro = [b.train(step, i) for b in self.ranks for i in range(b.grad_accum)]
         weights = [float(t.size) for t, _, _ in micro]  # pretrain: every token is a loss token
         total = sum(weights)
@@ -169,13 +167,13 @@ class TorchTwin:
             (loss * (w / total)).backward()
             loss_sum += float(loss.detach()) * (w / total)
         params = list(self.params.values())
-        clip = tcfg["grad_clip"] if tcfg["grad_clip"] > 0 else math.inf  # inf: the norm, no scaling
+        clip = tcfg.grad_clip if tcfg.grad_clip > 0 else math.inf  # inf: the norm, no scaling
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        lr = lr_at(step, tcfg["lr"], tcfg["min_lr"], tcfg["warmup_steps"], tcfg["steps"])
+        lr = lr_at(step, tcfg.lr, tcfg.min_lr, tcfg.warmup_steps, tcfg.steps)
         row = {"step": step + 1, "loss": loss_sum, "lr": lr, "grad_norm": norm}
         if not (math.isfinite(loss_sum) and math.isfinite(norm)):
             what = "loss" if not math.isfinite(loss_sum) else "gradient"
-            if tcfg["on_nonfinite"] == "stop":
+            if tcfg.on_nonfinite == "stop":
                 raise FloatingPointError(
                     f"non-finite {what} at step {step + 1} (loss={loss_sum}, norm={norm})"
                 )
@@ -196,7 +194,7 @@ class TorchTwin:
             return {}
         mtp_sum = head0_sum = weight = 0.0
         for batches in self.ranks:
-            for i in range(self.cfg["eval"]["batches"]):
+            for i in range(self.cfg.eval.batches):
                 tokens, targets, mask = self.tensors(batches.val(i))
                 w = float(tokens.numel())
                 mtp_sum += w * float(
@@ -222,7 +220,7 @@ class TorchTwin:
             return None
         m = self.mcfg
         matmul_params = euler_model.count_params(m) - m.vocab_size * m.dim
-        world = self.cfg["run"]["gpus"]
+        world = self.cfg.run.gpus
         return flops_per_token(matmul_params, m.n_layers, m.dim, m.context) * tokens_per_s / (peak * world)
 
     def sync(self) -> None:
@@ -231,10 +229,10 @@ class TorchTwin:
 
     def run(self, print_every: int) -> dict[str, Any]:
         """Train to train.steps, writing metrics rows exactly when euler-train writes them."""
-        cfg, total = self.cfg, self.cfg["train"]["steps"]
+        cfg, total = self.cfg, self.cfg.train.steps
         self.spec.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.spec.run_dir / "config.toml")
-        every, eval_every = cfg["log"]["every"], cfg["eval"]["every"]
+        every, eval_every = cfg.log.every, cfg.eval.every
         last: dict[str, Any] = {}
         train_s, start = 0.0, time.perf_counter()
         with MetricsLogger(self.spec.run_dir, tensorboard=False) as log:
@@ -281,14 +279,14 @@ def progress_line(row: dict[str, Any], total: int) -> str:
 
 
 def describe(twin: TorchTwin) -> str:
-    m, t = twin.mcfg, twin.cfg["train"]
-    world = twin.cfg["run"]["gpus"]
-    per_step = t["batch_size"] * t["grad_accum"] * world * m.context
+    m, t = twin.mcfg, twin.cfg.train
+    world = twin.cfg.run.gpus
+    per_step = t.batch_size * t.grad_accum * world * m.context
     return (
-        f"torch_twin pretrain: {twin.cfg['model']['preset']} model, "
+        f"torch_twin pretrain: {twin.cfg.model['preset']} model, "
         f"{euler_model.count_params(m):,} parameters, "
-        f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {t['batch_size']} x "
-        f"accum {t['grad_accum']} x {world} ranks), {t['steps']} steps on torch {torch.__version__} "
+        f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {t.batch_size} x "
+        f"accum {t.grad_accum} x {world} ranks), {t.steps} steps on torch {torch.__version__} "
         f"{twin.device.type} ({twin.precision})"
     )
 
@@ -306,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = tf32
     twin = TorchTwin(spec, device, precision)
     print(describe(twin), flush=True)
-    print_every = args.print_every or max(1, spec.cfg["train"]["steps"] // 20)
+    print_every = args.print_every or max(1, spec.cfg.train.steps // 20)
     try:
         summary = twin.run(print_every)
     except FloatingPointError as err:

@@ -10,7 +10,7 @@ the order of the row's sums changes). The launcher's rule (cuda/rmsnorm.py `_rms
 these figures chose.
 
 --blocks times instead the backward the bf16 step runs (bf16 dout, the residual's gradient added, a bf16
-copy of dx) with grids of 1, 2, 4 and 8 blocks an SM (rmsnorm.BACKWARD_BLOCKS: few blocks, as each adds
+copy of dx) with grids of 1, 2, 4 and 8 blocks an SM (rmsnorm.BACKWARD_BLOCKS_PER_SM: few blocks, as each adds
 its dweight sums with atomics once; more blocks, more rows in flight).
 """
 
@@ -43,9 +43,8 @@ def run_team(team: int, x, branch, dout, add, weight) -> tuple[float, float, lis
 
 
 def run_blocks() -> None:
-    """The step's backward (bf16 dout, add, bf16 copy) with BACKWARD_BLOCKS of 1, 2, 4, 8 blocks an SM."""
-    chosen = rmsnorm.BACKWARD_BLOCKS
-    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    """The step's backward (bf16 dout, add, bf16 copy) with grids of 1, 2, 4, 8 blocks an SM."""
+    chosen = rmsnorm.BACKWARD_BLOCKS_PER_SM
     for width, n in WIDTHS:
         rng = cp.random.default_rng(0)
         x, add = (rng.standard_normal((n, width), dtype=cp.float32) for _ in range(2))
@@ -56,12 +55,12 @@ def run_blocks() -> None:
         line = []
         try:
             for per_sm in (1, 2, 4, 8):
-                rmsnorm.BACKWARD_BLOCKS = sms * per_sm
+                rmsnorm.BACKWARD_BLOCKS_PER_SM = per_sm
                 ms = queued_ms(backward)
                 moved = n * width * (2 + 4 + 4 + 4 + 2)  # dout, x, add in; dx, dx16 out
                 line.append(f"{per_sm} a SM {1000 * ms:6.1f} us ({moved / ms / 1e6:5.0f} GB/s)")
         finally:
-            rmsnorm.BACKWARD_BLOCKS = chosen
+            rmsnorm.BACKWARD_BLOCKS_PER_SM = chosen
         print(f"C {width:5} x {n:5} rows, the step's backward: " + "; ".join(line))
 
 

@@ -16,7 +16,7 @@ from euler_train.comm import Comm
 from euler_train.config import resolve_config
 from euler_train.graph_step import GraphStep
 from euler_train.optimizer import AdamW
-from euler_train.step import EagerStep
+from euler_train.step import EagerStep, StepOptions
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -34,12 +34,12 @@ def run_steps(runner_kind, opt_kind, monkeypatch, lrs=(3e-3, 2e-3, 1e-3)):
     monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = euler_model.preset("tiny", dim=128, n_heads=2, n_kv_heads=1, context=64)
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=3).items()}
-    t = {**resolve_config("tiny")["train"], "weight_decay": 0.1}
-    opt = opt_kind(params, t["beta1"], t["beta2"], t["eps"], t["weight_decay"])
+    t = resolve_config("tiny").train
+    opt = opt_kind(params, t.beta1, t.beta2, t.eps, 0.1)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg.vocab_size, (4, 64))
     micro = [(tokens, rng.integers(0, cfg.vocab_size, (4, 64 + cfg.n_mtp_heads - 1)), None)]
-    runner = runner_kind(cfg, params, opt, Comm(), 1.0)
+    runner = runner_kind(cfg, params, opt, Comm(), StepOptions(max_norm=1.0))
     losses = []
     for lr in lrs:
         loss, _, applied = runner.run(micro, [1.0], opt.hyper(lr, enable=lr > 0))

@@ -13,7 +13,7 @@ from euler_train.comm import Comm
 from euler_train.config import resolve_config
 from euler_train.graph_step import GraphStep
 from euler_train.optimizer import AdamW
-from euler_train.step import EagerStep
+from euler_train.step import EagerStep, StepOptions
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -56,9 +56,9 @@ def test_product_weights_get_bf16_gradients_of_the_float32_values(precision, mtp
 
 
 def _train(cfg, params, runner_kind, micro_count: int, bf16_grads: bool, steps: int = 3):
-    t = resolve_config("tiny")["train"]
-    opt = AdamW(params, t["beta1"], t["beta2"], t["eps"], 0.1)
-    runner = runner_kind(cfg, params, opt, Comm(), 1.0, bf16_grads=bf16_grads)
+    t = resolve_config("tiny").train
+    opt = AdamW(params, t.beta1, t.beta2, t.eps, 0.1)
+    runner = runner_kind(cfg, params, opt, Comm(), StepOptions(max_norm=1.0, bf16_grads=bf16_grads))
     losses = []
     for step in range(steps):
         micro = _micro(cfg, micro_count, seed=step)

@@ -57,7 +57,7 @@ def euler_train(*argv: str | bytes, **kw) -> subprocess.CompletedProcess:
 
 def sampled_bytes(run: Path, prompt: bytes) -> bytes:
     """What `generate GENERATE` samples, computed in this process with the same code and seed."""
-    from euler_train.chat import generate_bytes, load_for_sampling
+    from euler_train.sampling import generate_bytes, load_for_sampling
 
     args = argparse.Namespace(max_new_tokens=50, temperature=1.0, top_k=260, top_p=1.0, seed=3)
     args.repetition_penalty = 1.0
@@ -90,7 +90,7 @@ def test_generate_to_a_pipe_writes_the_sampled_bytes_exactly(byte_run):
 def test_generate_on_a_terminal_shows_replacement_characters(byte_run):
     import pty
 
-    from euler_train.chat import for_terminal
+    from euler_train.sampling import for_terminal
 
     run, _ = byte_run
     master, slave = pty.openpty()

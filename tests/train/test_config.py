@@ -28,16 +28,17 @@ else:
 @pytest.mark.parametrize("name", sorted(PRESETS), ids=lambda n: f"preset-{n}")
 def test_every_preset_resolves_and_names_its_model_preset(name) -> None:
     cfg = resolve_config(name)
-    assert cfg["model"]["preset"] == name
-    assert set(cfg) == set(DEFAULTS)
+    assert cfg.model["preset"] == name
+    sections = cfg.to_dict()
+    assert set(sections) == set(DEFAULTS)
     for section, keys in DEFAULTS.items():
-        assert set(keys) <= set(cfg[section])
+        assert set(keys) <= set(sections[section])
 
 
 def test_presets_differ_where_they_should() -> None:
     tiny, small, gpu = resolve_config("tiny"), resolve_config("small"), resolve_config("gpu")
-    assert small["train"]["steps"] > tiny["train"]["steps"]
-    assert gpu["run"]["device"] == "gpu" and tiny["run"]["device"] == "cpu"
+    assert small.train.steps > tiny.train.steps
+    assert gpu.run.device == "gpu" and tiny.run.device == "cpu"
 
 
 def test_parse_value_reads_toml_literals_and_falls_back_to_strings() -> None:
@@ -53,14 +54,14 @@ def test_override_order_preset_then_file_then_set_then_flags() -> None:
     cfg = resolve_config(
         "tiny", base, ["train.lr=2e-3", "train.seed=5"], {"train.seed": 9, "train.steps": None}
     )
-    assert cfg["train"]["lr"] == 2e-3  # --set beats the file
-    assert cfg["train"]["steps"] == 7  # the file beats the preset; a None flag changes nothing
-    assert cfg["train"]["seed"] == 9  # a plain flag beats --set
+    assert cfg.train.lr == 2e-3  # --set beats the file
+    assert cfg.train.steps == 7  # the file beats the preset; a None flag changes nothing
+    assert cfg.train.seed == 9  # a plain flag beats --set
 
 
 def test_int_where_float_expected_is_accepted() -> None:
     cfg = resolve_config("tiny", overrides=["train.lr=1"])
-    assert cfg["train"]["lr"] == 1.0 and isinstance(cfg["train"]["lr"], float)
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def test_saved_config_reads_back_identically(tmp_path, name) -> None:
     cfg = resolve_config(name, overrides=['data.dir="/tmp/with \\"quotes\\""', "model.n_layers=3"])
     save_config(cfg, tmp_path / "config.toml")
     back = tomllib.loads((tmp_path / "config.toml").read_text())
-    assert back == cfg
+    assert back == cfg.to_dict()
     assert resolve_config(name, back) == cfg
 
 
@@ -130,7 +131,7 @@ def test_dumps_round_trips_any_valid_values(lr, steps, path, flag) -> None:
             "log": {"tensorboard": flag},
         },
     )
-    assert tomllib.loads(dumps(cfg)) == cfg
+    assert tomllib.loads(dumps(cfg)) == cfg.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -144,6 +145,6 @@ def test_dumps_round_trips_any_valid_values(lr, steps, path, flag) -> None:
 def test_bf16_grads_are_refused_where_nothing_reads_them(override, key) -> None:
     """Muon, ZeRO's shards and the all-reduce read float32 gradients: bf16 ones are refused up front."""
     base = ["run.device=gpu", "run.precision=bf16", "train.bf16_grads=true"]
-    assert resolve_config("tiny", overrides=base)["train"]["bf16_grads"] is True
+    assert resolve_config("tiny", overrides=base).train.bf16_grads is True
     with pytest.raises(ConfigError, match=f"needs {key}"):
         resolve_config("tiny", overrides=[*base, override])

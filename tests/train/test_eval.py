@@ -15,9 +15,9 @@ import pytest
 
 from euler_data.sft import read_sft
 from euler_train.batches import bytes_per_token
-from euler_train.chat import load_for_sampling
 from euler_train.evals.multiple_choice import item_logprobs, read_items
 from euler_train.evals.scoring import Row, score_rows
+from euler_train.sampling import load_for_sampling
 from tests.train.conftest import docstrings
 
 torch = pytest.importorskip("torch")

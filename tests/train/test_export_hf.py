@@ -13,7 +13,7 @@ import pytest
 
 from euler_data import CHAT_TEMPLATE, encode_chat
 from euler_model.hf import FILE_MODE, MTP_FILE
-from euler_train.chat import load_for_sampling
+from euler_train.sampling import load_for_sampling
 from tests.train.conftest import docstrings
 
 torch = pytest.importorskip("torch")

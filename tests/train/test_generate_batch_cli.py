@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from euler_train.chat import load_for_sampling
 from euler_train.cli import main
 from euler_train.evals.chat import greedy_reply, replies, reply_start, val_examples
+from euler_train.sampling import load_for_sampling
 
 PROMPTS = ["The module", "Return", "", "naïve café", "word " * 80]  # the last one is cut to the context
 

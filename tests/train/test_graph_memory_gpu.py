@@ -14,6 +14,7 @@ from euler_train.config import resolve_config
 from euler_train.graph_memory import AllocationRecord, PlannedAllocator, plan_offsets, plan_record
 from euler_train.graph_step import GraphStep
 from euler_train.optimizer import AdamW
+from euler_train.step import StepOptions
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -25,9 +26,10 @@ def run_steps(planned, monkeypatch, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
     monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = euler_model.preset("tiny", dim=256, n_heads=4, n_kv_heads=2, n_layers=3, context=128)
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=3).items()}
-    t = resolve_config("tiny")["train"]
-    opt = AdamW(params, t["beta1"], t["beta2"], t["eps"], 0.1)
-    runner = GraphStep(cfg, params, opt, Comm(), 1.0, False, None, keep, True, planned_memory=planned)
+    t = resolve_config("tiny").train
+    opt = AdamW(params, t.beta1, t.beta2, t.eps, 0.1)
+    options = StepOptions(max_norm=1.0, keep_activations=keep, bf16_grads=True)
+    runner = GraphStep(cfg, params, opt, Comm(), options, planned_memory=planned)
     rng = np.random.default_rng(0)
     losses = []
     for lr in lrs:

@@ -58,7 +58,7 @@ def test_the_cpu_update_spread_over_worker_threads_is_the_one_call_update() -> N
     params = euler_model.init_params(cfg, seed=0)
     rng = np.random.default_rng(0)
     grads = {n: rng.standard_normal(p.shape).astype(p.dtype) for n, p in params.items()}
-    opt = Muon({n: p.copy() for n, p in params.items()}, resolve_config("small")["train"])
+    opt = Muon({n: p.copy() for n, p in params.items()}, resolve_config("small").train)
     spread = {n: p.copy() for n, p in params.items()}
     hyper = opt.hyper(2e-3)
     control = np.array([0.8, 1.0, *hyper[:3], 1.0], np.float32)  # grad scale, apply, lr, bc1, bc2, norm

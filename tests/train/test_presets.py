@@ -20,7 +20,7 @@ from euler_train.config import ConfigError, resolve_config
 from euler_train.graph_step import GraphStep
 from euler_train.metrics import read_metrics
 from euler_train.optimizer import make_optimizer
-from euler_train.step import EagerStep
+from euler_train.step import EagerStep, StepOptions
 
 # issue 18's table: dim, q / kv heads, head size, layers, ffn, vocab, K, context
 SHAPES = {
@@ -47,9 +47,9 @@ def test_the_presets_have_the_issues_shapes_and_parameter_counts(name) -> None:
     # the issue names them by 338M and 856M
     assert round(count / 1e6) == {"350m": 338, "1b": 856}[name]
     run = resolve_config(name)
-    assert run["model"]["preset"] == name
-    assert (run["run"]["device"], run["run"]["precision"]) == ("gpu", "bf16")
-    assert run["train"]["min_lr"] < run["train"]["lr"] <= 3e-4
+    assert run.model["preset"] == name
+    assert (run.run.device, run.run.precision) == ("gpu", "bf16")
+    assert run.train.min_lr < run.train.lr <= 3e-4
 
 
 def test_the_cli_lists_and_takes_the_presets(cli) -> None:
@@ -57,7 +57,7 @@ def test_the_cli_lists_and_takes_the_presets(cli) -> None:
     assert proc.returncode == 0
     assert "350m" in proc.stdout and "1b" in proc.stdout
     args = build_parser().parse_args(["pretrain", "--out", "R", "--preset", "1b"])
-    assert config_from_args(args)["model"]["preset"] == "1b"
+    assert config_from_args(args).model["preset"] == "1b"
     proc = cli("pretrain", "--out", "R", "--preset", "2b")
     assert proc.returncode == 2 and "350m" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -96,7 +96,7 @@ def test_the_memory_check_refuses_a_preset_that_does_not_fit_before_any_work(
     need = float(line.split("needs about ")[1].split(" GiB")[0])
     # the dataset's 320-token vocabulary replaces the preset's, as with every preset
     cfg = euler_model.preset(name, vocab_size=320)
-    est = euler_model.step_memory(cfg, resolve_config(name)["train"]["batch_size"])
+    est = euler_model.step_memory(cfg, resolve_config(name).train.batch_size)
     assert need == pytest.approx(est["total"] / 2**30, abs=0.05)
     assert need > 4
     assert snapshot(run) == []
@@ -142,7 +142,7 @@ def test_the_refusal_suggests_the_setting_with_which_it_would_fit(key, monkeypat
     device = "cpu" if precision == "fp32" else "gpu"
     run = [f"run.device='{device}'", f"run.precision='{precision}'", *overrides]
     cfg = resolve_config("350m", overrides=run)
-    assert cfg["train"][key] is not value  # the preset's own setting, or the override's
+    assert getattr(cfg.train, key) is not value  # the preset's own setting, or the override's
     mcfg = euler_model.preset("350m")
     need = euler_model.step_memory(mcfg, 16, **as_set)["total"]
     fits = euler_model.step_memory(mcfg, 16, **changed)["total"]
@@ -151,29 +151,29 @@ def test_the_refusal_suggests_the_setting_with_which_it_would_fit(key, monkeypat
     monkeypatch.setattr(memory_check, "available_bytes", lambda device: (have, "available host memory"))
     with pytest.raises(ConfigError, match=suggestion):
         memory_check.check_memory(cfg, mcfg, FakeHost())
-    cfg["train"][key] = value
+    setattr(cfg.train, key, value)
     assert memory_check.check_memory(cfg, mcfg, FakeHost())["total"] == fits
 
 
 def test_the_large_presets_keep_their_activations_unless_told_not_to() -> None:
     for name in ("350m", "1b"):
-        assert resolve_config(name)["train"]["keep_activations"] is True
+        assert resolve_config(name).train.keep_activations is True
         off = resolve_config(name, overrides=["train.keep_activations=false"])
-        assert off["train"]["keep_activations"] is False
+        assert off.train.keep_activations is False
     with pytest.raises(ConfigError, match=r"train\.keep_activations must be bool"):
         resolve_config("tiny", overrides=["train.keep_activations='yes'"])
 
 
 def test_the_bf16_presets_take_bf16_weight_gradients_unless_told_not_to() -> None:
     for name in ("350m", "1b"):
-        assert resolve_config(name)["train"]["bf16_grads"] is True
-        assert resolve_config(name, overrides=["train.bf16_grads=false"])["train"]["bf16_grads"] is False
-    assert resolve_config("gpu")["train"]["bf16_grads"] is False  # TF32 products: float32 gradients
+        assert resolve_config(name).train.bf16_grads is True
+        assert resolve_config(name, overrides=["train.bf16_grads=false"]).train.bf16_grads is False
+    assert resolve_config("gpu").train.bf16_grads is False  # TF32 products: float32 gradients
     # the preset's default gives way to the run's own choices; an explicit setting is checked
     for run in (["run.precision='tf32'"], ["train.optimizer='muon'"], ["run.gpus=2"]):
-        assert resolve_config("1b", overrides=run)["train"]["bf16_grads"] is False, run
+        assert resolve_config("1b", overrides=run).train.bf16_grads is False, run
     on_cpu = resolve_config("1b", flags={"run.precision": "fp32", "run.device": "cpu"})
-    assert on_cpu["train"]["bf16_grads"] is False
+    assert on_cpu.train.bf16_grads is False
     with pytest.raises(ConfigError, match=r"train\.bf16_grads needs bf16 or fp8 products"):
         resolve_config("350m", overrides=["train.bf16_grads=true"], flags={"run.precision": "tf32"})
 
@@ -183,8 +183,8 @@ def test_recompute_flag_and_key_are_the_same_setting() -> None:
     flag = config_from_args(parser.parse_args(["pretrain", "--out", "R", "--recompute"]))
     key = config_from_args(parser.parse_args(["pretrain", "--out", "R", "--set", "train.recompute=true"]))
     off = config_from_args(parser.parse_args(["pretrain", "--out", "R"]))
-    assert flag["train"]["recompute"] is key["train"]["recompute"] is True
-    assert off["train"]["recompute"] is False
+    assert flag.train.recompute is key.train.recompute is True
+    assert off.train.recompute is False
     with pytest.raises(ConfigError, match=r"train\.recompute must be bool"):
         resolve_config("tiny", overrides=["train.recompute=1"])
 
@@ -228,8 +228,9 @@ def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatc
     out = []
     for captured, recompute in ((True, False), (False, False), (True, True)):
         params = {k: v.copy() for k, v in base.items()}
-        opt = make_optimizer(params, resolve_config("gpu")["train"])
-        step = (GraphStep if captured else EagerStep)(cfg, params, opt, Comm(), 1.0, recompute)
+        opt = make_optimizer(params, resolve_config("gpu").train)
+        options = StepOptions(max_norm=1.0, recompute=recompute)
+        step = (GraphStep if captured else EagerStep)(cfg, params, opt, Comm(), options)
         losses = []
         for _ in range(4):
             loss, _, applied = step.run(micro, [1.0], opt.hyper(3e-4))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from euler_bpe import Tokenizer
-from euler_train.chat import decode_stream, encode_prompt, fit_history, load_for_sampling
+from euler_train.chat import fit_history
 from euler_train.cli import main
+from euler_train.sampling import decode_stream, encode_prompt, load_for_sampling
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import euler_model
 from euler_train.comm import Comm
 from euler_train.config import resolve_config
 from euler_train.optimizer import make_optimizer
-from euler_train.step import EagerStep, StepBuffers
+from euler_train.step import EagerStep, StepBuffers, StepOptions
 
 
 def setup(seed: int = 0):
@@ -24,8 +24,8 @@ def setup(seed: int = 0):
 
 def step_grads(cfg, params, micro: list[tuple], shares: list[float]) -> tuple[float, dict]:
     """The step's loss and gradients with its update disabled (the weights stay as they are)."""
-    opt = make_optimizer(params, resolve_config("tiny")["train"])
-    step = EagerStep(cfg, params, opt, Comm(), 0.0)
+    opt = make_optimizer(params, resolve_config("tiny").train)
+    step = EagerStep(cfg, params, opt, Comm(), StepOptions(max_norm=0.0))
     loss, _, applied = step.run(micro, shares, opt.hyper(1e-3, enable=False))
     assert not applied
     return loss, step.buf.grads

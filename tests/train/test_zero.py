@@ -6,6 +6,7 @@ The two-rank worlds are CPU processes over the socket stand-in for NCCL (EULER_C
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -30,13 +31,13 @@ class RankOf(Comm):
 
 def tiny_params() -> tuple[dict, dict]:
     cfg = resolve_config("tiny")
-    return euler_model.init_params(euler_model.preset("tiny", vocab_size=320), seed=0), cfg["train"]
+    return euler_model.init_params(euler_model.preset("tiny", vocab_size=320), seed=0), cfg.train
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_state_names_are_the_optimizers_keys(optimizer) -> None:
     params, tcfg = tiny_params()
-    tcfg = {**tcfg, "optimizer": optimizer}
+    tcfg = dataclasses.replace(tcfg, optimizer=optimizer)
     state = make_optimizer(params, tcfg).state_tensors()
     names = state_names(params, tcfg)
     assert set(names) == set(state)
@@ -46,7 +47,7 @@ def test_state_names_are_the_optimizers_keys(optimizer) -> None:
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_each_rank_keeps_a_disjoint_share_of_about_half_the_state(optimizer) -> None:
     params, tcfg = tiny_params()
-    tcfg = {**tcfg, "optimizer": optimizer}
+    tcfg = dataclasses.replace(tcfg, optimizer=optimizer)
     full = make_optimizer(params, tcfg).state_tensors()
     shares = [ShardedOptimizer(params, tcfg, RankOf(r, 2)).inner.state_tensors() for r in (0, 1)]
     assert not set(shares[0]) & set(shares[1]) and set(shares[0]) | set(shares[1]) == set(full)

@@ -1,7 +1,7 @@
 """The euler CLI and its parts: run config, trainer, checkpoints, schedule.
 
 >>> from euler_train import resolve_config, lr_at
->>> resolve_config("small")["model"]["preset"], lr_at(0, 1.0, 0.1, 10, 100)
+>>> resolve_config("small").model["preset"], lr_at(0, 1.0, 0.1, 10, 100)
 ('small', 0.1)
 """
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import euler_model
-from euler_train.chat import (
+from euler_train.config import ConfigError
+from euler_train.sampling import (
     END,
     EOT,
     SamplingModel,
@@ -29,7 +30,6 @@ from euler_train.chat import (
     stop_ids,
     stream_bytes,
 )
-from euler_train.config import ConfigError
 
 
 def _jsonl_prompt(line: str, where: str) -> str:

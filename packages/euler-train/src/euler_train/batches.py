@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import euler_data
-from euler_train.config import ConfigError
+from euler_train.config import ConfigError, RunConfig
 
 
 def check_kind(folder: Path, mode: str) -> None:
@@ -82,19 +82,19 @@ def _triple(batch: tuple) -> tuple[Any, Any, Any]:
     return tokens, targets, mask
 
 
-def make_batches(cfg: dict, mcfg: Any, kind: str, rank: int, world_size: int) -> Batches:
+def make_batches(cfg: RunConfig, mcfg: Any, kind: str, rank: int, world_size: int) -> Batches:
     """Build the train/val loaders of a pretrain or SFT set for this rank."""
-    folder = Path(cfg["data"]["dir"])
+    folder = Path(cfg.data.dir)
     common = dict(
         context=mcfg.context,
         extra_targets=mcfg.n_mtp_heads,  # windows of T + K tokens: targets (B, T + K - 1)
-        batch_size=cfg["train"]["batch_size"],
-        seed=cfg["train"]["seed"],
+        batch_size=cfg.train.batch_size,
+        seed=cfg.train.seed,
         rank=rank,
         world_size=world_size,
     )
     cls = euler_data.SFTLoader if kind == "sft" else euler_data.PretrainLoader
     train = cls(folder, split="train", **common)
-    val = cls(folder, split="val", **common) if cfg["eval"]["enabled"] else None  # plan_run checked it
+    val = cls(folder, split="val", **common) if cfg.eval.enabled else None  # plan_run checked it
     bpt = bytes_per_token(euler_data.read_meta(folder), "val") if kind == "pretrain" else None
-    return Batches(train, val, cfg["train"]["grad_accum"], bpt)
+    return Batches(train, val, cfg.train.grad_accum, bpt)

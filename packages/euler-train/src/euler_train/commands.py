@@ -15,20 +15,19 @@ from euler_bpe import Tokenizer
 from euler_data import CHAT_TEMPLATE, DataError, FolderBusy, FolderUnwritable, hold_folder
 from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.batch_generate import check_batch_args, write_batch_generation
-from euler_train.chat import (
-    ASSISTANT,
-    END,
-    EOT,
-    USER,
-    chat_repl,
-    load_for_sampling,
-    note_if_not_tuned,
-    write_generation,
-)
+from euler_train.chat import chat_repl
 from euler_train.check import run_check as check
 from euler_train.checkpoint import STATE, CheckpointError, read_state
 from euler_train.comm import EXIT_LOST_RANK, CommError
-from euler_train.config import PRESETS, ConfigError, cpu_world, load_toml, recorded_config, resolve_config
+from euler_train.config import (
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    cpu_world,
+    load_toml,
+    recorded_config,
+    resolve_config,
+)
 from euler_train.device import setup_device
 from euler_train.distributed import env_world, holds_run_lock, init_comm, spawn
 from euler_train.evals.command import run_eval as evaluate
@@ -37,11 +36,20 @@ from euler_train.modelio import TOKENIZER, check_export_folder, load_model, writ
 from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
 from euler_train.report import write_report
 from euler_train.runspec import plan_run
+from euler_train.sampling import (
+    ASSISTANT,
+    END,
+    EOT,
+    USER,
+    load_for_sampling,
+    note_if_not_tuned,
+    write_generation,
+)
 from euler_train.signals import StopFlag
 from euler_train.trainer import EXIT_NONFINITE, NonFiniteError, Trainer
 
 
-def config_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def config_from_args(args: argparse.Namespace) -> RunConfig:
     """preset -> RUN/config.toml when resuming -> --config -> --set -> plain flags. Without --preset the
     preset is the one of those files, or for sft the one data.init was trained with. A resumed run keeps
     its preset (plan_run records or refuses the other changes)."""
@@ -93,12 +101,12 @@ def run_training(args: argparse.Namespace, argv: list[str]) -> int:
     lock = hold_folder(args.out, f"euler-train {args.command}") if holds_run_lock(rank) else nullcontext()
     with lock:
         cfg = config_from_args(args)
-        launching = cfg["run"]["gpus"] > 1 and world == 1
+        launching = cfg.run.gpus > 1 and world == 1
         # checked before spawning too: a bad plan is one line and exit 2 from the launcher, not N workers'
-        processes = cfg["run"]["gpus"] if launching else world
+        processes = cfg.run.gpus if launching else world
         spec = plan_run(cfg, args.out, args.command, args.resume, args.overwrite, processes)
         if launching:
-            return spawn(cfg["run"]["gpus"], argv)
+            return spawn(cfg.run.gpus, argv)
         if args.resume and rank == 0:
             say_resumed(spec)
         return _train(spec, local)
@@ -122,13 +130,13 @@ def say_resumed(spec: Any) -> None:
 
 def _train(spec: Any, local_rank: int) -> int:
     try:
-        device = setup_device(spec.cfg["run"]["device"], spec.cfg["run"]["precision"], local_rank)
+        device = setup_device(spec.cfg.run.device, spec.cfg.run.precision, local_rank)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(str(err)) from None
-    if spec.cfg["run"]["gpus"] > 1 and device.kind != "gpu" and not cpu_world():
+    if spec.cfg.run.gpus > 1 and device.kind != "gpu" and not cpu_world():
         raise ConfigError("run.gpus > 1 needs GPUs (NCCL); this process resolved to the CPU")
-    check_memory(spec.cfg, spec.mcfg, device, processes=spec.cfg["run"]["gpus"])
-    comm = init_comm(spec.cfg["run"]["gpus"], spec.run_dir)
+    check_memory(spec.cfg, spec.mcfg, device, processes=spec.cfg.run.gpus)
+    comm = init_comm(spec.cfg.run.gpus, spec.run_dir)
     stop = StopFlag()
     try:
         trainer = Trainer(spec, device, comm)

@@ -1,11 +1,12 @@
 """Run configuration: TOML presets, `--set key=value` overrides, validation that names the key.
 
-A run config is a two-level dict `{section: {key: value}}`. The defaults below define every key and its
-type; `[model]` is the exception: besides `preset` it takes any field of euler-model's `ModelConfig`, which
-euler-model validates itself (see `validate_model_section`).
+A run config is a `RunConfig`: one dataclass per TOML table, whose fields are every key with its default
+and type (the one place defaults are written); `[model]` is the exception: besides `preset` it takes any
+field of euler-model's `ModelConfig`, which euler-model validates when the run is planned. Presets, files
+and `--set` are merged as TOML-shaped dicts, then checked once and made a RunConfig.
 
 >>> cfg = resolve_config("tiny", overrides=["train.lr=3e-4"])
->>> cfg["train"]["lr"]
+>>> cfg.train.lr
 0.0003
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,65 +33,121 @@ class ConfigError(ValueError):
 HISTORY = "history"
 
 
+@dataclass
+class DataConfig:
+    """[data]: what a run reads."""
+
+    dir: str = ""  # dataset folder made by euler-data (pretrain) or the SFT set folder (sft)
+    init: str = ""  # sft: checkpoint folder to start from
+
+
+@dataclass
+class TrainConfig:
+    """[train]: the optimizer, its schedule and the step."""
+
+    steps: int = 50  # optimizer steps
+    batch_size: int = 4  # sequences per micro-batch per process
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float = 3e-4  # floor of the cosine decay
+    warmup_steps: int = 5  # linear warmup from 0 to lr
+    weight_decay: float = 0.1  # decoupled, on matrices only (ndim >= 2)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' matrices, AdamW for the rest
+    muon_lr: float = 0.02  # Muon's peak learning rate (same schedule as lr); x sqrt(max(1, rows/cols))
+    muon_momentum: float = 0.95  # Muon's Nesterov momentum
+    seed: int = 0  # every random choice is a function of (seed, step)
+    on_nonfinite: str = "stop"  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
+    cuda_graph: bool = True  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
+    zero: int = 0  # 1: ZeRO stage 1, each process keeps its share of the optimizer state (zero.py)
+    recompute: bool = False  # keep only each layer's input, re-run the layer in the backward (less memory)
+    # bf16 / fp8: keep each norm's output and the SwiGLU product for the backward instead of re-making
+    # them there (faster, 2C + F more bf16 values per token and layer)
+    keep_activations: bool = False
+    # bf16 / fp8 with AdamW on one GPU: the gradients of the layers' matrices and the heads are bf16, as
+    # autocast's are before their cast (less to write and to read, 2 bytes a weight less memory)
+    bf16_grads: bool = False
+    # run.precision fp8: "current" casts each FP8 operand with its own maximum (a cast pass a tensor);
+    # "delayed": SwiGLU writes its FP8 outputs directly, scaled from their last 16 steps' maxima
+    fp8_scaling: str = "current"
+
+
+@dataclass
+class EvalConfig:
+    """[eval]: validation loss and bits per byte during training."""
+
+    every: int = 25  # steps between evaluations (and at the last step); 0: only at the last step
+    batches: int = 4  # validation batches per evaluation
+    enabled: bool = True  # false (--no-eval): never evaluate, e.g. for a dataset without a val split
+
+
+@dataclass
+class CheckpointConfig:
+    """[checkpoint]: when checkpoints are written and which are kept."""
+
+    every: int = 25  # steps between checkpoints (and at the last step); 0: only at the end
+    keep_last: int = 3  # newest checkpoints kept
+    keep_best: bool = True  # also keep the one with the lowest validation loss
+
+
+@dataclass
+class LogConfig:
+    """[log]: what a run shows and writes besides checkpoints."""
+
+    every: int = 1  # steps between metrics.jsonl lines
+    tensorboard: bool = True  # write event files when tensorboardX is installed
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class DeviceConfig:
+    """[run]: where and in what precision a run computes."""
+
+    device: str = "cpu"  # cpu | gpu | auto
+    precision: str = "fp32"  # fp32 | tf32 | bf16 | fp8 (GPU only for tf32 / bf16 / fp8)
+    gpus: int = 1  # data-parallel processes, one per GPU
+    memory_check: bool = True  # refuse a step whose estimated memory exceeds what is available
+
+
+@dataclass
+class RunConfig:
+    """A resolved run config, one typed section per TOML table (`config.toml` is `dumps` of it).
+
+    model: `preset` plus any field of euler-model's `ModelConfig` as an override (e.g. n_layers = 2),
+    which euler-model validates itself when the run is planned (runspec.build_model_config).
+    """
+
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    run: DeviceConfig = field(default_factory=DeviceConfig)
+
+    @classmethod
+    def from_dict(cls, sections: dict[str, dict[str, Any]]) -> RunConfig:
+        """From validated sections (every key present, of its type)."""
+        kinds = {f.name: f.default_factory for f in fields(cls)}
+        return cls(**{name: dict(sections[name]) if name == "model" else kinds[name](**sections[name])
+                      for name in kinds})  # fmt: skip
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The sections as plain dicts, in TOML's order."""
+        return asdict(self)
+
+    def value(self, dotted: str) -> Any:
+        """The value of a `section.key`, e.g. cfg.value("train.lr")."""
+        section, key = dotted.split(".")
+        values = getattr(self, section)
+        return values[key] if isinstance(values, dict) else getattr(values, key)
+
+
 # Every key of a run config, with its default; the default's type is the key's type.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"preset": "tiny"},  # plus any ModelConfig field as an override, e.g. n_layers = 2
-    "data": {
-        "dir": "",  # dataset folder made by euler-data (pretrain) or the SFT set folder (sft)
-        "init": "",  # sft: checkpoint folder to start from
-    },
-    "train": {
-        "steps": 50,  # optimizer steps
-        "batch_size": 4,  # sequences per micro-batch per process
-        "grad_accum": 1,  # micro-batches per optimizer step
-        "lr": 3e-3,  # peak learning rate
-        "min_lr": 3e-4,  # floor of the cosine decay
-        "warmup_steps": 5,  # linear warmup from 0 to lr
-        "weight_decay": 0.1,  # decoupled, on matrices only (ndim >= 2)
-        "beta1": 0.9,
-        "beta2": 0.95,
-        "eps": 1e-8,
-        "grad_clip": 1.0,  # global-norm clipping; 0 disables
-        "optimizer": "adamw",  # "adamw", or "muon": Muon for the blocks' matrices, AdamW for the rest
-        "muon_lr": 0.02,  # Muon's peak learning rate (same schedule as lr); x sqrt(max(1, rows/cols))
-        "muon_momentum": 0.95,  # Muon's Nesterov momentum
-        "seed": 0,  # every random choice is a function of (seed, step)
-        "on_nonfinite": "stop",  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
-        "cuda_graph": True,  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
-        "zero": 0,  # 1: ZeRO stage 1, each process keeps its share of the optimizer state (zero.py)
-        "recompute": False,  # keep only each layer's input, re-run the layer in the backward (less memory)
-        # bf16 / fp8: keep each norm's output and the SwiGLU product for the backward instead of re-making
-        # them there (faster, 2C + F more bf16 values per token and layer)
-        "keep_activations": False,
-        # bf16 / fp8 with AdamW on one GPU: the gradients of the layers' matrices and the heads are bf16, as
-        # autocast's are before their cast (less to write and to read, 2 bytes a weight less memory)
-        "bf16_grads": False,
-        # run.precision fp8: "current" casts each FP8 operand with its own maximum (a cast pass a tensor);
-        # "delayed": SwiGLU writes its FP8 outputs directly, scaled from their last 16 steps' maxima
-        "fp8_scaling": "current",
-    },
-    "eval": {
-        "every": 25,  # steps between evaluations (and at the last step); 0: only at the last step
-        "batches": 4,  # validation batches per evaluation
-        "enabled": True,  # false (--no-eval): never evaluate, e.g. for a dataset without a val split
-    },
-    "checkpoint": {
-        "every": 25,  # steps between checkpoints (and at the last step); 0: only at the end
-        "keep_last": 3,  # newest checkpoints kept
-        "keep_best": True,  # also keep the one with the lowest validation loss
-    },
-    "log": {
-        "every": 1,  # steps between metrics.jsonl lines
-        "tensorboard": True,  # write event files when tensorboardX is installed
-        "progress": True,  # tqdm progress bar
-    },
-    "run": {
-        "device": "cpu",  # cpu | gpu | auto
-        "precision": "fp32",  # fp32 | tf32 | bf16 | fp8 (GPU only for tf32 / bf16 / fp8)
-        "gpus": 1,  # data-parallel processes, one per GPU
-        "memory_check": True,  # refuse a step whose estimated memory exceeds what is available
-    },
-}
+DEFAULTS: dict[str, dict[str, Any]] = RunConfig().to_dict()
 
 # Presets: only what differs from DEFAULTS.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -251,9 +309,9 @@ def resolve_config(
     overrides: list[str] | None = None,
     flags: dict[str, Any] | None = None,
     mode: str = "pretrain",
-) -> dict[str, dict[str, Any]]:
+) -> RunConfig:
     """Preset (with sft_overlay when mode is "sft") -> TOML file contents (`base`) -> `--set` overrides ->
-    plain flags; then validate.
+    plain flags; then validate (types, choices, ranges) and check the rules across keys.
 
     `flags` maps dotted keys to values (None entries are ignored), e.g. {"train.steps": 10}.
     A preset's train.bf16_grads gives way to the run's own settings where they do not allow it (say,
@@ -272,13 +330,11 @@ def resolve_config(
             section, key = dotted.split(".")
             merge(cfg, {section: {key: value}}, f"--{key.replace('_', '-')}")
             chosen.add(dotted)
-    if "train.bf16_grads" not in chosen and cfg["train"]["bf16_grads"]:
-        try:
-            check_bf16_grads(cfg)
-        except ConfigError:
-            cfg["train"]["bf16_grads"] = False
-    validate(cfg)
-    return cfg
+    config = validate(cfg)
+    if "train.bf16_grads" not in chosen and config.train.bf16_grads and not bf16_grads_allowed(config):
+        config.train.bf16_grads = False
+    check_rules(config)
+    return config
 
 
 def cpu_world() -> bool:
@@ -296,8 +352,9 @@ def check_type(dotted: str, value: Any, default: Any) -> Any:
     return value
 
 
-def validate(cfg: dict[str, dict[str, Any]]) -> None:
-    """Types, choices and ranges of every key, in place (ints become floats where floats are expected)."""
+def validate(cfg: dict[str, dict[str, Any]]) -> RunConfig:
+    """Types, choices and ranges of every key (ints become floats where floats are expected), as a
+    RunConfig."""
     for section, keys in DEFAULTS.items():
         for key, default in keys.items():
             cfg[section][key] = check_type(f"{section}.{key}", cfg[section][key], default)
@@ -310,36 +367,42 @@ def validate(cfg: dict[str, dict[str, Any]]) -> None:
         low = 1 if dotted in POSITIVE else 0
         if cfg[section][key] < low:
             raise ConfigError(f"{dotted} must be >= {low}, got {cfg[section][key]!r}")
-    if cfg["train"]["min_lr"] > cfg["train"]["lr"]:
-        raise ConfigError(f"train.min_lr ({cfg['train']['min_lr']}) must not exceed train.lr")
+    return RunConfig.from_dict(cfg)
+
+
+def check_rules(cfg: RunConfig) -> None:
+    """The rules across keys, each with one message: the place every combination is checked."""
+    train, run = cfg.train, cfg.run
+    if train.min_lr > train.lr:
+        raise ConfigError(f"train.min_lr ({train.min_lr}) must not exceed train.lr")
     for beta in ("beta1", "beta2", "muon_momentum"):
-        if not 0.0 <= cfg["train"][beta] < 1.0:
-            raise ConfigError(f"train.{beta} must be in [0, 1), got {cfg['train'][beta]!r}")
-    if cfg["run"]["device"] == "cpu" and cfg["run"]["precision"] != "fp32":
-        raise ConfigError(f"run.precision={cfg['run']['precision']!r} needs run.device=gpu (CPU is fp32)")
-    if cfg["train"]["fp8_scaling"] == "delayed" and cfg["run"]["precision"] != "fp8":
+        if not 0.0 <= getattr(train, beta) < 1.0:
+            raise ConfigError(f"train.{beta} must be in [0, 1), got {getattr(train, beta)!r}")
+    if run.device == "cpu" and run.precision != "fp32":
+        raise ConfigError(f"run.precision={run.precision!r} needs run.device=gpu (CPU is fp32)")
+    if train.fp8_scaling == "delayed" and run.precision != "fp8":
         raise ConfigError(
-            f"train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "
-            f"{cfg['run']['precision']!r}"
+            "train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "
+            f"{run.precision!r}"
         )
     check_bf16_grads(cfg)
-    if cfg["run"]["device"] == "cpu" and cfg["run"]["gpus"] > 1 and not cpu_world():
-        raise ConfigError(f"run.gpus={cfg['run']['gpus']} needs run.device=gpu")
+    if run.device == "cpu" and run.gpus > 1 and not cpu_world():
+        raise ConfigError(f"run.gpus={run.gpus} needs run.device=gpu")
 
 
-def check_bf16_grads(cfg: dict[str, dict[str, Any]]) -> None:
+def check_bf16_grads(cfg: RunConfig) -> None:
     """train.bf16_grads: only where something reads bf16 gradients (AdamW's kernels on one GPU)."""
-    if not cfg["train"]["bf16_grads"]:
+    train, run = cfg.train, cfg.run
+    if not train.bf16_grads:
         return
-    train, run = cfg["train"], cfg["run"]
-    if run["precision"] not in ("bf16", "fp8"):
+    if run.precision not in ("bf16", "fp8"):
         raise ConfigError(
-            f"train.bf16_grads needs bf16 or fp8 products (run.precision bf16 or fp8), not {run['precision']}"
+            f"train.bf16_grads needs bf16 or fp8 products (run.precision bf16 or fp8), not {run.precision}"
         )
     clashes = {
-        "train.optimizer": (train["optimizer"], "adamw"),
-        "train.zero": (train["zero"], 0),
-        "run.gpus": (run["gpus"], 1),
+        "train.optimizer": (train.optimizer, "adamw"),
+        "train.zero": (train.zero, 0),
+        "run.gpus": (run.gpus, 1),
     }
     for dotted, (value, needed) in clashes.items():
         if value != needed:
@@ -347,6 +410,15 @@ def check_bf16_grads(cfg: dict[str, dict[str, Any]]) -> None:
                 f"train.bf16_grads is for AdamW on one GPU: it needs {dotted}={needed!r}, not {value!r} "
                 "(set train.bf16_grads=false)"
             )
+
+
+def bf16_grads_allowed(cfg: RunConfig) -> bool:
+    """Whether the rest of the config would allow train.bf16_grads = true."""
+    try:
+        check_bf16_grads(replace(cfg, train=replace(cfg.train, bf16_grads=True)))
+    except ConfigError:
+        return False
+    return True
 
 
 def format_value(value: Any) -> str:
@@ -362,10 +434,11 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def dumps(cfg: dict[str, dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
+def dumps(cfg: RunConfig | dict[str, dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
     """The config (and its `[[history]]` of changes) as TOML text that `tomllib` reads back the same."""
+    sections = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
     lines: list[str] = []
-    for section, values in cfg.items():
+    for section, values in sections.items():
         lines.append(f"[{section}]")
         lines += [f"{key} = {format_value(value)}" for key, value in values.items()]
         lines.append("")
@@ -376,7 +449,7 @@ def dumps(cfg: dict[str, dict[str, Any]], history: list[dict[str, Any]] = ()) ->
     return "\n".join(lines)
 
 
-def save_config(cfg: dict[str, dict[str, Any]], path: str | Path, history: list[dict[str, Any]] = ()) -> None:
+def save_config(cfg: RunConfig, path: str | Path, history: list[dict[str, Any]] = ()) -> None:
     """Write the resolved config, and the changes made to it on --resume, as TOML."""
     Path(path).write_text(dumps(cfg, history), encoding="utf-8")
 

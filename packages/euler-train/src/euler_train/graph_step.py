@@ -32,7 +32,7 @@ from euler_train.graph_memory import (
     peak_in_use,
     plan_record,
 )
-from euler_train.step import StepBuffers, bf16_weight_copies, train_step
+from euler_train.step import DEFAULT_OPTIONS, StepBuffers, StepOptions, bf16_weight_copies, train_step
 
 
 class GraphStep:
@@ -44,11 +44,8 @@ class GraphStep:
         params: dict[str, Any],
         opt: Any,
         comm: Any,
-        max_norm: float,
-        recompute: bool = False,
+        options: StepOptions = DEFAULT_OPTIONS,
         fp8_scales: Any = None,
-        keep_activations: bool = False,
-        bf16_grads: bool = False,
         planned_memory: bool = True,
         memory_sites: bool = False,
     ) -> None:
@@ -58,8 +55,7 @@ class GraphStep:
         import cupy as cp  # only on the GPU path
 
         self.cp, self.mcfg, self.params, self.opt, self.comm = cp, mcfg, params, opt, comm
-        self.max_norm, self.recompute, self.fp8_scales = max_norm, recompute, fp8_scales
-        self.keep_activations, self.bf16_grads = keep_activations, bf16_grads
+        self.options, self.fp8_scales = options, fp8_scales
         self.buf: StepBuffers | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()  # the graph's own: nothing else allocates from it
@@ -75,9 +71,9 @@ class GraphStep:
         self.copies: dict[str, Any] = {}  # bf16_weight_copies, made before the capture
 
     def _body(self) -> None:
-        layers = (self.keep_activations, self.bf16_grads)
-        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, *layers)
-        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
+        train_step(
+            self.mcfg, self.params, self.opt, self.comm, self.buf, self.options, self.fp8_scales, self.copies
+        )
 
     def _captured(self) -> Any:
         """The body captured on self.stream into a graph (nothing runs)."""

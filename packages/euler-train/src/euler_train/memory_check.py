@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import euler_model
-from euler_train.config import ConfigError, check_bf16_grads
+from euler_train.config import ConfigError, RunConfig, TrainConfig, bf16_grads_allowed
 
 
 def gib(n: float) -> str:
@@ -55,63 +56,56 @@ def _address_space_left() -> int | None:
     return max(0, limit - used)
 
 
-def check_memory(cfg: dict, mcfg: Any, device: Any, processes: int = 1) -> dict[str, int]:
+def check_memory(cfg: RunConfig, mcfg: Any, device: Any, processes: int = 1) -> dict[str, int]:
     """ConfigError when the estimated step (times `processes` sharing this host's RAM) exceeds what is
     available; returns the estimate otherwise."""
-    train = cfg["train"]
-    precision = cfg["run"]["precision"]
-    need = _estimate(mcfg, train["batch_size"], train, precision)
-    if not cfg["run"]["memory_check"]:
+    train = cfg.train
+    precision = cfg.run.precision
+    need = _estimate(mcfg, train.batch_size, train, precision)
+    if not cfg.run.memory_check:
         return need
     have, where = available_bytes(device)
     share = processes if device.kind == "cpu" else 1
     if need["total"] * share <= have:
         return need
-    smaller = range(train["batch_size"] - 1, 0, -1)
+    smaller = range(train.batch_size - 1, 0, -1)
     fits = [b for b in smaller if _total(mcfg, b, train, precision) * share <= have]
     lower = (
         f"lower train.batch_size to {fits[0]} (raise train.grad_accum to keep the tokens per step)"
         if fits
         else "lower model.context or the model's size (batch size 1 does not fit either)"
     )
-    rerun = {**train, "recompute": True}
-    if not train["recompute"] and _total(mcfg, train["batch_size"], rerun, precision) * share <= have:
+    rerun = replace(train, recompute=True)
+    if not train.recompute and _total(mcfg, train.batch_size, rerun, precision) * share <= have:
         lower = f"set train.recompute=true (--recompute: it fits then) or {lower}"
-    halved = {**train, "bf16_grads": True}
-    if _bf16_grads_allowed(cfg) and _total(mcfg, train["batch_size"], halved, precision) * share <= have:
+    halved = replace(train, bf16_grads=True)
+    if (
+        not cfg.train.bf16_grads
+        and bf16_grads_allowed(cfg)
+        and _total(mcfg, train.batch_size, halved, precision) * share <= have
+    ):
         lower = f"set train.bf16_grads=true (it fits then) or {lower}"
-    remade = {**train, "keep_activations": False}
-    if train["keep_activations"] and _total(mcfg, train["batch_size"], remade, precision) * share <= have:
+    remade = replace(train, keep_activations=False)
+    if train.keep_activations and _total(mcfg, train.batch_size, remade, precision) * share <= have:
         lower = f"set train.keep_activations=false (it fits then) or {lower}"
     state = need["weights"] + need["gradients"] + need["optimizer"]
     raise ConfigError(
         f"the step needs about {gib(need['total'] * share)} of {where} but {gib(have)} is available "
         f"(weights + gradients + AdamW {gib(state)}, activations {gib(need['activations'])} at batch "
-        f"{train['batch_size']} x context {mcfg.context}"
-        + (" with train.recompute" if train["recompute"] else "")
+        f"{train.batch_size} x context {mcfg.context}"
+        + (" with train.recompute" if train.recompute else "")
         + f", evaluation {gib(need['evaluation'])}"
         + (f", x {share} processes" if share > 1 else "")
         + f"): {lower}, or set run.memory_check=false to try anyway"
     )
 
 
-def _bf16_grads_allowed(cfg: dict) -> bool:
-    """Whether train.bf16_grads could be turned on for this run (off now, and config's rule allows it)."""
-    if cfg["train"]["bf16_grads"]:
-        return False
-    try:
-        check_bf16_grads({**cfg, "train": {**cfg["train"], "bf16_grads": True}})
-    except ConfigError:
-        return False
-    return True
-
-
-def _estimate(mcfg: Any, batch: int, train: dict, precision: str) -> dict[str, int]:
+def _estimate(mcfg: Any, batch: int, train: TrainConfig, precision: str) -> dict[str, int]:
     act = 2 if precision in ("bf16", "fp8") else 4  # bytes of an activation
     fp8 = precision == "fp8"
-    kept = (train["keep_activations"], train["bf16_grads"])
-    return euler_model.step_memory(mcfg, batch, train["grad_accum"], act, train["recompute"], fp8, *kept)
+    kept = (train.keep_activations, train.bf16_grads)
+    return euler_model.step_memory(mcfg, batch, train.grad_accum, act, train.recompute, fp8, *kept)
 
 
-def _total(mcfg: Any, batch: int, train: dict, precision: str) -> int:
+def _total(mcfg: Any, batch: int, train: TrainConfig, precision: str) -> int:
     return _estimate(mcfg, batch, train, precision)["total"]

@@ -27,6 +27,7 @@ from euler_kernels import (
     muon_update,
 )
 from euler_model.cpu_threads import cpu_workers, run_parts
+from euler_train.config import TrainConfig
 
 
 class AdamW:
@@ -148,12 +149,12 @@ class Muon:
 
     LR_SLOT = 4  # hyper = [lr, bc1, bc2, enable, muon lr]
 
-    def __init__(self, params: dict[str, Any], tcfg: dict[str, Any]) -> None:
+    def __init__(self, params: dict[str, Any], tcfg: TrainConfig) -> None:
         self.names = muon_names(params)
         others = {n: p for n, p in params.items() if n not in self.names}
-        self.adam = AdamW(others, tcfg["beta1"], tcfg["beta2"], tcfg["eps"], tcfg["weight_decay"])
-        self.ratio = tcfg["muon_lr"] / tcfg["lr"] if tcfg["lr"] > 0 else 0.0
-        self.momentum, self.weight_decay = tcfg["muon_momentum"], tcfg["weight_decay"]
+        self.adam = AdamW(others, tcfg.beta1, tcfg.beta2, tcfg.eps, tcfg.weight_decay)
+        self.ratio = tcfg.muon_lr / tcfg.lr if tcfg.lr > 0 else 0.0
+        self.momentum, self.weight_decay = tcfg.muon_momentum, tcfg.weight_decay
         self.bufs = {n: params[n] * 0 for n in self.names}  # momentum, zeros like the weights
         on_gpu = bool(self.names) and get_array_module(params[self.names[0]]) is not np
         self.scratch = muon_scratch([params[n] for n in self.names]) if on_gpu else None  # fixed addresses
@@ -212,16 +213,16 @@ class Muon:
             self.bufs[name] = xp.asarray(tensors[key], dtype=current.dtype)
 
 
-def state_names(params: dict[str, Any], tcfg: dict[str, Any]) -> dict[str, str]:
+def state_names(params: dict[str, Any], tcfg: TrainConfig) -> dict[str, str]:
     """The keys of make_optimizer(params, tcfg).state_tensors(), each with its parameter's name, without
     making the state (ZeRO gathers every rank's share under these keys)."""
-    muon = set(muon_names(params)) if tcfg["optimizer"] == "muon" else set()
+    muon = set(muon_names(params)) if tcfg.optimizer == "muon" else set()
     kinds = {n: ("muon",) if n in muon else ("m", "v") for n in params}
     return {f"{kind}.{n}": n for n in params for kind in kinds[n]}
 
 
-def make_optimizer(params: dict[str, Any], tcfg: dict[str, Any]) -> AdamW | Muon:
+def make_optimizer(params: dict[str, Any], tcfg: TrainConfig) -> AdamW | Muon:
     """train.optimizer: "adamw" (every weight) or "muon" (Muon for the block matrices, AdamW the rest)."""
-    if tcfg["optimizer"] == "muon":
+    if tcfg.optimizer == "muon":
         return Muon(params, tcfg)
-    return AdamW(params, tcfg["beta1"], tcfg["beta2"], tcfg["eps"], tcfg["weight_decay"])
+    return AdamW(params, tcfg.beta1, tcfg.beta2, tcfg.eps, tcfg.weight_decay)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from euler_data.cli import main as euler_data
 from euler_train.args import build_parser
-from euler_train.chat import generate_text, load_for_sampling
 from euler_train.commands import dispatch
+from euler_train.sampling import generate_text, load_for_sampling
 
 PROMPTS = ("ROMEO:", "First Citizen:\nWhat", "KING HENRY:\nMy lord,")
 QUICK_STEPS = {"tiny": 60, "small": 400}  # 1-5 minutes on two CPU cores, depending on load

@@ -23,13 +23,21 @@ from typing import Any
 from euler_data import read_meta
 from euler_data.errors import DataError
 from euler_data.sft import SFT_META
-from euler_train.chat import END, EOT, SamplingModel, for_terminal, load_for_sampling, stop_ids, stream_ids
 from euler_train.checkpoint import CheckpointError, read_state, write_file
 from euler_train.config import ConfigError, recorded_config
 from euler_train.evals.chat import greedy_reply, reply_start, val_examples
 from euler_train.evals.command import EVALS, metrics_text
 from euler_train.metrics import read_metrics
 from euler_train.modelio import resolve_checkpoint
+from euler_train.sampling import (
+    END,
+    EOT,
+    SamplingModel,
+    for_terminal,
+    load_for_sampling,
+    stop_ids,
+    stream_ids,
+)
 
 REPORT = "report.md"
 SAMPLE_TOKENS = 64  # new tokens per sample (fewer when the context leaves less room)

@@ -16,7 +16,7 @@ from euler_bpe import Tokenizer
 from euler_model import ModelConfig, preset
 from euler_train.batches import check_kind, split_tokens
 from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
-from euler_train.config import ConfigError, recorded_config
+from euler_train.config import ConfigError, RunConfig, TrainConfig, recorded_config
 from euler_train.modelio import resolve_checkpoint
 from euler_train.runfolder import describe_run
 
@@ -25,7 +25,7 @@ from euler_train.runfolder import describe_run
 class RunSpec:
     """A validated plan: the model config, where the data and tokenizer are, what to start from."""
 
-    cfg: dict[str, dict[str, Any]]
+    cfg: RunConfig
     run_dir: Path
     mode: str  # "pretrain" | "sft"
     mcfg: Any  # euler_model.ModelConfig
@@ -56,17 +56,17 @@ def tokenizer_info(path: Path) -> tuple[int, str]:
     return tok.vocab_size, tok.fingerprint
 
 
-def model_overrides(cfg: dict) -> dict[str, Any]:
+def model_overrides(cfg: RunConfig) -> dict[str, Any]:
     """The [model] keys other than `preset`, checked against ModelConfig's fields."""
     known = {f.name for f in dataclasses.fields(ModelConfig)}
-    overrides = {k: v for k, v in cfg["model"].items() if k != "preset"}
+    overrides = {k: v for k, v in cfg.model.items() if k != "preset"}
     for key in overrides:
         if key not in known:
             raise ConfigError(f"unknown key model.{key} (ModelConfig fields: {', '.join(sorted(known))})")
     return overrides
 
 
-def build_model_config(cfg: dict, vocab_size: int) -> Any:
+def build_model_config(cfg: RunConfig, vocab_size: int) -> Any:
     """preset + overrides, vocab_size defaulting to the tokenizer's; ConfigError for impossible shapes."""
     overrides = model_overrides(cfg)
     if overrides.get("vocab_size", vocab_size) < vocab_size:
@@ -76,16 +76,16 @@ def build_model_config(cfg: dict, vocab_size: int) -> Any:
         )
     overrides.setdefault("vocab_size", vocab_size)
     try:
-        return preset(cfg["model"]["preset"], **overrides)
+        return preset(cfg.model["preset"], **overrides)
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"[model] (preset {cfg['model']['preset']!r}): {err}") from None
+        raise ConfigError(f"[model] (preset {cfg.model['preset']!r}): {err}") from None
 
 
-def check_data(cfg: dict, mode: str) -> Path:
+def check_data(cfg: RunConfig, mode: str) -> Path:
     """data.dir exists and holds the right kind of set for this mode."""
-    if not cfg["data"]["dir"]:
+    if not cfg.data.dir:
         raise ConfigError("data.dir is not set: pass --data DIR (a folder made by euler-data)")
-    folder = Path(cfg["data"]["dir"])
+    folder = Path(cfg.data.dir)
     if not folder.is_dir():
         raise ConfigError(f"data.dir {folder} does not exist")
     check_kind(folder, mode)
@@ -94,11 +94,11 @@ def check_data(cfg: dict, mode: str) -> Path:
     return folder
 
 
-def check_splits(cfg: dict, mcfg: Any, folder: Path, mode: str) -> None:
+def check_splits(cfg: RunConfig, mcfg: Any, folder: Path, mode: str) -> None:
     """ConfigError when the train split (or, with evaluation on, the val split) cannot fill one batch row:
     a pretrain row is a window of context + K tokens; an SFT split needs at least one example."""
     window = mcfg.context + mcfg.n_mtp_heads
-    for split in ("train", "val") if cfg["eval"]["enabled"] else ("train",):
+    for split in ("train", "val") if cfg.eval.enabled else ("train",):
         if mode == "sft":
             meta = json.loads((folder / "sft_meta.json").read_text(encoding="utf-8"))
             have = int(meta.get(split, {}).get("examples", 0))
@@ -140,15 +140,15 @@ def check_same_model(where: Path, saved: dict[str, Any], wanted: dict[str, Any])
         raise ConfigError(f"--resume: checkpoint {where} has another model shape ({'; '.join(diff)})")
 
 
-def check_same_global_batch(where: Path, saved: dict[str, Any], train: dict[str, Any], world: int) -> None:
+def check_same_global_batch(where: Path, saved: dict[str, Any], train: TrainConfig, world: int) -> None:
     """ConfigError unless this run reads the checkpoint's rows: a step's rows are drawn as one global batch
     of batch_size x processes per micro-batch (euler_data's loaders), so a resume on another number of
     processes must keep that product and grad_accum (older checkpoints, which lack them, are not checked)."""
     if "global_batch" not in saved:
         return
     want, accum = saved["global_batch"], saved["grad_accum"]
-    have = train["batch_size"] * world
-    if (have, train["grad_accum"]) == (want, accum):
+    have = train.batch_size * world
+    if (have, train.grad_accum) == (want, accum):
         return
     if want % world:
         fix = f"run it on a number of processes that divides {want}"
@@ -156,8 +156,8 @@ def check_same_global_batch(where: Path, saved: dict[str, Any], train: dict[str,
         fix = f"on {world} process(es) pass --batch-size {want // world} --grad-accum {accum}"
     raise ConfigError(
         f"--resume: checkpoint {where} was trained with a global batch of {want} sequences (batch_size x "
-        f"processes) and grad_accum {accum}, this run has {have} ({train['batch_size']} x {world}) and "
-        f"{train['grad_accum']}; to continue it exactly {fix}"
+        f"processes) and grad_accum {accum}, this run has {have} ({train.batch_size} x {world}) and "
+        f"{train.grad_accum}; to continue it exactly {fix}"
     )
 
 
@@ -181,7 +181,12 @@ def check_run_folder(run_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 def plan_run(
-    cfg: dict, run_dir: str | Path, mode: str, resume: bool = False, overwrite: bool = False, world: int = 1
+    cfg: RunConfig,
+    run_dir: str | Path,
+    mode: str,
+    resume: bool = False,
+    overwrite: bool = False,
+    world: int = 1,
 ) -> RunSpec:
     """Validate data, tokenizer, model, checkpoints and the run folder for a pretrain or sft run of
     `world` processes."""
@@ -211,11 +216,11 @@ def plan_run(
         saved = read_state(resume_from)
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
         check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
-        check_same_global_batch(resume_from, saved, cfg["train"], world)
-        if saved.get("optimizer", "adamw") != cfg["train"]["optimizer"]:
+        check_same_global_batch(resume_from, saved, cfg.train, world)
+        if saved.get("optimizer", "adamw") != cfg.train.optimizer:
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} was trained with train.optimizer="
-                f"{saved.get('optimizer', 'adamw')!r}, the config asks for {cfg['train']['optimizer']!r}"
+                f"{saved.get('optimizer', 'adamw')!r}, the config asks for {cfg.train.optimizer!r}"
             )
     check_run_folder(run_dir, resume, overwrite)
     tok_path = folder / "tokenizer.json"
@@ -229,11 +234,11 @@ FIXED_ON_RESUME = ("model", "data.init")
 UNRECORDED = ("log.progress",)  # how the run is shown, not what it computes
 
 
-def resume_changes(run_dir: Path, recorded: dict, cfg: dict, step: int) -> list[dict[str, Any]]:
+def resume_changes(run_dir: Path, recorded: dict, cfg: RunConfig, step: int) -> list[dict[str, Any]]:
     """The keys a --resume changes from the run's config.toml, each as {step, key, was, now}; ConfigError
     for a key that makes another run (the model's shape or preset, sft's starting checkpoint)."""
     changes = []
-    for section, values in cfg.items():
+    for section, values in cfg.to_dict().items():
         saved = recorded.get(section, {})
         fixed = section in FIXED_ON_RESUME
         for key, now in values.items():
@@ -250,7 +255,7 @@ def resume_changes(run_dir: Path, recorded: dict, cfg: dict, step: int) -> list[
     return changes
 
 
-def _sft_model_section(cfg: dict, mcfg: Any) -> None:
+def _sft_model_section(cfg: RunConfig, mcfg: Any) -> None:
     """sft takes the model from data.init: [model] may only repeat it; it is recorded in config.toml."""
     shape = mcfg.to_dict()
     diff = [
@@ -260,17 +265,17 @@ def _sft_model_section(cfg: dict, mcfg: Any) -> None:
     ]
     if diff:
         raise ConfigError(f"sft takes the model shape from data.init; cannot change {', '.join(diff)}")
-    cfg["model"].update(shape)
+    cfg.model.update(shape)
 
 
-def _sft_init(cfg: dict, data_fp: str | None) -> Path:
+def _sft_init(cfg: RunConfig, data_fp: str | None) -> Path:
     """The sft starting checkpoint: data.init (a checkpoint or run folder), verified, same tokenizer."""
-    if not cfg["data"]["init"]:
+    if not cfg.data.init:
         raise ConfigError(
             "data.init is not set: sft needs --init CHECKPOINT (a pretrain checkpoint or run folder)"
         )
     try:
-        init = resolve_checkpoint(cfg["data"]["init"])
+        init = resolve_checkpoint(cfg.data.init)
     except CheckpointError as err:
         raise ConfigError(f"data.init: {err}") from None
     check_fingerprint(f"data.init {init}", read_state(init).get("tokenizer_fingerprint"), data_fp)

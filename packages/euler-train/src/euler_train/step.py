@@ -18,6 +18,7 @@ import numpy as np
 
 import euler_kernels as ek
 import euler_model
+from euler_train.config import TrainConfig
 
 
 @dataclass
@@ -108,27 +109,37 @@ def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str,
     return copies
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """What one training step does besides its inputs, from the run's [train] section (`from_train`)."""
+
+    max_norm: float = 1.0  # global-norm clipping (train.grad_clip); 0 disables
+    recompute: bool = False  # the layers' activations re-made in the backward (euler_model/recompute.py)
+    keep_activations: bool = False  # the bf16 forward keeps what its backward would re-make
+    bf16_grads: bool = False  # the matrices' gradients are bf16 (several micro-batches sum into float32)
+
+    @classmethod
+    def from_train(cls, train: TrainConfig) -> StepOptions:
+        return cls(train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads)
+
+
+DEFAULT_OPTIONS = StepOptions()
+
+
 def train_step(
     mcfg: Any,
     params: dict[str, Any],
     opt: Any,
     comm: Any,
     buf: StepBuffers,
-    max_norm: float,
-    recompute: bool = False,
+    options: StepOptions,
     fp8_scales: Any = None,
     copies: dict[str, Any] | None = None,
-    keep_activations: bool = False,
-    bf16_grads: bool = False,
 ) -> None:
-    """One optimizer step from `buf` to updated `params` (see the module docstring); `recompute`: the
-    layers' activations are re-made in the backward (train.recompute, euler_model/recompute.py);
+    """One optimizer step from `buf` to updated `params` (see the module docstring), as `options` say;
     `fp8_scales`: delayed FP8 scales of the fp8 mode (euler_model.blocks), updated at the step's end from
     the maxima its kernels measured (on the device: a captured step updates them every replay);
-    `copies`: bf16_weight_copies(...), which the forward multiplies and the update rewrites;
-    `keep_activations`: the bf16 forward keeps what its backward would re-make (train.keep_activations);
-    `bf16_grads`: the matrices' gradients are bf16 (train.bf16_grads; several micro-batches sum them into
-    float32 buf.grads).
+    `copies`: bf16_weight_copies(...), which the forward multiplies and the update rewrites.
 
     Several micro-batches: each one's gradients are weighted by its share and summed into buf.grads. One
     micro-batch: its share scales the loss's gradient before the backward, and buf.grads becomes the
@@ -145,11 +156,11 @@ def train_step(
             buf.tokens[i],
             buf.targets[i],
             mask,
-            recompute,
+            options.recompute,
             scale,
             fp8_scales,
-            keep_activations,
-            bf16_grads,
+            options.keep_activations,
+            options.bf16_grads,
         )
         if count == 1:
             buf.grads = grads
@@ -160,7 +171,7 @@ def train_step(
         buf.loss[...] = loss if i == 0 else buf.loss + loss
     comm.allreduce_grads(buf.grads)  # a no-op on one process
     grads = [buf.grads[n] for n in params]
-    ek.step_control(ek.sum_squares_many(grads), buf.loss, buf.hyper, max_norm, out=buf.control)
+    ek.step_control(ek.sum_squares_many(grads), buf.loss, buf.hyper, options.max_norm, out=buf.control)
     if copies:
         opt.update(params, buf.grads, buf.control, buf.hyper, copies=copies)
     else:
@@ -179,15 +190,11 @@ class EagerStep:
         params: dict[str, Any],
         opt: Any,
         comm: Any,
-        max_norm: float,
-        recompute: bool = False,
+        options: StepOptions = DEFAULT_OPTIONS,
         fp8_scales: Any = None,
-        keep_activations: bool = False,
-        bf16_grads: bool = False,
     ) -> None:
-        self.mcfg, self.params, self.opt, self.comm, self.max_norm = mcfg, params, opt, comm, max_norm
-        self.recompute, self.fp8_scales, self.keep_activations = recompute, fp8_scales, keep_activations
-        self.bf16_grads = bf16_grads
+        self.mcfg, self.params, self.opt, self.comm = mcfg, params, opt, comm
+        self.options, self.fp8_scales = options, fp8_scales
         self.buf: StepBuffers | None = None
         self.copies: dict[str, Any] | None = None  # bf16_weight_copies, made at the first step
 
@@ -199,7 +206,7 @@ class EagerStep:
         if self.copies is None:
             self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
         self.buf.write(micro, shares, hyper)
-        layers = (self.keep_activations, self.bf16_grads)
-        args = (self.max_norm, self.recompute, self.fp8_scales, self.copies, *layers)
-        train_step(self.mcfg, self.params, self.opt, self.comm, self.buf, *args)
+        train_step(
+            self.mcfg, self.params, self.opt, self.comm, self.buf, self.options, self.fp8_scales, self.copies
+        )
         return self.buf.read()

@@ -36,7 +36,7 @@ from euler_train.runfolder import clear_run
 from euler_train.runspec import RunSpec
 from euler_train.schedule import lr_at
 from euler_train.signals import StopFlag
-from euler_train.step import EagerStep
+from euler_train.step import EagerStep, StepOptions
 from euler_train.zero import make_sharded_or_not
 
 EXIT_NONFINITE = 3
@@ -71,15 +71,15 @@ class Trainer:
     # --- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         """Weights (fresh, from --init, or from the resume checkpoint), optimizer, loaders, run folder."""
-        tcfg, xp = self.spec.cfg["train"], self.device.xp
+        tcfg, xp = self.spec.cfg.train, self.device.xp
         if self.spec.resume_from is not None:
             _, self.params, _, _ = modelio.load_model(self.spec.resume_from, xp)
         elif self.spec.init is not None:
             _, self.params, _, _ = modelio.load_model(self.spec.init, xp)
         else:
-            self.params = euler_model.init_params(self.spec.mcfg, seed=tcfg["seed"], xp=xp)
+            self.params = euler_model.init_params(self.spec.mcfg, seed=tcfg.seed, xp=xp)
         self.opt = make_sharded_or_not(self.params, tcfg, self.comm)
-        if tcfg["fp8_scaling"] == "delayed":  # the first step measures the maxima they start from
+        if tcfg.fp8_scaling == "delayed":  # the first step measures the maxima they start from
             if self.comm.world_size > 1:
                 raise ConfigError(
                     "train.fp8_scaling='delayed' runs on one GPU (each process would keep scales of its "
@@ -95,7 +95,7 @@ class Trainer:
             self._check_sft_fits()
         cfg = self.spec.cfg
         self.ckpts = CheckpointManager(
-            self.spec.run_dir / "checkpoints", cfg["checkpoint"]["keep_last"], cfg["checkpoint"]["keep_best"]
+            self.spec.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.keep_best
         )
         if self.comm.is_main:
             if self.spec.overwrite:
@@ -131,7 +131,7 @@ class Trainer:
         self.state = State(saved["step"], saved["tokens"], saved.get("skipped", 0), saved.get("val_loss"))
         if self.fp8_scales is not None:
             self._restore_fp8_scales(folder)
-        if saved.get("seed") != self.spec.cfg["train"]["seed"]:
+        if saved.get("seed") != self.spec.cfg.train.seed:
             print(f"euler-train: note: resuming a run started with seed {saved.get('seed')}", file=sys.stderr)
 
     def _restore_fp8_scales(self, folder: Any) -> None:
@@ -201,8 +201,8 @@ class Trainer:
         """This rank's share of step `step`'s loss and the all-reduced gradients, without updating anything:
         the same train_step with its update disabled."""
         micro, shares, _ = self._inputs(step)
-        recompute = self.spec.cfg["train"]["recompute"]
-        eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, 0.0, recompute)
+        options = StepOptions(max_norm=0.0, recompute=self.spec.cfg.train.recompute)
+        eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, options)
         loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
         return loss, {n: g.copy() for n, g in eager.buf.grads.items()}
 
@@ -223,27 +223,26 @@ class Trainer:
         CuPy's matmul, which cannot be captured), else the eager step; a failed capture falls back."""
         if self.stepper is not None:
             return self.stepper
-        tcfg, args = self.spec.cfg["train"], (self.spec.mcfg, self.params, self.opt, self.comm)
-        keep, bf16_grads = tcfg["keep_activations"], tcfg["bf16_grads"]
-        options = (tcfg["grad_clip"], tcfg["recompute"], self.fp8_scales, keep, bf16_grads)
+        tcfg, args = self.spec.cfg.train, (self.spec.mcfg, self.params, self.opt, self.comm)
+        options = (StepOptions.from_train(tcfg), self.fp8_scales)
         self.stepper = EagerStep(*args, *options)
         graphable = self.device.kind == "gpu" and self.comm.world_size == 1
-        if tcfg["cuda_graph"] and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
+        if tcfg.cuda_graph and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
             graph = GraphStep(*args, *options)
             self.stepper = CapturedOrEager(graph, self.stepper)
         return self.stepper
 
     def _lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (warmup, then cosine to train.min_lr)."""
-        t = self.spec.cfg["train"]
-        return lr_at(step, t["lr"], t["min_lr"], t["warmup_steps"], t["steps"])
+        t = self.spec.cfg.train
+        return lr_at(step, t.lr, t.min_lr, t.warmup_steps, t.steps)
 
     def _nonfinite(self, step: int, loss: float, norm: float) -> None:
         msg = (
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step {step + 1} "
             f"(loss={loss}, grad_norm={norm})"
         )
-        if self.spec.cfg["train"]["on_nonfinite"] == "stop":
+        if self.spec.cfg.train.on_nonfinite == "stop":
             raise NonFiniteError(
                 f"{msg}; stopping (the last good checkpoint is kept; set "
                 'train.on_nonfinite="skip" to skip such steps)'
@@ -258,7 +257,7 @@ class Trainer:
         if self.batches.val_loader is None:
             return {}
         sums = np.zeros(3)  # weighted MTP loss, weighted head-0 loss, weight
-        for i in range(self.spec.cfg["eval"]["batches"]):
+        for i in range(self.spec.cfg.eval.batches):
             tokens, targets, mask = self.batches.val(i)
             w = float(mask[:, : tokens.shape[1]].sum()) if mask is not None else float(tokens.size)
             mtp, head0 = self._eval_losses(tokens, targets, mask)
@@ -315,15 +314,15 @@ class Trainer:
             "tokens": s.tokens,
             "skipped": s.skipped,
             "opt_t": self.opt.t,
-            "optimizer": self.spec.cfg["train"]["optimizer"],
-            "seed": self.spec.cfg["train"]["seed"],
+            "optimizer": self.spec.cfg.train.optimizer,
+            "seed": self.spec.cfg.train.seed,
             "val_loss": val_loss,
             "mode": self.spec.mode,
             "model_config": self.spec.mcfg.to_dict(),
             "tokenizer_fingerprint": self.spec.fingerprint,
             "world_size": self.comm.world_size,
-            "global_batch": self.spec.cfg["train"]["batch_size"] * self.comm.world_size,  # rows per micro
-            "grad_accum": self.spec.cfg["train"]["grad_accum"],
+            "global_batch": self.spec.cfg.train.batch_size * self.comm.world_size,  # rows per micro
+            "grad_accum": self.spec.cfg.train.grad_accum,
             "time": time.time(),
         }
 
@@ -333,12 +332,8 @@ class Trainer:
         cfg, main = self.spec.cfg, self.comm.is_main
         if main:
             print(self.describe(), file=sys.stderr)
-        log = (
-            MetricsLogger(self.spec.run_dir, cfg["log"]["tensorboard"], self.state.step or None)
-            if main
-            else None
-        )
-        bar = Progress(self, cfg["train"]["steps"], enabled=main and cfg["log"]["progress"])
+        log = MetricsLogger(self.spec.run_dir, cfg.log.tensorboard, self.state.step or None) if main else None
+        bar = Progress(self, cfg.train.steps, enabled=main and cfg.log.progress)
         try:
             stopped = self._loop(stop, bar, log)
         finally:
@@ -352,7 +347,7 @@ class Trainer:
 
     def _loop(self, stop: StopFlag, bar: Any, log: MetricsLogger | None) -> bool:
         """Steps until the end (False) or until a signal stopped every rank (True, checkpoint written)."""
-        total, every = self.spec.cfg["train"]["steps"], self.spec.cfg["log"]["every"]
+        total, every = self.spec.cfg.train.steps, self.spec.cfg.log.every
         start = time.perf_counter()
         for step in range(self.state.step, total):
             row, stopping = self._timed_step(step, stop)
@@ -383,27 +378,23 @@ class Trainer:
 
     def describe(self) -> str:
         """One line: what is trained, on what, from where."""
-        m, t = self.spec.mcfg, self.spec.cfg["train"]
-        per_step = t["batch_size"] * t["grad_accum"] * self.comm.world_size * m.context
+        m, t = self.spec.mcfg, self.spec.cfg.train
+        per_step = t.batch_size * t.grad_accum * self.comm.world_size * m.context
         start = f"resuming at step {self.state.step}" if self.state.step else "from step 0"
         model = (
-            f"the model of {self.spec.init}"
-            if self.spec.init
-            else f"{self.spec.cfg['model']['preset']} model"
+            f"the model of {self.spec.init}" if self.spec.init else f"{self.spec.cfg.model['preset']} model"
         )
         return (
             f"euler-train {self.spec.mode}: {model}, {euler_model.count_params(m):,} parameters, "
-            f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {t['batch_size']} x "
-            f"accum {t['grad_accum']} x {self.comm.world_size} processes), {t['steps']} steps on "
-            f"{self.device.kind} ({self.spec.cfg['run']['precision']}), {start}"
+            f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {t.batch_size} x "
+            f"accum {t.grad_accum} x {self.comm.world_size} processes), {t.steps} steps on "
+            f"{self.device.kind} ({self.spec.cfg.run.precision}), {start}"
         )
 
     def _maybe_eval(self, done: int, total: int, row: dict[str, Any]) -> float | None:
         """Evaluate into `row` when this step is due (and at the last step); returns the val loss."""
         cfg = self.spec.cfg
-        if cfg["eval"]["enabled"] and (
-            (cfg["eval"]["every"] and done % cfg["eval"]["every"] == 0) or done == total
-        ):
+        if cfg.eval.enabled and ((cfg.eval.every and done % cfg.eval.every == 0) or done == total):
             row.update(self.evaluate())
             self.state.val_loss = row.get("val_loss")
             return self.state.val_loss
@@ -411,7 +402,7 @@ class Trainer:
 
     def _maybe_save(self, done: int, total: int, val: float | None) -> bool:
         """Checkpoint when this step is due (and at the last step); returns whether it checkpointed."""
-        every = self.spec.cfg["checkpoint"]["every"]
+        every = self.spec.cfg.checkpoint.every
         due = bool(every and done % every == 0) or done == total
         if due:
             self.save(val)
@@ -450,7 +441,7 @@ class Trainer:
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of this process's GPU, None on CPU."""
-        peak = peak_flops(self.device, self.spec.cfg["run"]["precision"])
+        peak = peak_flops(self.device, self.spec.cfg.run.precision)
         if peak is None:
             return None
         m = self.spec.mcfg

@@ -17,6 +17,7 @@ from typing import Any
 
 import euler_kernels as ek
 from euler_train.comm import Comm
+from euler_train.config import TrainConfig
 from euler_train.optimizer import make_optimizer, state_names
 
 
@@ -36,7 +37,7 @@ class ShardedOptimizer:
     `update` updates the share and all-gathers the weights; `state_tensors` gathers the full state (a
     collective: every rank calls it); `load_state_tensors` keeps this rank's share of a full state."""
 
-    def __init__(self, params: dict[str, Any], tcfg: dict[str, Any], comm: Comm) -> None:
+    def __init__(self, params: dict[str, Any], tcfg: TrainConfig, comm: Comm) -> None:
         self.comm = comm
         self.owner = owners({n: int(p.size) for n, p in params.items()}, comm.world_size)
         self.own = [n for n in params if self.owner[n] == comm.rank]
@@ -78,9 +79,9 @@ class ShardedOptimizer:
         self.inner.load_state_tensors(tensors, t, xp)
 
 
-def make_sharded_or_not(params: dict[str, Any], tcfg: dict[str, Any], comm: Comm) -> Any:
+def make_sharded_or_not(params: dict[str, Any], tcfg: TrainConfig, comm: Comm) -> Any:
     """train.zero = 1 on several processes: ShardedOptimizer; else the plain optimizer (one process is
     unchanged by train.zero)."""
-    if tcfg["zero"] == 1 and comm.world_size > 1:
+    if tcfg.zero == 1 and comm.world_size > 1:
         return ShardedOptimizer(params, tcfg, comm)
     return make_optimizer(params, tcfg)

@@ -27,9 +27,9 @@ import numpy as np
 from euler_data import read_meta
 from euler_data.meta import open_bin
 from euler_train.batches import bits_per_byte, bytes_per_token
-from euler_train.chat import EOT, SamplingModel
 from euler_train.config import ConfigError
 from euler_train.evals.scoring import Row, score_rows
+from euler_train.sampling import EOT, SamplingModel
 
 Progress = Callable[[int], None] | None
 

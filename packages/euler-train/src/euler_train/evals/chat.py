@@ -20,10 +20,10 @@ import numpy as np
 
 import euler_model
 from euler_data.sft import SFT_META, read_sft
-from euler_train.chat import END, EOT, SamplingModel, note
 from euler_train.config import ConfigError
 from euler_train.evals.bpb import same_tokenizer
 from euler_train.evals.scoring import Row, fit_row, score_rows
+from euler_train.sampling import END, EOT, SamplingModel, note
 
 SAMPLES = 3  # greedy replies quoted in the result
 

@@ -17,12 +17,12 @@ from typing import Any
 from tqdm import tqdm
 
 from euler_bpe.progress import progress_stream
-from euler_train.chat import SamplingModel, load_for_sampling
 from euler_train.checkpoint import read_state
 from euler_train.config import ConfigError
 from euler_train.evals import bpb, chat, multiple_choice
 from euler_train.evals.args import common
 from euler_train.modelio import resolve_checkpoint
+from euler_train.sampling import SamplingModel, load_for_sampling
 
 EVALS = "evals.jsonl"
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from euler_train.chat import SamplingModel, note
 from euler_train.config import ConfigError
 from euler_train.evals.scoring import Row, score_rows
+from euler_train.sampling import SamplingModel, note
 
 
 @dataclass(frozen=True)

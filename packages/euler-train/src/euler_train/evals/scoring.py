@@ -19,7 +19,7 @@ import numpy as np
 
 import euler_kernels as ek
 import euler_model
-from euler_train.chat import SamplingModel
+from euler_train.sampling import SamplingModel
 
 
 @dataclass
