@@ -52,12 +52,11 @@ from bench_model import torch_loss, torch_tables
 import euler_model
 from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
 from euler_train.batches import Batches, bits_per_byte, make_batches
-from euler_train.commands import config_from_args
 from euler_train.config import ConfigError, save_config
 from euler_train.device import PEAK_FLOPS, flops_per_token
 from euler_train.metrics import MetricsLogger
 from euler_train.optimizer import muon_names
-from euler_train.runspec import RunSpec, plan_run
+from euler_train.runspec import RunSpec, config_from_args, plan_run
 from euler_train.schedule import lr_at
 
 EXIT_NONFINITE = 3  # as euler-train

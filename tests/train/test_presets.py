@@ -15,11 +15,11 @@ from euler_train import memory_check
 from euler_train.args import build_parser
 from euler_train.cli import main
 from euler_train.comm import Comm
-from euler_train.commands import config_from_args
 from euler_train.config import ConfigError, resolve_config
 from euler_train.graph_step import GraphStep
 from euler_train.metrics import read_metrics
 from euler_train.optimizer import make_optimizer
+from euler_train.runspec import config_from_args
 from euler_train.step import EagerStep, StepOptions
 
 # issue 18's table: dim, q / kv heads, head size, layers, ffn, vocab, K, context

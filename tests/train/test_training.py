@@ -256,10 +256,9 @@ def test_sft_trains_on_responses_from_a_pretrained_checkpoint(tmp_path, dataset,
 
 def test_sft_loss_ignores_prompt_tokens(tmp_path, dataset, tiny_run) -> None:
     """Changing a masked-out (prompt) target leaves the SFT step's loss and gradient unchanged."""
-    from euler_train.commands import config_from_args
     from euler_train.device import setup_device
     from euler_train.distributed import Comm
-    from euler_train.runspec import plan_run
+    from euler_train.runspec import config_from_args, plan_run
     from euler_train.trainer import Trainer
 
     args = build_parser().parse_args(

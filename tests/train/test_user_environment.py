@@ -109,6 +109,19 @@ def test_export_hf_and_plot_into_a_read_only_folder_are_one_line(tiny_run, tmp_p
     assert snapshot(shelf) == before
 
 
+@needs_mounts
+def test_pretrain_into_a_read_only_folder_is_one_line(tiny_run, dataset, tmp_path) -> None:
+    shelf = tmp_path / "shelf"
+    run = shutil.copytree(tiny_run, shelf / "run")
+    before = snapshot(shelf)
+    common = ["--data", str(dataset), "--steps", "40", "--no-progress", "--set", "model.context=64"]
+    proc = cli_read_only(shelf, "pretrain", *common, "--out", str(shelf / "new"))
+    one_line_error(proc, 2, f"cannot write {shelf / 'new'}: it is not writable")
+    proc = cli_read_only(shelf, "pretrain", *common, "--out", str(run), "--resume")
+    one_line_error(proc, 2, f"cannot write {run}: it is not writable")
+    assert snapshot(shelf) == before
+
+
 def test_plot_out_under_a_file_is_one_line_and_a_new_folder_is_made(tiny_run, tmp_path, cli) -> None:
     file = tmp_path / "notes.txt"
     file.write_text("mine\n", encoding="utf-8")

@@ -13,20 +13,15 @@ from typing import Any
 import euler_model
 from euler_bpe import Tokenizer
 from euler_data import CHAT_TEMPLATE, DataError, FolderBusy, FolderUnwritable, hold_folder
-from euler_train.args import EXIT_CONFIG, TRAIN_FLAGS
+from euler_train.args import EXIT_CONFIG
 from euler_train.batch_generate import check_batch_args, write_batch_generation
 from euler_train.chat import chat_repl
 from euler_train.check import run_check as check
-from euler_train.checkpoint import STATE, CheckpointError, read_state
+from euler_train.checkpoint import CheckpointError, read_state
 from euler_train.comm import EXIT_LOST_RANK, CommError
 from euler_train.config import (
-    PRESETS,
     ConfigError,
-    RunConfig,
     cpu_world,
-    load_toml,
-    recorded_config,
-    resolve_config,
 )
 from euler_train.device import setup_device
 from euler_train.distributed import env_world, holds_run_lock, init_comm, spawn
@@ -35,7 +30,7 @@ from euler_train.memory_check import check_memory
 from euler_train.modelio import TOKENIZER, check_export_folder, load_model, write_export
 from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
 from euler_train.report import write_report
-from euler_train.runspec import plan_run
+from euler_train.runspec import plan_from_args
 from euler_train.sampling import (
     ASSISTANT,
     END,
@@ -49,64 +44,16 @@ from euler_train.signals import StopFlag
 from euler_train.trainer import EXIT_NONFINITE, NonFiniteError, Trainer
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """preset -> RUN/config.toml when resuming -> --config -> --set -> plain flags. Without --preset the
-    preset is the one of those files, or for sft the one data.init was trained with. A resumed run keeps
-    its preset (plan_run records or refuses the other changes)."""
-    saved = Path(args.out) / "config.toml"
-    base = recorded_config(saved)[0] if args.resume and saved.is_file() else None
-    if base is not None and args.preset is not None:
-        was = base.get("model", {}).get("preset")
-        if args.preset != was:
-            raise ConfigError(
-                f"--resume: {args.out} is a run of preset {was!r} and keeps it (asked for --preset "
-                f"{args.preset}); to train another model, start a new run with another --out"
-            )
-    if args.config:
-        base = merge_files(base or {}, load_toml(args.config))
-    flags = {key: getattr(args, name, None) for name, key in TRAIN_FLAGS.items()}
-    if args.no_progress:
-        flags["log.progress"] = False
-    if args.no_eval:
-        flags["eval.enabled"] = False
-    if base is not None and args.preset is None:
-        args.preset = base.get("model", {}).get("preset", "tiny") if base.get("model") else None
-    if args.preset is None and args.command == "sft" and args.init:
-        args.preset = init_preset(Path(args.init))
-    return resolve_config(args.preset or "tiny", base, args.set, flags, mode=args.command)
-
-
-def merge_files(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Two config files' contents, `update`'s keys over `base`'s, section by section."""
-    merged = {section: dict(values) for section, values in base.items()}
-    for section, values in update.items():
-        merged[section] = {**merged.get(section, {}), **values} if isinstance(values, dict) else values
-    return merged
-
-
-def init_preset(init: Path) -> str | None:
-    """The preset recorded in the config.toml of the run that `init` (a run or checkpoint folder) belongs
-    to, or None when there is none."""
-    run = init.parents[1] if (init / STATE).is_file() else init  # a checkpoint: RUN/checkpoints/step_N
-    if not (run / "config.toml").is_file():
-        return None
-    preset = load_toml(run / "config.toml").get("model", {}).get("preset")
-    return preset if preset in PRESETS else None
-
-
 def run_training(args: argparse.Namespace, argv: list[str]) -> int:
     """pretrain / sft: hold the run folder (one writer at a time), validate everything, then train
     (spawning one process per GPU when asked)."""
     rank, world, local = env_world()
     lock = hold_folder(args.out, f"euler-train {args.command}") if holds_run_lock(rank) else nullcontext()
     with lock:
-        cfg = config_from_args(args)
-        launching = cfg.run.gpus > 1 and world == 1
-        # checked before spawning too: a bad plan is one line and exit 2 from the launcher, not N workers'
-        processes = cfg.run.gpus if launching else world
-        spec = plan_run(cfg, args.out, args.command, args.resume, args.overwrite, processes)
-        if launching:
-            return spawn(cfg.run.gpus, argv)
+        # planned before spawning too: a bad plan is one line and exit 2 from the launcher, not N workers'
+        spec = plan_from_args(args, world)
+        if spec.cfg.run.gpus > 1 and world == 1:
+            return spawn(spec.cfg.run.gpus, argv)
         if args.resume and rank == 0:
             say_resumed(spec)
         return _train(spec, local)

@@ -1,11 +1,14 @@
 """Everything a run needs, checked before any work: dataset, tokenizer, model shapes, init checkpoint.
 
-`plan_run` turns a resolved config into a `RunSpec` or raises ConfigError naming the key; it reads only
-small files (meta.json, trainer_state.json, checksums), so a bad run fails in well under a second.
+A run is planned here, in one place: `plan_from_args` resolves a command line's config (`config_from_args`:
+preset, the run's recorded config on --resume, --config, --set, flags) and `plan_run` turns a resolved
+config into a `RunSpec` or raises ConfigError naming the key; it reads only small files (meta.json,
+trainer_state.json, checksums), so a bad run fails in well under a second.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -14,9 +17,18 @@ from typing import Any
 
 from euler_bpe import Tokenizer
 from euler_model import ModelConfig, preset
+from euler_train.args import TRAIN_FLAGS
 from euler_train.batches import check_kind, split_tokens
-from euler_train.checkpoint import CheckpointError, CheckpointManager, read_state
-from euler_train.config import ConfigError, RunConfig, TrainConfig, recorded_config
+from euler_train.checkpoint import STATE, CheckpointError, CheckpointManager, read_state
+from euler_train.config import (
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    TrainConfig,
+    load_toml,
+    recorded_config,
+    resolve_config,
+)
 from euler_train.modelio import resolve_checkpoint
 from euler_train.runfolder import describe_run
 
@@ -280,3 +292,56 @@ def _sft_init(cfg: RunConfig, data_fp: str | None) -> Path:
         raise ConfigError(f"data.init: {err}") from None
     check_fingerprint(f"data.init {init}", read_state(init).get("tokenizer_fingerprint"), data_fp)
     return init
+
+
+def plan_from_args(args: argparse.Namespace, world: int) -> RunSpec:
+    """The plan of a pretrain or sft command line: its config resolved (config_from_args) and planned for
+    the processes it runs on: --gpus N from a single process launches N, else the `world` it is part of."""
+    cfg = config_from_args(args)
+    processes = cfg.run.gpus if cfg.run.gpus > 1 and world == 1 else world
+    return plan_run(cfg, args.out, args.command, args.resume, args.overwrite, processes)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """preset -> RUN/config.toml when resuming -> --config -> --set -> plain flags. Without --preset the
+    preset is the one of those files, or for sft the one data.init was trained with. A resumed run keeps
+    its preset (plan_run records or refuses the other changes)."""
+    saved = Path(args.out) / "config.toml"
+    base = recorded_config(saved)[0] if args.resume and saved.is_file() else None
+    if base is not None and args.preset is not None:
+        was = base.get("model", {}).get("preset")
+        if args.preset != was:
+            raise ConfigError(
+                f"--resume: {args.out} is a run of preset {was!r} and keeps it (asked for --preset "
+                f"{args.preset}); to train another model, start a new run with another --out"
+            )
+    if args.config:
+        base = merge_files(base or {}, load_toml(args.config))
+    flags = {key: getattr(args, name, None) for name, key in TRAIN_FLAGS.items()}
+    if args.no_progress:
+        flags["log.progress"] = False
+    if args.no_eval:
+        flags["eval.enabled"] = False
+    if base is not None and args.preset is None:
+        args.preset = base.get("model", {}).get("preset", "tiny") if base.get("model") else None
+    if args.preset is None and args.command == "sft" and args.init:
+        args.preset = init_preset(Path(args.init))
+    return resolve_config(args.preset or "tiny", base, args.set, flags, mode=args.command)
+
+
+def merge_files(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Two config files' contents, `update`'s keys over `base`'s, section by section."""
+    merged = {section: dict(values) for section, values in base.items()}
+    for section, values in update.items():
+        merged[section] = {**merged.get(section, {}), **values} if isinstance(values, dict) else values
+    return merged
+
+
+def init_preset(init: Path) -> str | None:
+    """The preset recorded in the config.toml of the run that `init` (a run or checkpoint folder) belongs
+    to, or None when there is none."""
+    run = init.parents[1] if (init / STATE).is_file() else init  # a checkpoint: RUN/checkpoints/step_N
+    if not (run / "config.toml").is_file():
+        return None
+    preset = load_toml(run / "config.toml").get("model", {}).get("preset")
+    return preset if preset in PRESETS else None
