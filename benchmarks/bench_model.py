@@ -39,7 +39,8 @@ import threadpoolctl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import euler_kernels as ek  # noqa: E402
+from euler_kernels.ops.adamw import adamw_update  # noqa: E402
+from euler_kernels.ops.grad_norm import clip_grad_norm  # noqa: E402
 from euler_model import (  # noqa: E402
     GenerationStats,
     count_params,
@@ -248,11 +249,11 @@ def train_small(data: np.ndarray, seconds: float, seed: int = 0) -> tuple:
         idx = rng.integers(0, split - t - k_extra - 1, b)
         seq = np.stack([data[i : i + t + k_extra + 1] for i in idx])
         loss, grads = loss_and_grads(cfg, params, seq[:, :t], seq[:, 1:])
-        ek.clip_grad_norm(grads, 1.0)
+        clip_grad_norm(grads, 1.0)
         progress = (time.perf_counter() - start) / seconds  # the schedule runs on the time budget
         lr = 3e-3 * min(1.0, step / 50) * (0.1 + 0.9 * max(0.0, 1.0 - progress))  # warm-up, linear decay
         for name in params:
-            ek.adamw_update(params[name], m[name], v[name], grads[name], step, lr=lr, weight_decay=0.01)
+            adamw_update(params[name], m[name], v[name], grads[name], step, lr=lr, weight_decay=0.01)
         if step % 50 == 0:
             log.append((step, round(loss, 4)))
     val = data[split:]

@@ -12,6 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import euler_kernels as ek
+from euler_kernels.ops.adamw import adamw_update, bias_corrections
+from euler_kernels.ops.grad_norm import global_grad_norm
+from euler_kernels.ops.newton_schulz import newton_schulz
+from euler_kernels.ops.rmsnorm import rmsnorm_backward_bf16_copy
 from euler_kernels.testing import bf16_bits, bf16_values, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -104,7 +108,7 @@ def test_rmsnorm_backward_bf16_copy_is_dx_rounded(n, c, with_add, seed):
     x, w, g, add = (cp.asarray(randn(rng, *shape)) for shape in ((n, c), (c,), (n, c), (n, c)))
     _, cache = ek.rmsnorm_forward(x, w)
     dx_add = add if with_add else None
-    dx, dw, dx16 = ek.rmsnorm_backward_bf16_copy(g, cache, dx_add=dx_add)
+    dx, dw, dx16 = rmsnorm_backward_bf16_copy(g, cache, dx_add=dx_add)
     plain_dx, plain_dw = ek.rmsnorm_backward(g, cache, dx_add=dx_add)
     assert dx16.dtype == cp.uint16 and dx16.shape == dx.shape
     np.testing.assert_array_equal(dx16.get(), kc.cast.to_bf16(dx).get())
@@ -220,11 +224,11 @@ def test_adamw_multi_and_norm_match_per_tensor_numpy():
     wds = [0.0, 0.1, 0.1, 0.0]
     dev = [[cp.asarray(a) for a in group] for group in (params, ms, vs, grads)]
     sq = multi_tensor.sum_squares_multi(dev[3])
-    assert abs(float(sq[0]) ** 0.5 - ek.global_grad_norm(grads)) < 1e-5 * ek.global_grad_norm(grads)
+    assert abs(float(sq[0]) ** 0.5 - global_grad_norm(grads)) < 1e-5 * global_grad_norm(grads)
     for p, m, v, g, wd in zip(params, ms, vs, grads, wds):
-        ek.adamw_update(p, m, v, g, step=3, lr=1e-2, weight_decay=wd)
+        adamw_update(p, m, v, g, step=3, lr=1e-2, weight_decay=wd)
     multi_tensor.adamw_multi(
-        *dev, wds, ek.bias_corrections(0.9, 0.95, 3), lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8
+        *dev, wds, bias_corrections(0.9, 0.95, 3), lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8
     )
     for ref, got in zip(params + ms + vs, dev[0] + dev[1] + dev[2]):
         assert rel(got, ref) < 1e-6
@@ -364,7 +368,7 @@ def test_adamw_ctl_equals_host_adamw_and_skips_non_finite(loss, max_norm):
             assert np.array_equal(ek.to_numpy(got), ref)
         return
     factor, _ = multi_tensor.clip_factor(multi_tensor.sum_squares_multi(host[3]), max_norm)
-    bc = ek.bias_corrections(0.9, 0.95, step)
+    bc = bias_corrections(0.9, 0.95, step)
     multi_tensor.adamw_multi(*host, wds, bc, lr, 0.9, 0.95, 1e-8, grad_scale=factor)
     assert float(control[0]) == pytest.approx(float(factor[0]), rel=1e-6)
     for got, ref in zip(ctl[0] + ctl[1] + ctl[2], host[0] + host[1] + host[2]):
@@ -649,7 +653,7 @@ def test_adamw_update_many_and_global_norm_dispatch_to_multi_tensor_kernels():
     groups = [[randn(rng, *s, scale=0.1) for s in shapes] for _ in range(4)]
     groups[2] = [np.abs(v) for v in groups[2]]  # second moments are non-negative
     dev = [[cp.asarray(a) for a in group] for group in groups]
-    assert abs(ek.global_grad_norm(dev[3]) - ek.global_grad_norm(groups[3])) < 1e-6
+    assert abs(global_grad_norm(dev[3]) - global_grad_norm(groups[3])) < 1e-6
     for step in (1, 2):
         ek.adamw_update_many(*groups, step=step, lr=3e-3, weight_decays=[0.0, 0.1, 0.1])
         ek.adamw_update_many(*dev, step=step, lr=3e-3, weight_decays=[0.0, 0.1, 0.1])
@@ -666,8 +670,8 @@ def test_newton_schulz_bf16_on_the_gpu_follows_float64(shape):
     values near 0, which five steps do not lift into it: rectangular ones here)."""
     rng = np.random.default_rng(11)
     g = rng.standard_normal(shape).astype(np.float32)
-    got = ek.to_numpy(cast.from_bf16(ek.newton_schulz(cp.asarray(g))))
-    want = ek.newton_schulz(g.astype(np.float64))
+    got = ek.to_numpy(cast.from_bf16(newton_schulz(cp.asarray(g))))
+    want = newton_schulz(g.astype(np.float64))
     assert np.linalg.norm(got - want) < 2e-2 * np.linalg.norm(want)
     s = np.linalg.svd(got, compute_uv=False)
     assert 0.6 < s.min() and s.max() < 1.25
@@ -679,12 +683,12 @@ def test_newton_schulz_of_a_stack_is_each_matrix_s_own_on_the_gpu():
     float64 iteration as a single matrix does."""
     rng = np.random.default_rng(13)
     stack = np.stack([randn(rng, 96, 32, scale=s) for s in (1.0, 1e-3, 30.0)])
-    got = cast.from_bf16(ek.newton_schulz(cp.asarray(stack)))
+    got = cast.from_bf16(newton_schulz(cp.asarray(stack)))
     assert got.shape == stack.shape
     for g, x in zip(stack, got):
-        alone = cast.from_bf16(ek.newton_schulz(cp.asarray(g)))
+        alone = cast.from_bf16(newton_schulz(cp.asarray(g)))
         assert rel(x, alone) < 1e-2
-        want = ek.newton_schulz(g.astype(np.float64))
+        want = newton_schulz(g.astype(np.float64))
         assert np.linalg.norm(ek.to_numpy(x) - want) < 2e-2 * np.linalg.norm(want)
 
 

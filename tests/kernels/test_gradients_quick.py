@@ -1,22 +1,23 @@
 """Quick float64 finite-difference checks of every op on fixed small inputs: the cases of euler-kernels'
-one table (euler_kernels.gradcheck_cases, also run by `python -m euler_kernels.check` and `euler-train
-check`); the hypothesis suite in test_gradients_hypothesis.py explores shapes and values much more widely."""
+one table (euler_kernels.op_checks.gradcheck_cases, also run by `python -m euler_kernels.check` and
+`euler-train check`); the hypothesis suite in test_gradients_hypothesis.py explores shapes and values much
+more widely."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import euler_kernels as ek
 from euler_kernels.gradcheck import gradcheck
+from euler_kernels.op_checks import gradcheck_cases
 
 TOL = 1e-6
-NAMES = [label for label, *_ in ek.gradcheck_cases(np.random.default_rng(0))]
+NAMES = [label for label, *_ in gradcheck_cases(np.random.default_rng(0))]
 
 
 def case(name: str, seed: int) -> tuple:
     """(forward, backward, inputs, wrt) of the named case, inputs drawn with this seed."""
-    return next(rest for label, *rest in ek.gradcheck_cases(np.random.default_rng(seed)) if label == name)
+    return next(rest for label, *rest in gradcheck_cases(np.random.default_rng(seed)) if label == name)
 
 
 @pytest.mark.parametrize("name", NAMES)

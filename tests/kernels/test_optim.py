@@ -8,17 +8,19 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
+from euler_kernels.ops.adamw import adamw_update
+from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
 
 
 def test_adamw_two_steps_by_hand() -> None:
     p, m, v = np.array([1.0]), np.array([0.0]), np.array([0.0])
     lr, b1, b2, eps, wd = 0.1, 0.9, 0.95, 1e-8, 0.1
-    ek.adamw_update(p, m, v, np.array([0.5]), 1, lr, b1, b2, eps, wd)
+    adamw_update(p, m, v, np.array([0.5]), 1, lr, b1, b2, eps, wd)
     # step 1: m = 0.05, v = 0.0125; m_hat = 0.5, v_hat = 0.25; p = 1 - 0.1*0.1*1 - 0.1 * 0.5 / (0.5 + 1e-8)
     assert m[0] == pytest.approx(0.05, rel=1e-15) and v[0] == pytest.approx(0.0125, rel=1e-15)
     p1 = 1.0 - 0.01 - 0.1 * 0.5 / (0.5 + 1e-8)
     assert p[0] == pytest.approx(p1, rel=1e-14)
-    ek.adamw_update(p, m, v, np.array([-1.0]), 2, lr, b1, b2, eps, wd)
+    adamw_update(p, m, v, np.array([-1.0]), 2, lr, b1, b2, eps, wd)
     # step 2: m = 0.045 - 0.1 = -0.055, v = 0.011875 + 0.05 = 0.061875; corrections 0.19 and 0.0975
     assert m[0] == pytest.approx(-0.055, rel=1e-14) and v[0] == pytest.approx(0.061875, rel=1e-14)
     p2 = p1 - 0.1 * 0.1 * p1 - 0.1 * (-0.055 / 0.19) / (math.sqrt(0.061875 / 0.0975) + 1e-8)
@@ -31,7 +33,7 @@ def test_adamw_updates_in_place_and_keeps_dtype() -> None:
     m, v = np.zeros_like(p), np.zeros_like(p)
     ids = (id(p), id(m), id(v))
     before = p.copy()
-    assert ek.adamw_update(p, m, v, rng.standard_normal((3, 4)).astype(np.float32), 1, 1e-3) is None
+    assert adamw_update(p, m, v, rng.standard_normal((3, 4)).astype(np.float32), 1, 1e-3) is None
     assert (id(p), id(m), id(v)) == ids and p.dtype == m.dtype == v.dtype == np.float32
     assert not np.array_equal(p, before) and m.any() and v.any()
 
@@ -45,7 +47,7 @@ def test_adamw_matches_torch_over_several_steps() -> None:
     tp = torch.tensor(p0, requires_grad=True)
     opt = torch.optim.AdamW([tp], lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     for step, g in enumerate(grads, start=1):
-        ek.adamw_update(p, m, v, g, step, 3e-3, 0.9, 0.95, 1e-8, 0.1)
+        adamw_update(p, m, v, g, step, 3e-3, 0.9, 0.95, 1e-8, 0.1)
         tp.grad = torch.tensor(g)
         opt.step()
     np.testing.assert_allclose(p, tp.detach().numpy(), rtol=1e-12, atol=1e-14)
@@ -53,8 +55,8 @@ def test_adamw_matches_torch_over_several_steps() -> None:
 
 def test_global_grad_norm_of_known_arrays() -> None:
     grads = [np.array([3.0, 0.0]), np.array([[4.0]]), np.zeros((0,))]
-    assert ek.global_grad_norm(grads) == 5.0
-    assert ek.global_grad_norm({"a": np.array([1.0, 2.0, 2.0])}) == 3.0
+    assert global_grad_norm(grads) == 5.0
+    assert global_grad_norm({"a": np.array([1.0, 2.0, 2.0])}) == 3.0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -62,18 +64,18 @@ def test_clip_scales_exactly_to_max_norm(dtype) -> None:
     rng = np.random.default_rng(2)
     grads = {"w": rng.standard_normal((4, 5)).astype(dtype) * 10, "b": rng.standard_normal(5).astype(dtype)}
     before = {k: g.copy() for k, g in grads.items()}
-    norm = ek.clip_grad_norm(grads, 1.0)
+    norm = clip_grad_norm(grads, 1.0)
     assert norm == pytest.approx(
         math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in before.values()))
     )
-    assert ek.global_grad_norm(grads) == pytest.approx(1.0, rel=1e-6 if dtype == np.float32 else 1e-14)
+    assert global_grad_norm(grads) == pytest.approx(1.0, rel=1e-6 if dtype == np.float32 else 1e-14)
     for k in grads:  # every array scaled by the same factor
         np.testing.assert_allclose(grads[k], before[k] / norm, rtol=1e-6 if dtype == np.float32 else 1e-14)
 
 
 def test_clip_leaves_small_gradients_alone() -> None:
     grads = [np.array([0.3, 0.4])]
-    assert ek.clip_grad_norm(grads, 1.0) == pytest.approx(0.5)
+    assert clip_grad_norm(grads, 1.0) == pytest.approx(0.5)
     assert grads[0].tolist() == [0.3, 0.4]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
+from euler_kernels.ops.adamw import adamw_update
 from euler_model import GenerationStats, KVCache, generate, init_params, logits, loss_and_grads, preset
 from euler_model.model import trunk_forward
 from euler_model.sampling import choose_token
@@ -144,7 +145,7 @@ def train_on_cycle(cfg, steps=150, seed=0):
         seq = (rng.integers(0, 11, (8, 1)) + np.arange(t + 1 + extra)) % 11
         loss, grads = loss_and_grads(cfg, params, seq[:, :t], seq[:, 1:])
         for k in params:
-            ek.adamw_update(params[k], m[k], v[k], grads[k], step, lr=1e-2)
+            adamw_update(params[k], m[k], v[k], grads[k], step, lr=1e-2)
     return params, loss
 
 
