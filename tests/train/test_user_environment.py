@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -315,18 +316,28 @@ runpy.run_module("euler_train.cli", run_name="__main__", alter_sys=True)
 """
 
 
+def chunks(fd: int, poll: float) -> Iterator[bytes]:
+    """What `fd` gives, a chunk at a time (b"" after `poll` quiet seconds), until its writer is gone."""
+    while True:
+        if not select.select([fd], [], [], poll)[0]:
+            yield b""
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # a pty whose other side closed
+            return
+        if not chunk:
+            return
+        yield chunk
+
+
 def read_until(fd: int, marker: bytes, seen: bytes = b"", count: int = 1, timeout: float = 90) -> bytes:
     """Bytes read from `fd` (after `seen`) until `marker` appeared `count` times in all."""
     deadline = time.monotonic() + timeout
-    while seen.count(marker) < count and time.monotonic() < deadline:
-        if select.select([fd], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # a pty whose other side closed
-                break
-            if not chunk:
-                break
-            seen += chunk
+    for chunk in chunks(fd, 0.2):
+        seen += chunk
+        if seen.count(marker) >= count or time.monotonic() > deadline:
+            break
     assert seen.count(marker) >= count, seen
     return seen
 
@@ -341,12 +352,8 @@ def chat(checkpoint: Path, *flags: str, runner: Path | None = None, delay: float
 
 
 def drain(fd: int, seen: bytes) -> bytes:
-    """`seen` and whatever else can be read from `fd` until its writer is gone."""
-    while select.select([fd], [], [], 1)[0]:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:  # a pty whose other side closed
-            break
+    """`seen` and whatever else can be read from `fd` until its writer is gone (or a second of quiet)."""
+    for chunk in chunks(fd, 1):
         if not chunk:
             break
         seen += chunk
