@@ -122,6 +122,11 @@ def test_a_resume_records_its_changes_at_their_step(tmp_path, dataset, cli) -> N
     assert [c["step"] for c in history] == [4, 4, 6] and history[-1]["now"] == 7
     report = (run / "report.md").read_text()
     assert "Changed on --resume" in report and "| 4 | train.lr | 0.003 | 0.01 |" in report
+    # the run's config.toml, history and all, starts another run as its --config
+    again = ["pretrain", "--data", str(dataset), "--out", str(tmp_path / "again"), "--no-progress"]
+    proc = cli(*again, "--config", str(run / "config.toml"))
+    assert proc.returncode == 0, proc.stderr
+    assert recorded_config(tmp_path / "again" / "config.toml") == (cfg, [])
 
 
 def test_a_resume_that_would_be_another_model_is_refused_and_changes_nothing(tmp_path, dataset, cli) -> None:
@@ -130,7 +135,7 @@ def test_a_resume_that_would_be_another_model_is_refused_and_changes_nothing(tmp
     assert cli(*common, "--steps", "2").returncode == 0
     before = tree(run)
     for extra, words in (
-        (["--preset", "small"], "is a run of preset 'tiny' and keeps it (asked for --preset small)"),
+        (["--preset", "small"], "was run with model.preset='tiny' and keeps it (asked for 'small')"),
         (["--set", "model.n_layers=3"], "was run with model.n_layers=2 and keeps it (asked for 3)"),
         (["--set", "model.context=48"], "was run with model.context=32 and keeps it (asked for 48)"),
     ):

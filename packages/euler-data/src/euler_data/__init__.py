@@ -6,7 +6,7 @@
 
 from euler_data.__about__ import __version__
 from euler_data.chat import CHAT_TEMPLATE, alpaca_messages, encode_chat, render_chat
-from euler_data.dataset_folder import folder_kind
+from euler_data.dataset_folder import folder_kind, replace_files
 from euler_data.errors import DataError
 from euler_data.folder_lock import LOCK_FILE, FolderBusy, FolderUnwritable, hold_folder, unwritable
 from euler_data.loaders import PretrainLoader, SFTLoader
@@ -44,6 +44,7 @@ __all__ = [
     "prepare",
     "read_meta",
     "render_chat",
+    "replace_files",
     "split_paths",
     "unwritable",
 ]

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from euler_train.checkpoint import write_file
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
@@ -138,12 +140,6 @@ class RunConfig:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The sections as plain dicts, in TOML's order."""
         return asdict(self)
-
-    def value(self, dotted: str) -> Any:
-        """The value of a `section.key`, e.g. cfg.value("train.lr")."""
-        section, key = dotted.split(".")
-        values = getattr(self, section)
-        return values[key] if isinstance(values, dict) else getattr(values, key)
 
 
 # Every key of a run config, with its default; the default's type is the key's type.
@@ -434,11 +430,10 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def dumps(cfg: RunConfig | dict[str, dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
+def dumps(cfg: RunConfig, history: list[dict[str, Any]] = ()) -> str:
     """The config (and its `[[history]]` of changes) as TOML text that `tomllib` reads back the same."""
-    sections = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
     lines: list[str] = []
-    for section, values in sections.items():
+    for section, values in cfg.to_dict().items():
         lines.append(f"[{section}]")
         lines += [f"{key} = {format_value(value)}" for key, value in values.items()]
         lines.append("")
@@ -450,8 +445,10 @@ def dumps(cfg: RunConfig | dict[str, dict[str, Any]], history: list[dict[str, An
 
 
 def save_config(cfg: RunConfig, path: str | Path, history: list[dict[str, Any]] = ()) -> None:
-    """Write the resolved config, and the changes made to it on --resume, as TOML."""
-    Path(path).write_text(dumps(cfg, history), encoding="utf-8")
+    """Write the resolved config, and the changes made to it on --resume, as TOML: whole or not at all
+    (the history cannot be made again), a failed write one line (FolderUnwritable)."""
+    text = dumps(cfg, history)
+    write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def recorded_config(path: str | Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:

@@ -163,8 +163,8 @@ LAUNCHER_PID = "EULER_LAUNCHER_PID"
 
 def holds_run_lock(rank: int) -> bool:
     """Whether this process takes the run folder's lock: one process a world, the launcher when there
-    is one (`spawn`), else rank 0."""
-    return rank == 0 and LAUNCHER_PID not in os.environ
+    is one (`spawn`: this process's parent), else rank 0."""
+    return rank == 0 and os.environ.get(LAUNCHER_PID) != str(os.getppid())
 
 
 def spawn(n: int, argv: list[str]) -> int:

@@ -32,7 +32,7 @@ from euler_train.graph_memory import (
     peak_in_use,
     plan_record,
 )
-from euler_train.step import DEFAULT_OPTIONS, StepBuffers, StepOptions, bf16_weight_copies, train_step
+from euler_train.step import StepBuffers, StepOptions, bf16_weight_copies, train_step
 
 
 class GraphStep:
@@ -44,7 +44,7 @@ class GraphStep:
         params: dict[str, Any],
         opt: Any,
         comm: Any,
-        options: StepOptions = DEFAULT_OPTIONS,
+        options: StepOptions,
         fp8_scales: Any = None,
         planned_memory: bool = True,
         memory_sites: bool = False,

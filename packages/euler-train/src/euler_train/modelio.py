@@ -17,7 +17,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 import euler_model
-from euler_data import LOCK_FILE, folder_kind, unwritable
+from euler_data import LOCK_FILE, folder_kind, replace_files, unwritable
 from euler_train.checkpoint import STATE, CheckpointError, CheckpointManager, os_error, verify
 from euler_train.config import ConfigError
 from euler_train.runfolder import describe_run
@@ -134,17 +134,15 @@ def euler_folder(folder: Path) -> str | None:
 
 
 def write_export(out: Path, write: Callable[[Path], Any]) -> None:
-    """`write(folder)` into a temporary folder inside `out`, then its files moved into `out` and an earlier
-    export's files that this one lacks removed: a failure (the disk full, Ctrl-C) leaves `out` as it was,
-    an OSError as one line (FolderUnwritable)."""
+    """`write(folder)` into a temporary folder inside `out`, then moved in whole (euler-data's
+    replace_files: config.json last, a Ctrl-C held off until the moves are done) and an earlier export's
+    files that this one lacks removed; a failure before the move (the disk full, Ctrl-C) leaves `out` as it
+    was, an OSError as one line (FolderUnwritable)."""
     tmp = out / f"{EXPORT_TMP}{os.getpid()}"
     try:
         write(tmp)
-        for name in EXPORT_FILES:
-            if (tmp / name).is_file():
-                os.replace(tmp / name, out / name)
-            elif (out / name).is_file():
-                (out / name).unlink()
+        stale = [out / n for n in EXPORT_FILES if (out / n).is_file() and not (tmp / n).is_file()]
+        replace_files(out, tmp, "config.json", stale)
     except BaseException as err:
         cause = os_error(err)
         if cause is None:

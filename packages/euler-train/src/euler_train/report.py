@@ -56,7 +56,7 @@ def write_report(run_dir: str | Path, device: str = "cpu") -> Path:
 
 
 def report_text(run: Path, device: str = "cpu") -> str:
-    cfg, _ = recorded_config(run / "config.toml")
+    cfg, history = recorded_config(run / "config.toml")
     rows = read_metrics(run / "metrics.jsonl")
     try:
         checkpoint = resolve_checkpoint(run)
@@ -68,7 +68,7 @@ def report_text(run: Path, device: str = "cpu") -> str:
         f"Written {time.strftime('%Y-%m-%d %H:%M')} from `{run}`; newest checkpoint: "
         + (f"`{checkpoint.name}`" if checkpoint else f"none ({state['error']})")
         + f"; mode {state.get('mode', '?')}.",
-        config_section(run),
+        config_section(run, history),
         data_section(cfg),
         training_section(run, rows, state),
         loss_section(run, rows),
@@ -78,12 +78,11 @@ def report_text(run: Path, device: str = "cpu") -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def config_section(run: Path) -> str:
-    """config.toml, and the changes --resume made to it, each with the step from which it holds."""
+def config_section(run: Path, history: list[dict[str, Any]]) -> str:
+    """config.toml, and the changes --resume made to it (its `history`), each with the step it holds from."""
     text = "## Config\n\n`config.toml` (the resolved run config):\n\n```toml\n" + (
         (run / "config.toml").read_text(encoding="utf-8").strip() + "\n```"
     )
-    _, history = recorded_config(run / "config.toml")
     if not history:
         return text
     rows = [[c.get("step"), c.get("key"), c.get("was"), c.get("now")] for c in history]

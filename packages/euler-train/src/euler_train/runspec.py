@@ -219,13 +219,12 @@ def plan_run(
         mcfg = build_model_config(cfg, vocab)
     check_splits(cfg, mcfg, folder, mode)
     resume_from = find_resume(run_dir) if resume else None
+    saved = read_state(resume_from) if resume_from is not None else {}
     history, changes = [], []
     if resume and (run_dir / "config.toml").is_file():  # the run's own record first, then its checkpoint
         recorded, history = recorded_config(run_dir / "config.toml")
-        step = read_state(resume_from)["step"] if resume_from is not None else 0
-        changes = resume_changes(run_dir, recorded, cfg, step)
+        changes = resume_changes(run_dir, recorded, cfg, saved.get("step", 0))
     if resume_from is not None:
-        saved = read_state(resume_from)
         check_fingerprint(f"checkpoint {resume_from}", saved.get("tokenizer_fingerprint"), data_fp)
         check_same_model(resume_from, saved.get("model_config", {}), mcfg.to_dict())
         check_same_global_batch(resume_from, saved, cfg.train, world)
@@ -236,9 +235,9 @@ def plan_run(
             )
     check_run_folder(run_dir, resume, overwrite)
     tok_path = folder / "tokenizer.json"
-    spec = RunSpec(cfg, run_dir, mode, mcfg, tok_path, data_fp, init, resume_from, overwrite)
-    spec.history, spec.changes = history + changes, changes
-    return spec
+    return RunSpec(
+        cfg, run_dir, mode, mcfg, tok_path, data_fp, init, resume_from, overwrite, history + changes, changes
+    )
 
 
 # What makes a run the run it is: a resume that asks for other values is another run (another --out).
@@ -258,13 +257,19 @@ def resume_changes(run_dir: Path, recorded: dict, cfg: RunConfig, step: int) -> 
             if (key not in saved and not fixed) or dotted in UNRECORDED or saved.get(key) == now:
                 continue
             if fixed or dotted in FIXED_ON_RESUME:
-                was = saved[key] if key in saved else getattr(preset(recorded["model"]["preset"]), key, None)
+                was = saved[key] if key in saved else _preset_value(recorded, key)
                 raise ConfigError(
                     f"--resume: {run_dir} was run with {dotted}={was!r} and keeps it (asked for {now!r}); "
                     "to train another model, start a new run with another --out"
                 )
             changes.append({"step": step, "key": dotted, "was": saved[key], "now": now})
     return changes
+
+
+def _preset_value(recorded: dict, key: str) -> Any:
+    """A model field's value in the preset a run's config.toml names (None where it names none known)."""
+    name = recorded.get("model", {}).get("preset")
+    return getattr(preset(name), key, None) if name in PRESETS else None
 
 
 def _sft_model_section(cfg: RunConfig, mcfg: Any) -> None:
@@ -307,17 +312,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     preset is the one of those files, or for sft the one data.init was trained with. A resumed run keeps
     its preset (plan_run records or refuses the other changes)."""
     saved = Path(args.out) / "config.toml"
-    base = recorded_config(saved)[0] if args.resume and saved.is_file() else None
-    if base is not None and args.preset is not None:
-        was = base.get("model", {}).get("preset")
-        if args.preset != was:
-            raise ConfigError(
-                f"--resume: {args.out} is a run of preset {was!r} and keeps it (asked for --preset "
-                f"{args.preset}); to train another model, start a new run with another --out"
-            )
+    recorded = recorded_config(saved)[0] if args.resume and saved.is_file() else None
+    base = recorded
     if args.config:
-        base = merge_files(base or {}, load_toml(args.config))
+        base = merge_files(base or {}, recorded_config(args.config)[0])
     flags = {key: getattr(args, name, None) for name, key in TRAIN_FLAGS.items()}
+    if recorded is not None and args.preset is not None:  # asked of a resumed run: resume_changes judges it
+        flags["model.preset"] = args.preset
     if args.no_progress:
         flags["log.progress"] = False
     if args.no_eval:

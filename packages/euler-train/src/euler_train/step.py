@@ -113,7 +113,7 @@ def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str,
 class StepOptions:
     """What one training step does besides its inputs, from the run's [train] section (`from_train`)."""
 
-    max_norm: float = 1.0  # global-norm clipping (train.grad_clip); 0 disables
+    max_norm: float  # global-norm clipping (train.grad_clip); 0 disables
     recompute: bool = False  # the layers' activations re-made in the backward (euler_model/recompute.py)
     keep_activations: bool = False  # the bf16 forward keeps what its backward would re-make
     bf16_grads: bool = False  # the matrices' gradients are bf16 (several micro-batches sum into float32)
@@ -121,9 +121,6 @@ class StepOptions:
     @classmethod
     def from_train(cls, train: TrainConfig) -> StepOptions:
         return cls(train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads)
-
-
-DEFAULT_OPTIONS = StepOptions()
 
 
 def train_step(
@@ -190,7 +187,7 @@ class EagerStep:
         params: dict[str, Any],
         opt: Any,
         comm: Any,
-        options: StepOptions = DEFAULT_OPTIONS,
+        options: StepOptions,
         fp8_scales: Any = None,
     ) -> None:
         self.mcfg, self.params, self.opt, self.comm = mcfg, params, opt, comm

@@ -102,6 +102,8 @@ class Trainer:
                 clear_run(self.spec.run_dir)
             self.spec.run_dir.mkdir(parents=True, exist_ok=True)
             self.ckpts.clean_temporaries()
+            for tmp in self.spec.run_dir.glob(".tmp-*"):  # a killed writer's half-written plot or report
+                tmp.unlink(missing_ok=True)
             save_config(cfg, self.spec.run_dir / "config.toml", self.spec.history)
 
     def _check_sft_fits(self) -> None:
