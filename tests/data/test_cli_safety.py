@@ -366,3 +366,71 @@ def test_ctrl_c_exits_130_with_one_line_and_the_previous_dataset_whole(dataset, 
         meta["documents_in"] == 20_000
         and (dataset / "train.bin").stat().st_size == 2 * meta["tokens"]["train"]
     )
+
+
+def test_ctrl_c_before_the_move_in_is_continued_and_keeps_the_previous_database(
+    dataset, text, tok_path, monkeypatch, capsys
+):
+    """A Ctrl-C once everything is in pipeline.new/ but before it is moved in: the message says the folder
+    keeps its dataset and the same command continues, and it does (no stage runs again)."""
+    from euler_data import cli, ingest, pipeline
+
+    before, old_db = dataset_files(dataset), (dataset / "pipeline.duckdb").read_bytes()
+    real = pipeline.replace_files
+
+    def interrupted(*args, **kwargs):
+        monkeypatch.setattr(pipeline, "replace_files", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "replace_files", interrupted)
+    argv = ["prepare", "--source", f"{text}::line", "--tokenizer", str(tok_path), "--out", str(dataset),
+            "--quiet", "--workers", "1", "--overwrite", "--seed", "7"]  # fmt: skip
+    assert cli.main(argv) == 130
+    kept = f"{dataset} keeps its previous dataset (the same command continues where this one stopped)"
+    assert capsys.readouterr().err.splitlines() == [f"euler-data prepare: interrupted; {kept}"]
+    assert dataset_files(dataset) == before
+    assert (dataset / "pipeline.duckdb.previous").read_bytes() == old_db  # set aside, not lost
+    staged = json.loads((dataset / "pipeline.new" / "meta.json").read_text(encoding="utf-8"))
+
+    def no_ingest(*args, **kwargs):
+        raise AssertionError("ingest ran again")
+
+    monkeypatch.setattr(ingest, "ingest", no_ingest)
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    meta = json.loads((dataset / "meta.json").read_text(encoding="utf-8"))
+    assert meta["stages"]["ingest"] == staged["stages"]["ingest"]  # the interrupted run's, not redone
+    assert meta["seed"] == 7 != json.loads(before["meta.json"])["seed"]  # the new dataset
+    names = {p.name for p in dataset.iterdir()}
+    assert {"train.bin", "val.bin", "tokenizer.json", "meta.json", "pipeline.duckdb"} <= names
+    assert not names & {"pipeline.new", "pipeline.duckdb.previous", "pipeline.tokenizer.json"}
+    monkeypatch.undo()
+    again = euler_data(*argv)  # a finished run: the same command starts over (and writes the same set)
+    assert again.returncode == 0, again.stderr
+    assert (
+        json.loads((dataset / "meta.json").read_text(encoding="utf-8"))["stages"]["ingest"]
+        != staged["stages"]["ingest"]
+    )
+
+
+def test_a_bad_memory_limit_leaves_the_folder_byte_for_byte(dataset, text, tok_path):
+    before = snapshot(dataset)
+    env = {**os.environ, "EULER_DATA_MEMORY_LIMIT": "lots"}
+    cmd = [sys.executable, "-m", "euler_data.cli", "prepare", "--source", f"{text}::line", "--tokenizer",
+           str(tok_path), "--out", str(dataset), "--quiet", "--overwrite"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    one_line_error(done, "EULER_DATA_MEMORY_LIMIT='lots'")
+    assert snapshot(dataset) == before and (dataset / "pipeline.duckdb").is_file()
+
+
+def test_hidden_files_of_a_folder_source_are_skipped(tmp_path):
+    folder = tmp_path / "repo"
+    (folder / ".git" / "objects").mkdir(parents=True)
+    (folder / ".git" / "objects" / "x").write_bytes(b"\x78\x01 not text")
+    (folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (folder / "story.txt").write_text(prose(3, 200), encoding="utf-8")
+    out = tmp_path / "ds"
+    argv = ["prepare", "--source", str(folder), "--tokenizer", "bytes", "--out", str(out), "--quiet"]
+    done = euler_data(*argv)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    assert meta["documents_in"] == 1 and "unknown_extension" not in meta["dropped"], meta["dropped"]

@@ -275,8 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--val-fraction", type=float, default=0.05)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--mirror")
-    s.add_argument("--overwrite", action="store_true", help="write into a folder that is not an euler-data "
-                   "dataset folder (refused without it)")  # fmt: skip
+    s.add_argument("--overwrite", action="store_true", help="replace the SFT set --out holds, or write "
+                   "into a folder that is not euler-data's (refused without it)")  # fmt: skip
     s.set_defaults(func=cmd_sft)
     return parser
 

@@ -67,7 +67,7 @@ def folder_kind(folder: Path) -> str:
 
 def listing(folder: Path) -> str:
     """The folder's entries for an error: the first SHOWN names, then how many more."""
-    names = sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE)
+    names = sorted(p.name for p in folder.iterdir() if p.name not in NOT_A_SET)
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return ", ".join(names[:SHOWN]) + more
 

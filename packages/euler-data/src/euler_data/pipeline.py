@@ -43,6 +43,7 @@ from euler_data.sources import resolve
 TRAINED = "pipeline.tokenizer.json"  # the trained tokenizer while a run is unfinished
 NEW = "pipeline.new"  # the run's dataset files until they replace the folder's
 PREVIOUS = f"{DB_NAME}.previous"  # the folder's dataset's database while a new run replaces that dataset
+INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException)  # Ctrl-C, or DuckDB's error for it
 STAGES = ("ingest", "clean", "filter", "dedup", "split", "mix", "tokenizer", "tokenize")
 
 
@@ -67,10 +68,15 @@ def nothing_kept(con, recipe: Recipe) -> DataError:
     """The error of a run that keeps no document: the drops, and the fix when a flag has one."""
     n_in, dropped = scalar(con, "SELECT count(*) FROM deduped"), drop_counts(con)
     fixes = []
-    if "too_short" in dropped:
+    top = max((r for r in dropped if r in filters.FIXES), key=lambda r: dropped[r], default=None)
+    if top == "too_short":
         longest = scalar(con, "SELECT max(length(text)) FROM filtered WHERE reason = 'too_short'")
         fixes.append(f"the longest document dropped as too short has {longest} characters (--min-chars is "
                      f"{recipe.filter.min_chars}): pass --min-chars {longest} or less")  # fmt: skip
+    elif top:
+        field, flag = filters.FIXES[top]
+        bar = f" ({field} is {getattr(recipe.filter, field)})" if field else ""
+        fixes.append(f"the {top} filter dropped {dropped[top]}{bar}: {flag} changes it")
     if "not_utf8" in dropped:
         fixes.append("PATH::raw with --tokenizer bytes reads files that are not UTF-8 as their bytes")
     return DataError("prepare", "; ".join([f"kept 0 of {n_in} documents (dropped {dropped})", *fixes]))
@@ -241,8 +247,9 @@ def prepare(
     finished stage (or, inside tokenize, its last encoded batch). Tables a stage has consumed are
     dropped, and the database is compacted to its accounting at the end, unless ``keep_intermediate``.
     The new dataset replaces the folder's only once it is whole (see the module docstring); a run that
-    started afresh and stops on bad input (DataError) removes its work again, and the database of the
-    folder's dataset (set aside meanwhile) comes back.
+    started afresh and stops on an error removes its work again, and the database of the folder's
+    dataset (set aside meanwhile) comes back; an interrupted one (Ctrl-C) keeps its work, which the same
+    call continues.
     """
     check_sources(recipe)
     out = Path(out)
@@ -252,17 +259,23 @@ def prepare(
     out.mkdir(parents=True, exist_ok=True)
     remove_temp(out)  # spill files of a killed run
     fresh = set_aside_finished(out)
-    state: dict[str, Any] = {"con": connect(out), "tok": given}
+    state: dict[str, Any] = {"tok": given}
     try:
+        state["con"] = connect(out)
         meta = _run(state, recipe, inputs, out, quiet, keep_intermediate)
-    except DataError:
-        if fresh:
+        stale = _stale_sft(out, meta["tokenizer_fingerprint"])
+        remove = _replaced_splits(out, meta) + stale
+    except BaseException as err:
+        if fresh and not isinstance(err, INTERRUPTS):  # an interrupted run's work is continued next time
             discard_work(out)
             _move_db(out, PREVIOUS, DB_NAME)
         raise
-    stale = _stale_sft(out, meta["tokenizer_fingerprint"])
-    replace_files(out, out / NEW, META_NAME, _replaced_splits(out, meta) + stale)
-    _move_db(out, PREVIOUS, None)
+    try:
+        replace_files(out, out / NEW, META_NAME, remove)
+    finally:
+        if not (out / NEW).exists():  # moved in (a Ctrl-C held during the moves is raised after them)
+            _move_db(out, PREVIOUS, None)
+            clear_progress(out)  # only now: until here the same command continues this run
     if not keep_intermediate:
         compact(out)
     if stale:
@@ -279,6 +292,7 @@ def _run(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool, 
     try:
         timings = run_stages(state, recipe, inputs, out, quiet, keep)
         tok, con = state["tok"], state["con"]
+        (out / NEW).mkdir(exist_ok=True)  # gone where a kill came after the moves, before clear_progress
         tok.save(out / NEW / "tokenizer.json")
         extra = {
             "context_hint": recipe.context_hint,
@@ -286,7 +300,6 @@ def _run(state: dict[str, Any], recipe: Recipe, inputs, out: Path, quiet: bool, 
             "val_fraction": recipe.val_fraction,
         }
         meta = build_meta(con, tok, {**extra, "stages": timings, "recipe": recipe.to_dict()})
-        con.execute("DELETE FROM progress")  # a finished run: the same command again starts over
     finally:
         state["con"].close()
     written = {split: sum(f["tokens"] for f in files) for split, files in state["shards"].items()}
@@ -327,8 +340,20 @@ def set_aside_finished(out: Path) -> bool:
                 return False
         finally:
             con.close()
-    _move_db(out, DB_NAME, PREVIOUS)
+    if (out / PREVIOUS).exists():  # an interrupted fresh run that finished no stage: PREVIOUS is the set's
+        discard_work(out)
+    else:
+        _move_db(out, DB_NAME, PREVIOUS)
     return True
+
+
+def clear_progress(out: Path) -> None:
+    """A run whose dataset is in place: the same command again starts over (and sets this one aside)."""
+    con = connect(out)
+    try:
+        con.execute("DROP TABLE IF EXISTS progress")
+    finally:
+        con.close()
 
 
 def _move_db(out: Path, name: str, to: str | None) -> None:

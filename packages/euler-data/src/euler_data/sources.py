@@ -57,12 +57,14 @@ def file_format(path: Path) -> str:
 
 def local_inputs(path: Path) -> list[Input]:
     """Every file under a folder (sorted; one of another extension as an UNKNOWN input, which ingest
-    counts as dropped), or the file itself."""
+    counts as dropped; hidden ones, any part of the path under the folder starting with ".", skipped:
+    ``.git/``, ``.DS_Store``), or the file itself."""
     if path.is_file():
         return [Input(str(path), file_format(path))]
     if not path.is_dir():
         raise DataError(str(path), "no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    hidden = lambda p: any(part.startswith(".") for part in p.relative_to(path).parts)  # noqa: E731
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p))
     inputs = [Input(str(p), file_format(p) if p.suffix.lower() in FORMATS else UNKNOWN) for p in files]
     if all(i.fmt == UNKNOWN for i in inputs):
         raise DataError(
