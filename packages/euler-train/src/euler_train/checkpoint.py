@@ -21,7 +21,8 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +73,32 @@ def os_error(err: BaseException) -> OSError | None:
     return OSError(code, os.strerror(code))
 
 
+@contextlib.contextmanager
+def os_errors_as(
+    error: Callable[[OSError], Exception], cleanup: Callable[[], Any] = lambda: None
+) -> Iterator[None]:
+    """Run the block; on any failure run `cleanup` (its own OSErrors ignored), and raise an OSError behind a
+    failed write (`os_error`) as `error(that OSError)`, one line instead of a traceback."""
+    try:
+        yield
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            cleanup()
+        cause = os_error(err)
+        if cause is None:
+            raise
+        raise error(cause) from None
+
+
 def write_file(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """`write(tmp)` to a temporary file beside `path` (its parents made), then renamed to `path`: a failure
     leaves what was at `path` as it was; an OSError is FolderUnwritable, one line naming `path`."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")  # the same suffix: writers read the format in it
-    try:
+    with os_errors_as(lambda err: unwritable(path, err), cleanup=lambda: tmp.unlink(missing_ok=True)):
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        cause = os_error(err)
-        if cause is None:
-            raise
-        raise unwritable(path, cause) from None
     return path
 
 
@@ -148,26 +159,21 @@ class CheckpointManager:
         OSError (the disk full, say) is a CheckpointError of one line naming the last good checkpoint."""
         tmp = self.root / f".tmp-step_{step}-{os.getpid()}"
         final = self.root / f"step_{step}"
-        try:
+        half_written = partial(shutil.rmtree, tmp, ignore_errors=True)  # removed on any failure
+        with os_errors_as(partial(self._not_written, final), cleanup=half_written):
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             self._fill(tmp, write_files, state)
-        except BaseException as err:
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
-            cause = os_error(err)
-            if cause is None:
-                raise
-            raise CheckpointError(self._not_written(final, cause)) from None
         self._replace(tmp, final)
         self.prune()
         return final
 
-    def _not_written(self, final: Path, err: OSError) -> str:
+    def _not_written(self, final: Path, err: OSError) -> CheckpointError:
         """Why checkpoint `final` was not written, which one is the last good one, what to do."""
         older = self.folders()
         kept = f"the last good checkpoint is {older[0].name}" if older else f"{self.root} holds none yet"
-        return f"{unwritable(final, err)}; {kept}; fix that, then continue with --resume"
+        return CheckpointError(f"{unwritable(final, err)}; {kept}; fix that, then continue with --resume")
 
     @staticmethod
     def _fill(tmp: Path, write_files: Callable[[Path], Any], state: dict[str, Any]) -> None:

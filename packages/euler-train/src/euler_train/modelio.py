@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 import euler_model
 from euler_data import LOCK_FILE, folder_kind, replace_files, unwritable
-from euler_train.checkpoint import STATE, CheckpointError, CheckpointManager, os_error, verify
+from euler_train.checkpoint import STATE, CheckpointError, CheckpointManager, os_errors_as, verify
 from euler_train.config import ConfigError
 from euler_train.runfolder import describe_run
 
@@ -140,13 +140,9 @@ def write_export(out: Path, write: Callable[[Path], Any]) -> None:
     was, an OSError as one line (FolderUnwritable)."""
     tmp = out / f"{EXPORT_TMP}{os.getpid()}"
     try:
-        write(tmp)
-        stale = [out / n for n in EXPORT_FILES if (out / n).is_file() and not (tmp / n).is_file()]
-        replace_files(out, tmp, "config.json", stale)
-    except BaseException as err:
-        cause = os_error(err)
-        if cause is None:
-            raise
-        raise unwritable(out, cause) from None
+        with os_errors_as(lambda err: unwritable(out, err)):
+            write(tmp)
+            stale = [out / n for n in EXPORT_FILES if (out / n).is_file() and not (tmp / n).is_file()]
+            replace_files(out, tmp, "config.json", stale)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
