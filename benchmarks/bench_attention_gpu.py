@@ -20,7 +20,6 @@ to float32); gradients are compared in float32.
 from __future__ import annotations
 
 import argparse
-import os
 
 import cupy as cp
 import numpy as np
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from bench_kernels_gpu import graph_ms, queued_ms, time_ms  # the CUDA-event medians of the GPU benchmarks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from euler_kernels.cuda import cast, flash_attention_sm90
+from euler_kernels.cuda import cast
 from euler_kernels.cuda.flash_attention import flash_attention_backward_bf16, flash_attention_forward_bf16
 
 ROWS = [  # (head_dim, Hq, Hkv, B, T)
@@ -45,7 +44,7 @@ BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-FAMILIES = ("sm90", "mma")
+FAMILIES = ("sm90", "mma")  # our kernel families: a Precision's attention_kernel
 
 
 def rel(a, b) -> float:
@@ -103,21 +102,19 @@ def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
     for family in FAMILIES:
         if family == "sm90" and not cp.cuda.Device().compute_capability.startswith("9"):
             continue
-        os.environ[flash_attention_sm90.KERNEL_ENV] = family
-        out16, lse = flash_attention_forward_bf16(q16, k16, v16, True)
-        dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)
+        out16, lse = flash_attention_forward_bf16(q16, k16, v16, True, family)
+        dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True, family)
         errors = (rel(cast.from_bf16(out16), ref_out), rel(dq, ref_dq), rel(dk, ref_dk), rel(dv, ref_dv))
 
-        def forward():
-            return flash_attention_forward_bf16(q16, k16, v16, True)
+        def forward(family=family):
+            return flash_attention_forward_bf16(q16, k16, v16, True, family)
 
-        def both():
-            o, s = flash_attention_forward_bf16(q16, k16, v16, True)
-            flash_attention_backward_bf16(g16, q16, k16, v16, o, s, True)
+        def both(family=family):
+            o, s = flash_attention_forward_bf16(q16, k16, v16, True, family)
+            flash_attention_backward_bf16(g16, q16, k16, v16, o, s, True, family)
 
         times = (queued_ms(forward, reps), queued_ms(both, reps))
         result[family] = (*times, errors, time_ms(forward, reps), graph_ms(forward, reps))
-    os.environ.pop(flash_attention_sm90.KERNEL_ENV, None)
 
     tq, tk, tv = (to_torch(a, e, torch.bfloat16).requires_grad_() for a, e in ((q16, 0), (k16, 1), (v16, 1)))
     tg = to_torch(g16, False, torch.bfloat16)

@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     try:
+        products_of = {name: ek.Precision(name) for name in args.precisions.split(",")}
         trees = parse_trees(args.trees)
         cp = ek.require_cuda()
         models = [load_checkpoint(path)[:2] for path in args.checkpoints]
@@ -60,7 +61,7 @@ def main() -> None:
             for tree in trees:
                 checked_draft_tree(cfg, tree)
         vals = [np.concatenate(open_split(folder, "val")) for folder in args.prompts_from]
-    except (OSError, RuntimeError, ValueError) as err:  # no GPU, a bad tree, a missing checkpoint or dataset
+    except (OSError, RuntimeError, ValueError) as err:  # a bad precision or tree, no GPU, a missing file
         p.error(str(err).splitlines()[0])  # one line, exit 2
     n = args.new_tokens
     print(f"# {args.prompts} prompts of {args.prompt_len} tokens, {n} new tokens, best of {args.repeats}")
@@ -69,7 +70,7 @@ def main() -> None:
         kind = "conditioned heads" if cfg.mtp_conditioned else "plain heads"
         for folder, val in zip(args.prompts_from, vals, strict=True):
             for precision in args.precisions.split(","):
-                os.environ["EULER_MATMUL_PRECISION"] = precision
+                products = products_of[precision]  # how the products are computed
                 starts = np.random.default_rng(1).integers(0, len(val) - args.prompt_len, args.prompts)
                 ratios = {tree: [] for tree in trees}
                 accepted = {tree: [] for tree in trees}
@@ -78,12 +79,11 @@ def main() -> None:
                 plain_rates = []
                 for start in starts:
                     prompts = [val[start : start + args.prompt_len].astype(np.int64).tolist()]
-                    plain, want, _ = best_call(cfg, params, prompts, n, args.repeats)
+                    plain, want, _ = best_call(cfg, params, prompts, n, args.repeats, precision=products)
                     plain_rates.append(n / plain)
                     for tree in trees:
-                        spec, out, stats = best_call(
-                            cfg, params, prompts, n, args.repeats, speculative=True, draft_tree=tree
-                        )
+                        kw = {"speculative": True, "draft_tree": tree, "precision": products}
+                        spec, out, stats = best_call(cfg, params, prompts, n, args.repeats, **kw)
                         ratios[tree].append(plain / spec)
                         accepted[tree].append(stats.acceptance_rate)
                         per_forward[tree].append(stats.tokens_per_forward)

@@ -39,9 +39,8 @@ def _flag(name: str, default: str) -> str:
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-# read before NumPy / CuPy load: BLAS threads, and exact float32 products on the GPU unless bf16 is asked
+# read before NumPy loads: BLAS threads
 os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = _flag("--threads", "1")
-os.environ["CUPY_TF32"] = "0"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -73,11 +72,19 @@ def timed(fn, repeats: int) -> tuple[list[list[int]], float]:
 
 
 def euler_runs(
-    cfg, params, prompts, n, gpu: bool, quick: bool, stats: GenerationStats, graph_stats: GenerationStats
+    cfg,
+    params,
+    prompts,
+    n,
+    gpu: bool,
+    quick: bool,
+    stats: GenerationStats,
+    graph_stats: GenerationStats,
+    precision: ek.Precision,
 ) -> dict:
-    """name -> a function generating the rows' new tokens with euler-model (quick: no uncaptured GPU rows);
-    the speculative row adds its drafts to `stats`, the graph row says in `graph_stats.decode` how its steps
-    ran (a capture that failed runs them eagerly)."""
+    """name -> a function generating the rows' new tokens with euler-model in `precision` (quick: no
+    uncaptured GPU rows); the speculative row adds its drafts to `stats`, the graph row says in
+    `graph_stats.decode` how its steps ran (a capture that failed runs them eagerly)."""
 
     def batched(graph: bool, speculative: bool = False):
         def run():
@@ -85,7 +92,9 @@ def euler_runs(
                 kw = {"speculative": True, "stats": stats}
             else:
                 kw = {"stats": graph_stats} if graph else {}
-            out = generate_batch(cfg, params, prompts, n, temperature=0.0, cuda_graph=graph, **kw)
+            out = generate_batch(
+                cfg, params, prompts, n, temperature=0.0, cuda_graph=graph, precision=precision, **kw
+            )
             return [c.tokens for c in out]
 
         return run
@@ -96,7 +105,9 @@ def euler_runs(
     if cfg.n_mtp_heads > 1:
         runs["euler spec"] = batched(True, speculative=True)
     if len(prompts) == 1 and not (gpu and quick):
-        runs["euler one"] = lambda: [list(generate(cfg, params, prompts[0], n, temperature=0.0))]
+        runs["euler one"] = lambda: [
+            list(generate(cfg, params, prompts[0], n, temperature=0.0, precision=precision))
+        ]
     return runs
 
 
@@ -137,11 +148,17 @@ def _with_forward(model, forward, fn):
         model.forward = plain
 
 
-def steady_decode(cfg, params, prompts, n: int, seconds_n: float, repeats: int) -> None:
+def steady_decode(
+    cfg, params, prompts, n: int, seconds_n: float, repeats: int, precision: ek.Precision
+) -> None:
     """Print the captured decode step's own rate: the time of n tokens less that of n // 8, per token, and
     what is left of the call (prefill, weights, the eager first step, capture) as its fixed cost."""
     short = max(2, n // 8)
-    _, seconds_short = timed(lambda: generate_batch(cfg, params, prompts, short, temperature=0.0), repeats)
+
+    def call():
+        return generate_batch(cfg, params, prompts, short, temperature=0.0, precision=precision)
+
+    _, seconds_short = timed(call, repeats)
     step = (seconds_n - seconds_short) / (n - short)
     print(
         f"batch {len(prompts):3d}  euler graph steady decode: {step * 1e6:.0f} us a step = "
@@ -188,6 +205,10 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="bench_generate_")
     save_hf(cfg, host, folder)
     precisions = (args.precisions or ("fp32,bf16" if gpu else "fp32")).split(",")
+    try:  # how euler's products are computed on the GPU, for each name
+        products_of = {name: ek.Precision(name) for name in precisions}
+    except ValueError as err:
+        p.error(str(err))
     print(
         f"# {args.checkpoint or args.preset}, {args.device}, threads {args.threads}, "
         f"prompt {args.prompt_len}, new tokens {args.new_tokens}; load average {os.getloadavg()}"
@@ -198,10 +219,11 @@ def main() -> None:
     for b in [int(x) for x in args.batches.split(",")]:
         prompts = prompt_windows(rng, val, b, args.prompt_len, cfg.vocab_size)
         for precision in precisions:
-            os.environ["EULER_MATMUL_PRECISION"] = precision
+            products = products_of[precision]
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             results, spec, graph_stats = {}, GenerationStats(), GenerationStats()
-            runs = euler_runs(cfg, params, prompts, args.new_tokens, gpu, args.quick, spec, graph_stats)
+            run = (cfg, params, prompts, args.new_tokens, gpu, args.quick, spec, graph_stats, products)
+            runs = euler_runs(*run)
             for name, fn in runs.items():
                 results[name] = timed(fn, args.repeats)
             hf = hf_runs(folder, prompts, args.new_tokens, "cuda" if gpu else "cpu", dtype, args.hf_compile)
@@ -217,7 +239,8 @@ def main() -> None:
                 )
             if gpu:
                 print(f"batch {b:3d} {precision}  euler graph decode steps ran as: {graph_stats.decode}")
-                steady_decode(cfg, params, prompts, args.new_tokens, results["euler graph"][1], args.repeats)
+                seconds = results["euler graph"][1]
+                steady_decode(cfg, params, prompts, args.new_tokens, seconds, args.repeats, products)
             if spec.drafted:
                 print(
                     f"batch {b:3d} {precision}  euler spec: {spec.accepted:,} of {spec.drafted:,} drafts "

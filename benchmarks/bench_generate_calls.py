@@ -15,7 +15,6 @@ stops with an error).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -43,8 +42,9 @@ def prompt_windows(rng, val, b: int, length: int, vocab_size: int) -> list[list[
     return [val[i : i + length].astype(np.int64).tolist() for i in starts]
 
 
-def timed_calls(cfg, params, prompts, n: int, calls: int, mode: str, speculative: bool, want):
-    """Seconds of each call, the last call's stats and output (checked against `want` when given)."""
+def timed_calls(cfg, params, prompts, n: int, calls: int, mode: str, speculative: bool, want, precision):
+    """Seconds of each call, the last call's stats and output (checked against `want` when given); the
+    products computed in `precision` (an euler_kernels.Precision)."""
     times, out, stats = [], None, None
     release_kept_decoders()
     for _ in range(calls):
@@ -52,7 +52,8 @@ def timed_calls(cfg, params, prompts, n: int, calls: int, mode: str, speculative
             release_kept_decoders()
         stats = GenerationStats()
         start = time.perf_counter()
-        out = generate_batch(cfg, params, prompts, n, 0.0, speculative=speculative, stats=stats)
+        kw = {"speculative": speculative, "stats": stats, "precision": precision}
+        out = generate_batch(cfg, params, prompts, n, 0.0, **kw)
         times.append(time.perf_counter() - start)
         if want is not None and out != want:
             sys.exit(f"bench_generate_calls: {mode}, speculative={speculative}: tokens differ from greedy")
@@ -72,13 +73,14 @@ def main() -> None:
     if args.calls < 3:
         p.error("--calls must be at least 3 (the best of calls 3.. is printed)")  # one line, exit 2
     try:
+        products_of = {name: ek.Precision(name) for name in args.precisions.split(",")}
         cp = ek.require_cuda()
         if args.checkpoint:
             cfg, host, _ = load_checkpoint(args.checkpoint)
         else:
             cfg, host = preset("gpu"), init_params(preset("gpu"), seed=0)
         val = np.concatenate(open_split(args.prompts_from, "val")) if args.prompts_from else None
-    except (OSError, RuntimeError, ValueError) as err:  # no GPU, a missing or bad checkpoint or dataset
+    except (OSError, RuntimeError, ValueError) as err:  # a bad precision, no GPU, a bad checkpoint or dataset
         p.error(str(err).splitlines()[0])
     params = {k: cp.asarray(v) for k, v in host.items()}
     rng = np.random.default_rng(0)
@@ -87,11 +89,11 @@ def main() -> None:
     for b in [int(x) for x in args.batches.split(",")]:
         prompts = prompt_windows(rng, val, b, args.prompt_len, cfg.vocab_size)
         for precision in args.precisions.split(","):
-            os.environ["EULER_MATMUL_PRECISION"] = precision
+            products = products_of[precision]  # how the products are computed
             best, want = {}, None
             for mode in MODES:
                 for speculative in (False, True):
-                    run = (cfg, params, prompts, n, args.calls, mode, speculative, want)
+                    run = (cfg, params, prompts, n, args.calls, mode, speculative, want, products)
                     times, stats, out = timed_calls(*run)
                     want = out if want is None else want
                     best[mode, speculative] = min(times[2:])

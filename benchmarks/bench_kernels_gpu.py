@@ -1,6 +1,6 @@
 """GPU kernels vs PyTorch on the same H200, same shapes, fp32 (no TF32 in these kernels).
 
-    CUPY_TF32=0 python benchmarks/bench_kernels_gpu.py [--quick]
+    python benchmarks/bench_kernels_gpu.py [--quick] [--attention-kernel auto|sm90|mma]
 
 Prints FlashAttention forward+backward time and TFLOP/s against torch's scaled_dot_product_attention
 (fp32 selects its memory-efficient kernel; bf16 its FlashAttention kernel), and the fused rmsnorm /
@@ -124,17 +124,18 @@ def bench_attention(B: int, T: int, tf32: bool, Hq=12, Hkv=4, D=64) -> dict:
     return attention_timings(ours, reference, err, B, T, Hq, D)
 
 
-def bench_attention_bf16(B: int, T: int, Hq=12, Hkv=4, D=64) -> dict:
-    """Our bf16 kernel (bf16 bit patterns in, fp32 gradients out) against torch's SDPA on bf16 tensors."""
+def bench_attention_bf16(B: int, T: int, kernel: str = "auto", Hq=12, Hkv=4, D=64) -> dict:
+    """Our bf16 kernel (bf16 bit patterns in, fp32 gradients out) against torch's SDPA on bf16 tensors;
+    kernel: which family of ours runs (auto, sm90, mma: a Precision's attention_kernel)."""
     q, k, v, g = attention_inputs(B, T, Hq, Hkv, D)
     q16, k16, v16, g16 = (cast.to_bf16(a) for a in (q, k, v, g))
 
     def ours_forward():
-        return flash_attention_forward_bf16(q16, k16, v16, True)
+        return flash_attention_forward_bf16(q16, k16, v16, True, kernel)
 
     def ours():
         out16, lse = ours_forward()
-        flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)
+        flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True, kernel)
 
     def to_torch(a, expand: bool):  # (B, H, T, D) bf16 (the same rounding as to_bf16), K/V expanded untimed
         t = torch.as_tensor(a, device="cuda").to(torch.bfloat16).transpose(1, 2)
@@ -230,6 +231,12 @@ def bench_fused(bandwidth: float, N=16384, C=768, F_=2048, V=4096, n_params=116_
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--attention-kernel",
+        default="auto",
+        choices=["auto", "sm90", "mma"],
+        help="our bf16 FlashAttention kernels: auto (Hopper's wgmma on 9.x, else mma.sync), sm90 or mma",
+    )
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cp.__version__}")
     bandwidth = copy_bandwidth()
@@ -254,7 +261,7 @@ def main() -> None:
         f" {'speed':>7} {'fwd ours':>9} {'fwd torch':>10} {'rel err':>9}"
     )
     for B, T in shapes:
-        r = bench_attention_bf16(B, T)
+        r = bench_attention_bf16(B, T, args.attention_kernel)
         print(
             f"{B:>4} x {T:<5} {r['ours_ms']:9.3f} {r['torch_ms']:9.3f} {r['ours_tflops']:10.1f} "
             f"{r['torch_tflops']:11.1f} {r['torch_ms'] / r['ours_ms']:6.2f}x {r['ours_fwd_ms']:9.3f} "

@@ -7,8 +7,10 @@
 The model is `--preset` (default gpu) with `--context`, `--batch` and each `--set section.key=value` applied
 the way `euler-train pretrain --preset NAME --set ...` applies them (euler-train's resolve_config and its
 [model] override check), keeping the preset's own vocabulary; `--set train.recompute=true` or
-`--set train.optimizer=muon` change our step. The batch defaults to the preset's train.batch_size, the
-precision to its run.precision (tf32 when that is fp32).
+`--set train.optimizer=muon` change our step, `--set run.attention_kernel=mma` (or sm90) and
+`--set run.gemm_tuning=false` the kernels of our precision (euler_kernels.Precision), as they change
+euler-train's. The batch defaults to the preset's train.batch_size, the precision to its run.precision
+(tf32 when that is fp32).
 
 Both sides run forward, backward, global-norm clipping and AdamW on the same weights and batch, in the
 same process on the same GPU. Before timing, the two losses on the same weights are compared. Ours runs
@@ -27,7 +29,8 @@ step time and memory against the same step without it.
 --muon adds our graph step with train.optimizer = "muon".
 --profile adds a table of GPU time per op in our eager step (CUDA events around every op); --kernels a
 table of GPU time per kernel of our captured step (and of torch.compile's), from CUPTI.
---precision tf32: TF32 matmuls on both sides, MFU against the H200's dense TF32 rate, 494.7 TFLOP/s.
+--precision tf32: TF32 matmuls on both sides (ours: FlashAttention on the TF32 tensor cores too, as in
+euler-train's tf32 runs), MFU against the H200's dense TF32 rate, 494.7 TFLOP/s.
 --precision bf16: ours with bf16 activations (norm outputs, projections, RoPE, SwiGLU, our bf16
 FlashAttention; matmuls on the bf16 tensor cores with float32 accumulation; float32 residual stream,
 weights, weight gradients, moments, softmax statistics and loss) against PyTorch under bf16 autocast
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -93,6 +95,7 @@ def euler_step_fn(
     tokens,
     targets,
     train: TrainConfig,
+    precision: ek.Precision,
     lr=3e-4,
     max_norm=1.0,
     graph=False,
@@ -103,7 +106,7 @@ def euler_step_fn(
     """euler-train's one training step (step.train_step) on a copy of the weights, run eagerly or captured
     as a CUDA graph (what `euler-train pretrain` uses on one GPU; `planned`: its memory laid out in one
     slab, else served by a pool as it comes), with the run config's [train] settings (optimizer,
-    recompute) and `changes` to them; returns (step, its runner)."""
+    recompute) and `changes` to them, its products in `precision`; returns (step, its runner)."""
     params = {k: v.copy() for k, v in params.items()}
     train = dataclasses.replace(train, **changes)
     if train.optimizer != "adamw":  # bf16 gradients are AdamW's (train.bf16_grads)
@@ -112,7 +115,7 @@ def euler_step_fn(
     # train.fp8_scaling = "delayed" (--set, with --precision fp8): SwiGLU casts with delayed scales; the
     # graph's dry run measures their first maxima, an eager runner's first step does
     scales = ek.new_fp8_scales(fp8_scale_formats(cfg)) if train.fp8_scaling == "delayed" else None
-    options = dataclasses.replace(StepOptions.from_train(train), max_norm=max_norm)
+    options = dataclasses.replace(StepOptions.from_train(train, precision), max_norm=max_norm)
     args = (cfg, params, opt, Comm(), options, scales)
     runner = GraphStep(*args, planned_memory=planned, memory_sites=sites) if graph else EagerStep(*args)
     micro = [(cp.asnumpy(tokens), cp.asnumpy(targets), None)]
@@ -332,7 +335,9 @@ def main() -> None:
     precision = args.precision or ("bf16" if run.run.precision == "bf16" else "tf32")
     batch = args.batch or run.train.batch_size
     bf16 = precision in ("bf16", "fp8")  # fp8: PyTorch's side is its bf16 step
-    os.environ["EULER_MATMUL_PRECISION"] = precision  # read per call by euler-kernels' gemm
+    # how our products and attention are computed: the precision, and run.attention_kernel and
+    # run.gemm_tuning as --set gives them (as euler-train's setup_device makes it)
+    products = ek.Precision(precision, run.run.attention_kernel, run.run.gemm_tuning)
     peak = BF16_PEAK if bf16 else TF32_PEAK
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -355,7 +360,7 @@ def main() -> None:
     )
 
     # same weights, same batch: the first losses must agree (TF32 on both sides: ~1e-3)
-    loss_ours = float(loss_and_grads(cfg, params, tokens, targets)[0])
+    loss_ours = float(loss_and_grads(cfg, params, tokens, targets, precision=products)[0])
     with torch.no_grad():
         weights = {k: torch.as_tensor(v, device="cuda") for k, v in params.items()}
         batch_t = (torch.as_tensor(tokens, device="cuda"), torch.as_tensor(targets, device="cuda"))
@@ -372,7 +377,7 @@ def main() -> None:
     rows = []
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()  # the check's activations
-    ours_step, _ = euler_step_fn(cfg, params, tokens, targets, train)
+    ours_step, _ = euler_step_fn(cfg, params, tokens, targets, train, products)
     sec = timed(ours_step, args.steps)
     rows.append(("euler eager", sec, pool.total_bytes(), None))
     if args.profile:
@@ -380,7 +385,7 @@ def main() -> None:
     del ours_step
     pool.free_all_blocks()  # the eager step's activations are not the graph's
     sites = args.memory_sites
-    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, graph=True, sites=sites)
+    graph_step, graph = euler_step_fn(cfg, params, tokens, targets, train, products, graph=True, sites=sites)
     with PoolPeak(graph.pool) as pool_peak:  # the first step records the graph: every allocation of its pool
         graph_step()
     sec_graph = timed(graph_step, args.steps)
@@ -398,7 +403,9 @@ def main() -> None:
     del graph_step, graph
     if args.recompute:  # the cost of re-making each layer's activations in the backward, and what it saves
         rerun = not train.recompute
-        step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, recompute=rerun)
+        step, runner = euler_step_fn(
+            cfg, params, tokens, targets, train, products, graph=True, recompute=rerun
+        )
         sec = timed(step, args.steps)
         mem = graph_bytes(runner)
         rows.append((f"euler CUDA graph, recompute {'on' if rerun else 'off'}", sec, mem, None))
@@ -409,7 +416,7 @@ def main() -> None:
         )
         del step, runner
     if args.pool_memory:  # the same step with its body's memory from the pool as it comes: the plan's gain
-        step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, planned=False)
+        step, runner = euler_step_fn(cfg, params, tokens, targets, train, products, graph=True, planned=False)
         sec, mem = timed(step, args.steps), graph_bytes(runner)
         rows.append(("euler CUDA graph, pool memory", sec, mem, None))
         print(
@@ -418,7 +425,9 @@ def main() -> None:
         )
         del step, runner
     if args.muon:  # Muon's cost: Newton-Schulz (bf16 cuBLAS) on every block matrix, inside the same graph
-        step, runner = euler_step_fn(cfg, params, tokens, targets, train, graph=True, optimizer="muon")
+        step, runner = euler_step_fn(
+            cfg, params, tokens, targets, train, products, graph=True, optimizer="muon"
+        )
         sec_muon = timed(step, args.steps)
         rows.append(("euler CUDA graph, Muon", sec_muon, graph_bytes(runner), None))
         print(f"Muon's overhead over the CUDA graph step: {100 * (sec_muon / sec_graph - 1):+.1f}%")

@@ -18,7 +18,6 @@ with PyTorch's.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from collections import Counter
 
@@ -26,11 +25,12 @@ import cupy as cp
 import numpy as np
 import torch
 
+import euler_kernels as ek
 import euler_model
 from euler_kernels.cuda import gemm, gemm_tuned
 from euler_kernels.cuda.blas import CUDA_R_16BF
 
-os.environ["EULER_MATMUL_PRECISION"] = "bf16"
+BF16 = ek.Precision("bf16")  # the step's products: bf16, each kind tuned at its first call
 
 
 def count_step_products(cfg, batch: int) -> Counter:
@@ -49,7 +49,7 @@ def count_step_products(cfg, batch: int) -> Counter:
     targets = cp.asarray(rng.integers(0, cfg.vocab_size, (batch, cfg.context + cfg.n_mtp_heads - 1)))
     gemm_tuned.run_tuned = counted
     try:
-        euler_model.loss_and_grads(cfg, params, tokens, targets)
+        euler_model.loss_and_grads(cfg, params, tokens, targets, precision=BF16)
     finally:
         gemm_tuned.run_tuned = real
     cp.cuda.Device().synchronize()
@@ -68,12 +68,10 @@ def options(key: tuple, accumulate: bool, candidates: int) -> tuple[dict, str]:
     bf16_out = out_type == CUDA_R_16BF
     out = cp.zeros((m, n), dtype=cp.uint16 if bf16_out else cp.float32)
 
-    def gemm_ex() -> None:
-        os.environ["EULER_GEMM_TUNE"] = "0"
-        try:
-            gemm.gemm_bf16(a, b, trans[0], trans[1], out=out if accumulate else None, bf16_out=bf16_out)
-        finally:
-            os.environ["EULER_GEMM_TUNE"] = "1"
+    def gemm_ex() -> None:  # untuned: cublasGemmEx whatever gemm_tuned chose
+        gemm.gemm_bf16(
+            a, b, trans[0], trans[1], out=out if accumulate else None, bf16_out=bf16_out, tuned=False
+        )
 
     calls = {"cublasGemmEx": gemm_ex}
     product = gemm_tuned.candidates(key, candidates)

@@ -88,16 +88,15 @@ def test_micro_batch_sums_read_bf16_gradients() -> None:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
-def test_linear_backward_writes_bf16_weight_gradients(precision: str, monkeypatch) -> None:
+def test_linear_backward_writes_bf16_weight_gradients(precision: str) -> None:
     """dweight in bf16 is the float32 dweight of the same products rounded once: within a bf16 rounding of
     the float32 one, and as close to a float64 reference of the rounded operands."""
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
     rng = np.random.default_rng(4)
     x = cp.asarray(rng.standard_normal((256, 128)).astype(np.float32))
     w = cp.asarray((0.05 * rng.standard_normal((192, 128))).astype(np.float32))
     dout = cp.asarray(rng.standard_normal((256, 192)).astype(np.float32))
     weight = ek.fp8_weights([w])[0] if precision == "fp8" else w
-    _, cache = ek.linear_forward(x, weight)
+    _, cache = ek.linear_forward(x, weight, precision=ek.Precision(precision))
     _, dw32 = ek.linear_backward(dout, cache)
     _, dw16 = ek.linear_backward(dout, cache, bf16_dweight=True)
     assert dw16.dtype == cp.uint16 and dw16.shape == (192, 128) and dw32.dtype == cp.float32
@@ -111,10 +110,9 @@ def test_linear_backward_writes_bf16_weight_gradients(precision: str, monkeypatc
         np.testing.assert_array_equal(dw_alone.get(), dw16.get())
 
 
-def test_bf16_dweight_is_refused_for_float32_products(monkeypatch) -> None:
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "fp32")
+def test_bf16_dweight_is_refused_for_float32_products() -> None:
     x, w = cp.ones((4, 8), cp.float32), cp.ones((3, 8), cp.float32)
-    _, cache = ek.linear_forward(x, w)
+    _, cache = ek.linear_forward(x, w, precision=ek.Precision("fp32"))
     with pytest.raises(ValueError, match="bf16_dweight needs a bf16"):
         ek.linear_backward(cp.ones((4, 3), cp.float32), cache, bf16_dweight=True)
 

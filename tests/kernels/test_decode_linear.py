@@ -7,8 +7,6 @@ go to the unfused path."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -229,7 +227,8 @@ def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
     """129 rows (more than 16 launches of 8), a weight whose rows are not whole 16-byte pieces (K = 201
     float32), a misaligned x, or rows whose staged h would not fit beside the kernel's static shared memory
     (8 x 2048 float32: 64 KB; 8 x 1536: 48 KB, the whole default) go to the unfused ops, which give the same
-    result; so does the kernel switched off (EULER_FUSED_KERNELS=0)."""
+    result; and the kernel agrees with the same op on float64 CuPy arrays (the NumPy-style code on the
+    GPU)."""
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng(3)
     for rows, k in [(129, 256), (2, 201), (2, 260), (8, 2048), (8, 1536)]:
@@ -243,10 +242,9 @@ def test_more_rows_or_a_misaligned_weight_take_the_unfused_path() -> None:
         np.testing.assert_allclose(cp.asnumpy(got), expected(x, w, norm, swiglu=True), rtol=1e-4, atol=1e-4)
     x, w, norm, residual = inputs(rng, 2, 256, 64, False, np.float32)
     gx, gw, gnorm, gres = _gpu(cp, x, w, norm, residual)
+    assert decode_linear_cuda.decode_linear_fits(gx, gw, gnorm)
     fused = ek.decode_linear_forward(gx, gw, norm=gnorm, eps=EPS, residual=gres)
-    os.environ["EULER_FUSED_KERNELS"] = "0"
-    try:
-        unfused = ek.decode_linear_forward(gx, gw, norm=gnorm, eps=EPS, residual=gres)
-    finally:
-        del os.environ["EULER_FUSED_KERNELS"]
+    gx64, gw64, gnorm64, gres64 = (a.astype(cp.float64) for a in (gx, gw, gnorm, gres))
+    unfused = ek.decode_linear_forward(gx64, gw64, norm=gnorm64, eps=EPS, residual=gres64)
+    assert fused.dtype == cp.float32 and unfused.dtype == cp.float64
     np.testing.assert_allclose(cp.asnumpy(fused), cp.asnumpy(unfused), rtol=1e-4, atol=1e-4)

@@ -1,6 +1,7 @@
 """The bf16 tensor-core FlashAttention against float64 NumPy attention on the same bf16-rounded inputs: every
 test runs once per kernel family the GPU has (the mma.sync kernels of flash_attention_bf16.cu everywhere,
-the wgmma kernels of flash_attention_sm90.cu on Hopper), chosen through EULER_FLASH_KERNEL.
+the wgmma kernels of flash_attention_sm90.cu on Hopper), chosen by the launchers' kernel argument (a
+Precision's attention_kernel: "sm90" or "mma").
 
 Tolerances. Products of bf16 inputs are exact and every sum is fp32, so scores and lse are float32-accurate:
 lse within 1e-4 absolute (it is O(5); fp32 rounding gives ~1e-6). What remains are three roundings to bf16,
@@ -41,11 +42,11 @@ _HOPPER = cp.cuda.Device().compute_capability.startswith("9")
 
 
 @pytest.fixture(autouse=True, params=["sm90", "mma"])
-def kernel_family(request, monkeypatch):
-    """Run the test with the Hopper kernels (skipped on other GPUs) and with the mma.sync kernels."""
+def kernel_family(request):
+    """Run the test with the Hopper kernels (skipped on other GPUs) and with the mma.sync kernels: the
+    `kernel` the test hands the launchers."""
     if request.param == "sm90" and not _HOPPER:
         pytest.skip("the wgmma kernels need a Hopper GPU (compute capability 9.x)")
-    monkeypatch.setenv(flash_attention_sm90.KERNEL_ENV, request.param)
     return request.param
 
 
@@ -94,15 +95,15 @@ def make_inputs(rng, B, T, S, Hq, Hkv, D, scale=1.0):
     return bits, [bf16_values(b).astype(np.float64) for b in bits]
 
 
-def run(bits, causal):
+def run(bits, causal, kernel):
     q16, k16, v16, g16 = (cp.asarray(b) for b in bits)
-    out16, lse = flash_attention_forward_bf16(q16, k16, v16, causal)
-    dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, causal)
+    out16, lse = flash_attention_forward_bf16(q16, k16, v16, causal, kernel)
+    dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, causal, kernel)
     return out16, lse, dq, dk, dv
 
 
-def check(bits, exact, causal, label=""):
-    out16, lse, dq, dk, dv = run(bits, causal)
+def check(bits, exact, causal, kernel, label=""):
+    out16, lse, dq, dk, dv = run(bits, causal, kernel)
     assert out16.dtype == cp.uint16 and lse.dtype == dq.dtype == dk.dtype == dv.dtype == cp.float32
     ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(*exact, causal, delta_out=bf16_values(out16))
     errors = {
@@ -131,10 +132,10 @@ SHAPES = [
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("b,t,s,hq,hkv", SHAPES)
-def test_bf16_flash_attention_matches_float64(b, t, s, hq, hkv, d, causal):
+def test_bf16_flash_attention_matches_float64(kernel_family, b, t, s, hq, hkv, d, causal):
     rng = np.random.default_rng(1000 * t + 10 * s + hq + d)
     bits, exact = make_inputs(rng, b, t, s, hq, hkv, d)
-    check(bits, exact, causal, f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal}: ")
+    check(bits, exact, causal, kernel_family, f"B={b} T={t} S={s} Hq={hq} Hkv={hkv} D={d} causal={causal}: ")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -149,10 +150,10 @@ def test_bf16_flash_attention_matches_float64(b, t, s, hq, hkv, d, causal):
     st.sampled_from([0.5, 1.0, 4.0]),  # 4: peaked softmax, large logits (online rescaling)
     st.integers(0, 2**31),
 )
-def test_bf16_flash_attention_random_shapes(b, t, extra, hkv, group, d, causal, scale, seed):
+def test_bf16_flash_attention_random_shapes(kernel_family, b, t, extra, hkv, group, d, causal, scale, seed):
     rng = np.random.default_rng(seed)
     bits, exact = make_inputs(rng, b, t, t + extra, hkv * group, hkv, d, scale)
-    check(bits, exact, causal)
+    check(bits, exact, causal, kernel_family)
 
 
 def test_the_bounds_catch_wrong_masks_and_head_maps():
@@ -175,11 +176,11 @@ def test_the_bounds_catch_wrong_masks_and_head_maps():
 
 
 @pytest.mark.parametrize("d", [64, 128])
-def test_bf16_agrees_with_the_fp32_kernel_on_the_same_rounded_inputs(d):
+def test_bf16_agrees_with_the_fp32_kernel_on_the_same_rounded_inputs(kernel_family, d):
     """The exact-fp32 FlashAttention on the decoded bf16 inputs: only the bf16 roundings differ."""
     rng = np.random.default_rng(d)
     bits, _ = make_inputs(rng, 2, 150, 150, 6, 2, d)
-    out16, lse, dq, dk, dv = run(bits, True)
+    out16, lse, dq, dk, dv = run(bits, True, kernel_family)
     q, k, v, g = (cp.asarray(bf16_values(x)) for x in bits)
     out32, lse32 = flash_attention.flash_attention_forward(q, k, v, True, tf32=False)
     dq32, dk32, dv32 = flash_attention.flash_attention_backward(g, q, k, v, out32, lse32, True, tf32=False)
@@ -189,7 +190,7 @@ def test_bf16_agrees_with_the_fp32_kernel_on_the_same_rounded_inputs(d):
         assert relative_error(ours, theirs.get()) < 2 * GRAD_TOL
 
 
-def test_bf16_flash_attention_replays_in_a_cuda_graph():
+def test_bf16_flash_attention_replays_in_a_cuda_graph(kernel_family):
     """Forward + backward captured once, replayed with new inputs written into the captured arrays."""
     rng = np.random.default_rng(7)
     shape_q, shape_kv = (2, 77, 6, 64), (2, 77, 2, 64)
@@ -200,11 +201,11 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
     q16, k16, v16, g16 = arrays
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        run(arrays, True)  # compile the kernels and set their attributes outside the capture
+        run(arrays, True, kernel_family)  # compile the kernels and set their attributes outside the capture
         stream.synchronize()
         stream.begin_capture()
-        out16, lse = flash_attention_forward_bf16(q16, k16, v16, True)
-        dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)
+        out16, lse = flash_attention_forward_bf16(q16, k16, v16, True, kernel_family)
+        dq, dk, dv = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True, kernel_family)
         graph = stream.end_capture()
     for _ in range(2):
         for a in arrays:
@@ -212,7 +213,7 @@ def test_bf16_flash_attention_replays_in_a_cuda_graph():
         cp.cuda.Stream.null.synchronize()  # the new inputs are written before the replay reads them
         graph.launch(stream=stream)
         stream.synchronize()
-        e_out16, e_lse, e_dq, e_dk, e_dv = run(arrays, True)  # eager, on the same inputs
+        e_out16, e_lse, e_dq, e_dk, e_dv = run(arrays, True, kernel_family)  # eager, on the same inputs
         cp.cuda.Stream.null.synchronize()
         # deterministic kernels agree bit for bit; dq is summed with atomics in any order
         assert bool((out16 == e_out16).all()) and bool((lse == e_lse).all())
@@ -259,28 +260,28 @@ def test_three_consumer_forwards_give_the_two_consumer_bits(kernel_family, b, t,
         assert np.abs(lse - want_lse).max() < LSE_TOL
 
 
-def test_dq_starts_from_zero_in_reused_memory():
+def test_dq_starts_from_zero_in_reused_memory(kernel_family):
     """The preprocessing kernel zeroes dq before the backward adds into it: memory that held NaNs (handed
     back by CuPy's pool to the next array of its size) gives the same dq as the first call."""
     rng = np.random.default_rng(11)
     bits, _ = make_inputs(rng, 1, 130, 130, 4, 2, 64)
     q16, k16, v16, g16 = (cp.asarray(b) for b in bits)
-    out16, lse = flash_attention_forward_bf16(q16, k16, v16, True)
-    want = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)[0].get()
+    out16, lse = flash_attention_forward_bf16(q16, k16, v16, True, kernel_family)
+    want = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True, kernel_family)[0].get()
     junk = cp.full(q16.shape, cp.nan, dtype=cp.float32)
     del junk  # its block goes back to the pool, for the next array of dq's size
-    dq = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True)[0]
+    dq = flash_attention_backward_bf16(g16, q16, k16, v16, out16, lse, True, kernel_family)[0]
     assert relative_error(dq, want) < 1e-5
 
 
-def test_bad_inputs_raise():
+def test_bad_inputs_raise(kernel_family):
     q16, small = cp.zeros((1, 4, 2, 64), cp.uint16), cp.zeros((1, 4, 2, 32), cp.uint16)
     with pytest.raises(ValueError, match="head_dim"):
-        flash_attention_forward_bf16(small, small, small, True)
+        flash_attention_forward_bf16(small, small, small, True, kernel_family)
     with pytest.raises(ValueError, match="uint16"):
-        flash_attention_forward_bf16(q16.astype(cp.float32), q16, q16, True)
+        flash_attention_forward_bf16(q16.astype(cp.float32), q16, q16, True, kernel_family)
     with pytest.raises(ValueError, match="T <= S"):
-        flash_attention_forward_bf16(q16, q16[:, :3], q16[:, :3], True)
+        flash_attention_forward_bf16(q16, q16[:, :3], q16[:, :3], True, kernel_family)
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -296,12 +297,12 @@ def test_bad_inputs_raise():
         (2048, 2048, 12, 1),
     ],
 )
-def test_issue_shapes_match_float64(t, s, hq, hkv, d):
+def test_issue_shapes_match_float64(kernel_family, t, s, hq, hkv, d):
     """The test matrix of issue 17 (T 7 to 2048, GQA 1, 3 and 12, T < S, decode T = 1), causal; T = 8192 is
     held against a float32 reference by benchmarks/bench_attention_gpu.py (float64 here would need GBs)."""
     rng = np.random.default_rng(7 * t + s + d)
     bits, exact = make_inputs(rng, 1, t, s, hq, hkv, d)
-    check(bits, exact, True, f"T={t} S={s} Hq={hq} Hkv={hkv} D={d}: ")
+    check(bits, exact, True, kernel_family, f"T={t} S={s} Hq={hq} Hkv={hkv} D={d}: ")
 
 
 def test_a_packed_forward_refuses_heads_that_do_not_share_a_kv_head(kernel_family):

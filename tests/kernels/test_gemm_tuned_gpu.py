@@ -1,13 +1,15 @@
 """bf16 products through cuBLASLt (cuda/cublaslt.py) and the timed choice between it and cublasGemmEx
 (cuda/gemm_tuned.py): every heuristic candidate is the float32 product of the bf16 operands (all four
 transposes, bf16 and float32 outputs, added into an output), a kind is timed once, a kind first seen in a
-CUDA graph capture runs cublasGemmEx there and is timed after, EULER_GEMM_TUNE=0 times nothing."""
+CUDA graph capture runs cublasGemmEx there and is timed after, tuning turned off (tuned=False, a Precision
+with gemm_tuning False) times nothing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+import euler_kernels as ek
 from euler_kernels.testing import bf16_bits, bf16_values, relative_error
 from tests.conftest import cupy_with_a_device
 
@@ -96,8 +98,18 @@ def test_a_kind_first_seen_in_a_capture_runs_gemm_ex_there_and_is_timed_after(mo
     assert relative_error(again.get(), want) < 1e-5
 
 
-def test_tuning_off_times_nothing(monkeypatch, fresh_choices):
-    monkeypatch.setenv("EULER_GEMM_TUNE", "0")
+def test_tuning_off_times_nothing(fresh_choices):
     a, b, want = operands(np.random.default_rng(5), 256, 128, 64, False, False)
-    assert relative_error(gemm.gemm_bf16(a, b).get(), want) < 1e-5
+    assert relative_error(gemm.gemm_bf16(a, b, tuned=False).get(), want) < 1e-5
+    assert gemm_tuned.choices() == {}
+
+
+def test_a_precision_without_tuning_times_none_of_a_linear_ops_products(fresh_choices):
+    """Precision(gemm_tuning=False) reaches every bf16 product of the linear op: forward, dx and dweight."""
+    rng = np.random.default_rng(6)
+    x = cp.asarray(rng.standard_normal((256, 64)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal((128, 64)).astype(np.float32))
+    out, cache = ek.linear_forward(x, w, precision=ek.Precision("bf16", gemm_tuning=False))
+    dx, dw = ek.linear_backward(cp.ones_like(out), cache)
+    assert out.dtype == dx.dtype == dw.dtype == cp.float32
     assert gemm_tuned.choices() == {}

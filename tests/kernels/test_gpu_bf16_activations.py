@@ -198,13 +198,13 @@ def test_to_bf16_many_casts_every_tensor_in_one_launch_into_kept_buffers():
     same_bits(again[2], cast.to_bf16(tensors[2]))
 
 
-def test_linear_with_a_bf16_weight_copy_equals_the_float32_weight_in_bf16_mode(monkeypatch):
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+def test_linear_with_a_bf16_weight_copy_equals_the_float32_weight_in_bf16_mode():
+    bf16 = ek.Precision("bf16")
     rng = np.random.default_rng(5)
     x, w, g = (cp.asarray(randn(rng, *shape)) for shape in ((33, 48), (40, 48), (33, 40)))
     (w16,) = cast.to_bf16_many([w])
-    out, cache = ek.linear_forward(x, w16)
-    ref, ref_cache = ek.linear_forward(x, w)
+    out, cache = ek.linear_forward(x, w16, precision=bf16)
+    ref, ref_cache = ek.linear_forward(x, w, precision=bf16)
     np.testing.assert_array_equal(out.get(), ref.get())
     for a, b in zip(ek.linear_backward(g, cache), ek.linear_backward(g, ref_cache)):
         assert a.dtype == cp.float32

@@ -395,7 +395,7 @@ def test_gemm_matches_numpy(m, n, k, trans_a, trans_b, seed):
     a = randn(rng, *((k, m) if trans_a else (m, k)))
     b = randn(rng, *((n, k) if trans_b else (k, n)))
     ref = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
-    got = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="fp32")
+    got = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, matmul="fp32")
     assert got.shape == (m, n)
     assert rel(got, ref) < 1e-5 if k else float(cp.abs(got).max()) == 0.0
 
@@ -435,9 +435,9 @@ def test_gemm_bf16_is_the_exact_product_of_bf16_rounded_operands(m, n, k, trans_
     b = randn(rng, *((n, k) if trans_b else (k, n)))
     op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
     exact_of_rounded = bf16_round(op_a).astype(np.float64) @ bf16_round(op_b).astype(np.float64)
-    got = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16")
+    got = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, matmul="bf16")
     assert rel(got, exact_of_rounded) < 1e-5
-    fast = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, precision="bf16fast")
+    fast = gemm.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b, matmul="bf16fast")
     assert rel(fast, op_a.astype(np.float64) @ op_b.astype(np.float64)) < 2e-2
 
 
@@ -476,13 +476,12 @@ def test_gemm_bf16_refuses_stacks_of_different_lengths():
         gemm.gemm_bf16(cp.zeros((2, 3, 4), cp.uint16), cp.zeros((3, 4, 5), cp.uint16))
 
 
-def test_linear_in_bf16_mode_rounds_each_operand_once(monkeypatch):
-    """EULER_MATMUL_PRECISION=bf16: forward and both gradients are float64 products of the bf16-rounded
-    operands (x, weight, dout), to float32 accuracy."""
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+def test_linear_in_bf16_mode_rounds_each_operand_once():
+    """Precision("bf16"): forward and both gradients are float64 products of the bf16-rounded operands (x,
+    weight, dout), to float32 accuracy."""
     rng = np.random.default_rng(4)
     x, w, g = randn(rng, 3, 37, 48), randn(rng, 40, 48), randn(rng, 3, 37, 40)
-    out, cache = ek.linear_forward(cp.asarray(x), cp.asarray(w))
+    out, cache = ek.linear_forward(cp.asarray(x), cp.asarray(w), precision=ek.Precision("bf16"))
     dx, dw = ek.linear_backward(cp.asarray(g), cache)
     xr, wr, gr = (bf16_round(a).astype(np.float64) for a in (x, w, g))
     assert out.shape == (3, 37, 40) and dx.shape == x.shape and dw.shape == w.shape
@@ -491,24 +490,23 @@ def test_linear_in_bf16_mode_rounds_each_operand_once(monkeypatch):
     assert rel(dw, gr.reshape(-1, 40).T @ xr.reshape(-1, 48)) < 1e-5
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_gemm_adds_into_out(precision):
+@pytest.mark.parametrize("matmul", ["fp32", "bf16"])
+def test_gemm_adds_into_out(matmul):
     rng = np.random.default_rng(6)
     a, b, c = randn(rng, 33, 20), randn(rng, 20, 17), randn(rng, 33, 17)
     out = cp.asarray(c)
-    got = gemm.gemm(cp.asarray(a), cp.asarray(b), precision=precision, out=out)
+    got = gemm.gemm(cp.asarray(a), cp.asarray(b), matmul=matmul, out=out)
     assert got is out
-    ar, br = (bf16_round(v) if precision == "bf16" else v for v in (a, b))
+    ar, br = (bf16_round(v) if matmul == "bf16" else v for v in (a, b))
     assert rel(out, c.astype(np.float64) + ar.astype(np.float64) @ br.astype(np.float64)) < 1e-5
 
 
-def test_linear_many_in_bf16_mode_shares_one_rounded_input(monkeypatch):
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
+def test_linear_many_in_bf16_mode_shares_one_rounded_input():
     rng = np.random.default_rng(8)
     x = randn(rng, 2, 9, 64)
     ws = [randn(rng, n, 64) for n in (64, 32, 32)]
     gs = [randn(rng, 2, 9, w.shape[0]) for w in ws]
-    many = ek.linear_forward_many(cp.asarray(x), [cp.asarray(w) for w in ws])
+    many = ek.linear_forward_many(cp.asarray(x), [cp.asarray(w) for w in ws], precision=ek.Precision("bf16"))
     assert many[0][1][1] is many[1][1][1] is many[2][1][1]  # one bf16 copy of x, shared
     dx = None
     for g, (_, cache) in zip(gs, many):
@@ -526,10 +524,10 @@ def test_gemm_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
     a, b = cp.asarray(randn(rng, 64, 48)), cp.asarray(randn(rng, 32, 48))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        gemm.gemm(a, b, trans_b=True, precision="fp32")  # handle and workspace made outside the capture
+        gemm.gemm(a, b, trans_b=True, matmul="fp32")  # handle and workspace made outside the capture
         stream.synchronize()
         stream.begin_capture()
-        out = gemm.gemm(a, b, trans_b=True, precision="fp32")
+        out = gemm.gemm(a, b, trans_b=True, matmul="fp32")
         graph = stream.end_capture()
     for _ in range(2):
         a[...] = cp.asarray(randn(rng, 64, 48))
@@ -625,25 +623,27 @@ def _public_cases(rng):
     ]
 
 
-@pytest.mark.parametrize("fused", ["1", "0"], ids=["fused-kernels", "cupy-reference-path"])
-def test_public_ops_on_cupy_match_numpy(fused, monkeypatch):
-    """The same public functions given CuPy float32 arrays dispatch to the fused kernels (or, with
-    EULER_FUSED_KERNELS=0, run the NumPy-style code on CuPy) and agree with NumPy float64."""
-    monkeypatch.setenv("EULER_FUSED_KERNELS", fused)
-    monkeypatch.setenv("CUPY_TF32", "0")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["fused-kernels", "cupy-reference-path"])
+def test_public_ops_on_cupy_match_numpy(dtype):
+    """The same public functions given CuPy float32 arrays dispatch to the fused kernels (attention at the
+    default, exact precision: no TF32), and given CuPy float64 arrays run the NumPy-style code on CuPy;
+    both agree with NumPy float64."""
+    fused = dtype == np.float32
     rng = np.random.default_rng(7)
     for name, forward, backward, inputs in _public_cases(rng):
         out_ref, cache_ref = forward(*[a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs])
         dout = randn(rng, *np.shape(out_ref)) if np.ndim(out_ref) else np.float32(1.3)
         grads_ref = backward(np.asarray(dout, np.float64), cache_ref)
-        out, cache = forward(*[cp.asarray(a) for a in inputs])
-        assert kc.fused_cache(cache) == (fused == "1" and name != "embedding"), name
-        grads = backward(cp.asarray(dout) if np.ndim(dout) else dout, cache)
+        out, cache = forward(
+            *[cp.asarray(a, dtype) if a.dtype == np.float32 else cp.asarray(a) for a in inputs]
+        )
+        assert kc.fused_cache(cache) == (fused and name != "embedding"), name
+        grads = backward(cp.asarray(dout, dtype) if np.ndim(dout) else dtype(dout), cache)
         grads, grads_ref = (g if isinstance(g, tuple) else (g,) for g in (grads, grads_ref))
-        assert isinstance(out, cp.ndarray) and out.dtype == cp.float32, name
+        assert isinstance(out, cp.ndarray) and out.dtype == dtype, name
         assert rel(out, out_ref) < 2e-5, (name, rel(out, out_ref))
         for i, (got, ref) in enumerate(zip(grads, grads_ref)):
-            assert isinstance(got, cp.ndarray) and got.dtype == cp.float32, (name, i)
+            assert isinstance(got, cp.ndarray) and got.dtype == dtype, (name, i)
             assert rel(got, ref) < 2e-5, (name, i, rel(got, ref))
 
 

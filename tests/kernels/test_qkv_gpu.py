@@ -15,7 +15,7 @@ from tests.conftest import cupy_with_a_device
 pytestmark = pytest.mark.gpu
 cp = cupy_with_a_device()
 
-from euler_kernels.cuda import cast, flash_attention_sm90, rope  # noqa: E402
+from euler_kernels.cuda import cast, rope  # noqa: E402
 from euler_kernels.cuda.flash_attention import (  # noqa: E402
     flash_attention_backward_bf16,
     flash_attention_forward_bf16,
@@ -75,20 +75,20 @@ def test_to_bf16_into_columns_gives_the_contiguous_bits():
 @pytest.mark.parametrize("family", ["sm90", "mma"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("b,t,hq,hkv", [(2, 77, 6, 2), (1, 256, 4, 4), (2, 300, 12, 4)])
-def test_attention_on_heads_of_one_wider_row_gives_the_contiguous_bits(monkeypatch, family, d, b, t, hq, hkv):
+def test_attention_on_heads_of_one_wider_row_gives_the_contiguous_bits(family, d, b, t, hq, hkv):
     """Hopper's kernels read q, k, v through tensor maps with the row's stride (no copy); the mma.sync kernels
     take C-order copies. Either way out, lse and the gradients keep the contiguous inputs' bits."""
     if family == "sm90" and not _HOPPER:
         pytest.skip("the wgmma kernels need a Hopper GPU")
-    monkeypatch.setenv(flash_attention_sm90.KERNEL_ENV, family)
     rng = np.random.default_rng(t + d)
     _, views = joint_rows(rng, b, t, hq, hkv, d)
     dense = [cp.ascontiguousarray(a) for a in views]
     g16 = cp.asarray(bf16_bits(rng.standard_normal((b, t, hq, d)).astype(np.float32)))
     results = []
     for q, k, v in (views, dense):
-        out16, lse = flash_attention_forward_bf16(q, k, v, True)
-        results.append((out16, lse, *flash_attention_backward_bf16(g16, q, k, v, out16, lse, True)))
+        out16, lse = flash_attention_forward_bf16(q, k, v, True, kernel=family)
+        grads = flash_attention_backward_bf16(g16, q, k, v, out16, lse, True, kernel=family)
+        results.append((out16, lse, *grads))
     for name, got, want in zip(["out", "lse", "dq", "dk", "dv"], *results):
         assert cp.array_equal(got, want), name
 

@@ -4,11 +4,10 @@ place or the precision changes, and two generators streaming at once do not shar
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
+from euler_kernels import Precision
 from euler_model import GenerationStats, decode_keep, generate, generate_batch, preset
 from tests.model.test_generate import scaled_params
 from tests.model.test_generate_batch_gpu import on_gpu, prompts_for
@@ -38,16 +37,17 @@ def replayed_prefills() -> list:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("speculative", [False, True])
-def test_later_calls_replay_the_prefill_with_the_same_tokens(cp, monkeypatch, precision, speculative) -> None:
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+def test_later_calls_replay_the_prefill_with_the_same_tokens(cp, precision, speculative) -> None:
+    mode = Precision(precision)
     cfg = CAPTURABLE
     gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
     prompts, limits = prompts_for(cfg, [16, 1, 40, 7]), [60, 127, 30, 0]
-    want = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, cuda_graph=False)
+    want = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, cuda_graph=False, precision=mode)
     runs, stats = [], []
     for _ in range(3):  # 1: the decoder made; 2: the prefill recorded too; 3: the prefill replayed
         stats.append(GenerationStats())
-        runs.append(generate_batch(cfg, gpu, prompts, limits, 0.0, speculative=speculative, stats=stats[-1]))
+        kw = {"speculative": speculative, "stats": stats[-1], "precision": mode}
+        runs.append(generate_batch(cfg, gpu, prompts, limits, 0.0, **kw))
     assert runs == [want] * 3
     assert len(decode_keep._kept) == 1 and replayed_prefills() == [(16, 1, 40, 7)]
     assert all(s.decode == "cuda graph" for s in stats)
@@ -56,19 +56,19 @@ def test_later_calls_replay_the_prefill_with_the_same_tokens(cp, monkeypatch, pr
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_weights_changed_in_place_are_decoded_with_their_new_values(cp, monkeypatch, precision) -> None:
+def test_weights_changed_in_place_are_decoded_with_their_new_values(cp, precision) -> None:
     """A trainer updates the weights in place between two evaluations: the kept decoder's copies and the
     replayed prefill must read the new values."""
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+    mode = Precision(precision)
     cfg = CAPTURABLE
     gpu = on_gpu(cp, scaled_params(cfg, 1, np.float32, scale=4.0))
     prompts = prompts_for(cfg, [12, 12], seed=3)
-    before = [generate_batch(cfg, gpu, prompts, 40, 0.0, speculative=True) for _ in range(2)]
+    before = [generate_batch(cfg, gpu, prompts, 40, 0.0, speculative=True, precision=mode) for _ in range(2)]
     for name, value in scaled_params(cfg, 2, np.float32, scale=4.0).items():
         gpu[name][...] = cp.asarray(value)  # same arrays, new values
-    after = generate_batch(cfg, gpu, prompts, 40, 0.0, speculative=True)
+    after = generate_batch(cfg, gpu, prompts, 40, 0.0, speculative=True, precision=mode)
     assert replayed_prefills() == [(12, 12)]
-    assert after == generate_batch(cfg, gpu, prompts, 40, temperature=0.0, cuda_graph=False)
+    assert after == generate_batch(cfg, gpu, prompts, 40, temperature=0.0, cuda_graph=False, precision=mode)
     assert after != before[0] and before[0] == before[1]
 
 
@@ -87,14 +87,16 @@ def test_a_prefill_that_cannot_be_recorded_runs_eagerly(cp) -> None:
     assert replayed_prefills() == [] and decoder.runner.uncaptured == {("prefill", (16, 5))}
 
 
-def test_a_precision_change_makes_a_new_decoder(cp, monkeypatch) -> None:
+def test_a_precision_change_makes_a_new_decoder(cp) -> None:
     cfg = preset("small")
     gpu = on_gpu(cp, scaled_params(cfg, 3, np.float32, scale=4.0))
     prompts = prompts_for(cfg, [20], seed=4)
     for precision in ("fp32", "fp32", "bf16", "bf16"):
-        monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
-        got = generate_batch(cfg, gpu, prompts, 50, temperature=0.0)
-        assert got == generate_batch(cfg, gpu, prompts, 50, temperature=0.0, cuda_graph=False), precision
+        mode = Precision(precision)
+        got = generate_batch(cfg, gpu, prompts, 50, temperature=0.0, precision=mode)
+        want = generate_batch(cfg, gpu, prompts, 50, temperature=0.0, cuda_graph=False, precision=mode)
+        assert got == want, precision
+        assert [d.precision for d in decode_keep._kept.values()] == [mode], precision
 
 
 def test_two_generators_streaming_at_once_each_get_their_own_tokens(cp) -> None:

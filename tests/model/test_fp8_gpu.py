@@ -1,4 +1,4 @@
-"""The model in the fp8 mode (EULER_MATMUL_PRECISION=fp8): the MLP's and the heads' matrices whose sizes
+"""The model in the fp8 mode (euler_kernels.Precision("fp8")): the MLP's and the heads' matrices whose sizes
 are multiples of 16 are multiplied in FP8, the rest as in bf16; the loss and every gradient stay close to
 the bf16 mode's."""
 
@@ -26,9 +26,8 @@ def count_calls(monkeypatch, name: str) -> dict[str, int]:
     return calls
 
 
-def run(monkeypatch, mode, cfg, params, tokens, targets):
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", mode)
-    loss, grads = loss_and_grads(cfg, params, tokens, targets)
+def run(mode, cfg, params, tokens, targets):
+    loss, grads = loss_and_grads(cfg, params, tokens, targets, precision=ek.Precision(mode))
     return float(loss), {k: g.get() for k, g in grads.items()}
 
 
@@ -42,12 +41,12 @@ def test_fp8_mode_follows_bf16(monkeypatch, vocab):
     made = []
     real = ek.fp8_weights
     monkeypatch.setattr(ek, "fp8_weights", lambda ws: made.extend(w.shape for w in ws) or real(ws))
-    loss8, g8 = run(monkeypatch, "fp8", cfg, params, tokens, targets)
+    loss8, g8 = run("fp8", cfg, params, tokens, targets)
     heads = cfg.n_mtp_heads if vocab % 16 == 0 else 0
     assert made.count((cfg.ffn_dim, cfg.dim)) == 2 * cfg.n_layers  # gate and up of every layer
     assert made.count((cfg.dim, cfg.ffn_dim)) == cfg.n_layers
     assert made.count((vocab, cfg.dim)) == heads
-    loss16, g16 = run(monkeypatch, "bf16", cfg, params, tokens, targets)
+    loss16, g16 = run("bf16", cfg, params, tokens, targets)
     assert abs(loss8 - loss16) < 1e-2 * loss16
     diffs = {n: float(np.linalg.norm(g8[n] - g16[n]) / np.linalg.norm(g16[n])) for n in g16}
     assert max(diffs.values()) < 0.2, diffs  # FP8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits
@@ -73,22 +72,21 @@ def test_fp8_mode_keeps_fp8_copies_instead_of_remaking(monkeypatch):
     monkeypatch.setattr(ek, "swiglu_backward", counted_backward)
     for mode, per_layer in (("bf16", 1), ("fp8", 0)):
         forwards["calls"] = remade["calls"] = 0
-        run(monkeypatch, mode, cfg, params, tokens, targets)
+        run(mode, cfg, params, tokens, targets)
         assert forwards["calls"] == cfg.n_layers, mode
         assert remade["calls"] == per_layer * cfg.n_layers, mode
 
 
-def test_fp8_caches_keep_only_the_backwards_parts(monkeypatch):
+def test_fp8_caches_keep_only_the_backwards_parts():
     """After the forward, each FFN product's cache holds its weight's transposed FP8 part (what dx takes)
     and its input's transposed FP8 copy (what dweight takes), no row-major part of either: those were
     the forward's and are freed with it."""
     from euler_model.model import trunk_forward
 
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "fp8")
     cfg = preset("small", vocab_size=512, context=64, n_heads=2, n_kv_heads=1)
     params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
     tokens = cp.asarray(np.random.default_rng(2).integers(0, 512, (4, 64)))
-    _, caches = trunk_forward(cfg, params, tokens)
+    _, caches = trunk_forward(cfg, params, tokens, precision=ek.Precision("fp8"))
     for _, c_ffn in caches[1:-1]:  # (attention, FFN) per layer
         c_gate, c_up, c_down = c_ffn[1], c_ffn[2], c_ffn[4]
         for kind, x8, _, w8, _ in (c_gate, c_up, c_down):
@@ -103,15 +101,17 @@ def test_delayed_fp8_scales_calibrate_on_the_first_step_then_cast_in_swiglu(monk
     from euler_model.blocks import fp8_scale_formats
     from euler_model.model import loss_and_grads_on_device
 
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "fp8")
     cfg = preset("small", vocab_size=512, context=64, n_heads=2, n_kv_heads=1)
     params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
     rng = np.random.default_rng(4)
     tokens = cp.asarray(rng.integers(0, 512, (4, 64)))
     targets = cp.asarray(rng.integers(0, 512, (4, 64 + cfg.n_mtp_heads - 1)))
 
-    def step(scales):
-        loss, grads = loss_and_grads_on_device(cfg, params, tokens, targets, fp8_scales=scales)
+    def step(scales, mode="fp8"):
+        precision = ek.Precision(mode)
+        loss, grads = loss_and_grads_on_device(
+            cfg, params, tokens, targets, fp8_scales=scales, precision=precision
+        )
         return float(loss), {k: g.get() for k, g in grads.items()}
 
     loss0, g0 = step(None)  # current scaling
@@ -137,7 +137,6 @@ def test_delayed_fp8_scales_calibrate_on_the_first_step_then_cast_in_swiglu(monk
     assert not np.array_equal(g2["layers.0.w_up"], g0["layers.0.w_up"])  # the delayed path really ran
     # each gradient as far from the bf16 mode's as current scaling's is (FP8 rounds another way: its
     # values are cast from float32, not from bf16-rounded ones)
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
-    _, g16 = step(None)
+    _, g16 = step(None, "bf16")
     err = {n: [float(np.linalg.norm(g[n] - g16[n]) / np.linalg.norm(g16[n])) for g in (g0, g2)] for n in g0}
     assert all(delayed <= 1.5 * current + 0.01 for current, delayed in err.values()), err

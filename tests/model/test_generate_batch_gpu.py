@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
+from euler_kernels import Precision
 from euler_model import GenerationStats, generate, generate_batch, init_params, preset
 from tests.model.test_generate import scaled_params
 
@@ -74,15 +73,17 @@ def test_gpu_sampling_equals_the_cpu_one_prompt_path(cp) -> None:
     assert [c.tokens for c in out] == want
 
 
-def test_bf16_weights_captured_equals_eager(cp, monkeypatch) -> None:
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", "bf16")
+def test_bf16_weights_captured_equals_eager(cp) -> None:
+    bf16 = Precision("bf16")
     cfg = preset("small")
     gpu = on_gpu(cp, init_params(cfg, seed=3))
     prompts = prompts_for(cfg, [16] * 4, seed=3)
     stats = GenerationStats()
-    captured = generate_batch(cfg, gpu, prompts, 32, temperature=0.0, stats=stats)
+    captured = generate_batch(cfg, gpu, prompts, 32, temperature=0.0, stats=stats, precision=bf16)
     assert stats.decode == "cuda graph"
-    assert captured == generate_batch(cfg, gpu, prompts, 32, temperature=0.0, cuda_graph=False)
+    assert captured == generate_batch(
+        cfg, gpu, prompts, 32, temperature=0.0, cuda_graph=False, precision=bf16
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,30 +94,32 @@ def test_bf16_weights_captured_equals_eager(cp, monkeypatch) -> None:
         ([30, 3], [90, 120], "bf16"),
     ],
 )
-def test_captured_speculative_equals_plain_greedy(cp, monkeypatch, lengths, limits, precision) -> None:
+def test_captured_speculative_equals_plain_greedy(cp, lengths, limits, precision) -> None:
     """The speculative step captured (T = K tokens a row, one graph) gives the plain captured step's
     tokens, with the products of its B K rows in cuBLAS (more than 8) or in decode_linear's kernel."""
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+    mode = Precision(precision)
     cfg = preset("small")
     gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
     prompts = prompts_for(cfg, lengths, seed=6)
     stats = GenerationStats()
-    fast = generate_batch(cfg, gpu, prompts, limits, temperature=0.0, speculative=True, stats=stats)
+    kw = {"temperature": 0.0, "precision": mode}
+    fast = generate_batch(cfg, gpu, prompts, limits, speculative=True, stats=stats, **kw)
     assert stats.decode == "cuda graph" and stats.drafted > 0
-    assert fast == generate_batch(cfg, gpu, prompts, limits, temperature=0.0)
+    assert fast == generate_batch(cfg, gpu, prompts, limits, **kw)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tree", [(0, 1, 0), (0, 0, 1, 2), (0, 1, 0, 3, 0)])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_captured_speculative_with_a_draft_tree_equals_plain_greedy(cp, monkeypatch, tree, precision) -> None:
+def test_captured_speculative_with_a_draft_tree_equals_plain_greedy(cp, tree, precision) -> None:
     """A draft tree in the captured step (masks in the attention kernel, accepted keys moved): the plain
     captured step's tokens."""
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+    mode = Precision(precision)
     cfg = preset("small")
     gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
     prompts = prompts_for(cfg, [1, 30], seed=7)
     stats = GenerationStats()
-    fast = generate_batch(cfg, gpu, prompts, [120, 90], 0.0, speculative=True, draft_tree=tree, stats=stats)
+    kw = {"temperature": 0.0, "precision": mode}
+    fast = generate_batch(cfg, gpu, prompts, [120, 90], speculative=True, draft_tree=tree, stats=stats, **kw)
     assert stats.decode == "cuda graph" and stats.drafted > 0
-    assert fast == generate_batch(cfg, gpu, prompts, [120, 90], temperature=0.0)
+    assert fast == generate_batch(cfg, gpu, prompts, [120, 90], **kw)

@@ -14,18 +14,17 @@ pytestmark = pytest.mark.gpu
 # bf16: every matmul operand and every stored activation is rounded to bf16 (8-bit mantissa, relative
 # rounding 2**-9 per value), products of a few hundred terms: a few 1e-3 per gradient, 2e-2 with margin.
 @pytest.mark.parametrize(
-    "tf32, precision, rtol",
-    [("0", "", 1e-4), ("1", "", 2e-2), ("1", "bf16", 3e-2)],
+    "precision, rtol",
+    [("fp32", 1e-4), ("tf32", 2e-2), ("bf16", 3e-2)],
     ids=["fp32", "tf32", "bf16"],
 )
-def test_fused_gpu_gradients_match_float64_cpu(tf32, precision, rtol, monkeypatch) -> None:
+def test_fused_gpu_gradients_match_float64_cpu(precision, rtol) -> None:
     cp = pytest.importorskip("cupy")
     import euler_kernels as ek
     from euler_kernels import cuda as kc
     from euler_model.model import trunk_forward
 
-    monkeypatch.setenv("CUPY_TF32", tf32)  # read per call by our attention; cuBLAS reads it at import
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
+    mode = ek.Precision(precision)  # tf32 and bf16: float32 attention on the TF32 tensor cores too
     cfg = preset("small", dim=256, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=512)  # head_dim 64
     cpu = init_params(cfg, seed=3, dtype=np.float64)
     gpu = {k: cp.asarray(v, dtype=cp.float32) for k, v in cpu.items()}
@@ -35,10 +34,10 @@ def test_fused_gpu_gradients_match_float64_cpu(tf32, precision, rtol, monkeypatc
     mask = (rng.random(targets.shape) < 0.7).astype(np.float64)
     l_cpu, g_cpu = loss_and_grads(cfg, cpu, tokens, targets, mask)
     l_gpu, g_gpu = loss_and_grads(
-        cfg, gpu, cp.asarray(tokens), cp.asarray(targets), cp.asarray(mask, dtype=cp.float32)
+        cfg, gpu, cp.asarray(tokens), cp.asarray(targets), cp.asarray(mask, dtype=cp.float32), precision=mode
     )
     assert kc.float32_on_gpu(gpu["embed"])
-    hidden, _ = trunk_forward(cfg, gpu, cp.asarray(tokens))
+    hidden, _ = trunk_forward(cfg, gpu, cp.asarray(tokens), precision=mode)
     assert ek.is_bf16(hidden) == (precision == "bf16")  # the bf16 path really stores bf16 activations
     assert l_gpu == pytest.approx(l_cpu, rel=rtol / 10)
     for name in cpu:

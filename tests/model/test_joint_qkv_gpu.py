@@ -59,7 +59,6 @@ def test_the_joint_block_matches_the_separate_products():
 def test_the_bf16_forward_joins_every_layer_whatever_the_params_order(monkeypatch):
     """The model's own cast lays each layer's wq, wk, wv copies one after another even when params list
     them in another order (a checkpoint's), so every layer takes the joint product."""
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = preset("tiny", dim=128, n_heads=2, n_kv_heads=1, context=64)
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=0).items()}
     params = dict(reversed(list(params.items())))
@@ -69,6 +68,6 @@ def test_the_bf16_forward_joins_every_layer_whatever_the_params_order(monkeypatc
     rng = np.random.default_rng(0)
     tokens = cp.asarray(rng.integers(0, cfg.vocab_size, (2, 64)))
     targets = cp.asarray(rng.integers(0, cfg.vocab_size, (2, 64 + cfg.n_mtp_heads - 1)))
-    loss, grads = euler_model.loss_and_grads(cfg, params, tokens, targets)
+    loss, grads = euler_model.loss_and_grads(cfg, params, tokens, targets, precision=ek.Precision("bf16"))
     assert len(calls) == cfg.n_layers and np.isfinite(float(loss))
     assert all(grads[k].shape == params[k].shape for k in params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from euler_kernels import Precision
 from euler_model import init_params, loss_and_grads, preset
 from euler_model.model import trunk_forward
 
@@ -24,26 +25,25 @@ def _batch(cfg, b: int, t: int, seed: int):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 @pytest.mark.parametrize("recompute", [False, True])
-def test_kept_activations_give_the_gradients_of_re_made_ones(precision, recompute, monkeypatch) -> None:
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
+def test_kept_activations_give_the_gradients_of_re_made_ones(precision, recompute) -> None:
     cfg = preset("gpu", n_layers=3, context=128)
     params = init_params(cfg, seed=0, xp=cp)
     tokens, targets = _batch(cfg, 4, 128, seed=0)
-    loss, grads = loss_and_grads(cfg, params, tokens, targets, recompute=recompute)
-    loss_k, grads_k = loss_and_grads(cfg, params, tokens, targets, recompute=recompute, keep_activations=True)
+    kw = {"recompute": recompute, "precision": Precision(precision)}
+    loss, grads = loss_and_grads(cfg, params, tokens, targets, **kw)
+    loss_k, grads_k = loss_and_grads(cfg, params, tokens, targets, keep_activations=True, **kw)
     assert loss_k == loss
     for key, g in grads.items():
         g, g_k = cp.asnumpy(g), cp.asnumpy(grads_k[key])
         assert np.linalg.norm(g_k - g) <= 1e-3 * np.linalg.norm(g), key
 
 
-def test_the_caches_keep_what_the_backward_would_re_make(monkeypatch) -> None:
+def test_the_caches_keep_what_the_backward_would_re_make() -> None:
     """The last entry of each block's cache says what re-makes h: None when it is kept."""
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = preset("gpu", n_layers=2, context=64)
     params = init_params(cfg, seed=0, xp=cp)
     tokens, _ = _batch(cfg, 2, 64, seed=1)
     for keep in (False, True):
-        _, caches = trunk_forward(cfg, params, tokens, keep_activations=keep)
+        _, caches = trunk_forward(cfg, params, tokens, keep_activations=keep, precision=Precision("bf16"))
         for c_attn, c_ffn in caches[1:-1]:
             assert (c_attn[-1] is None) is keep and (c_ffn[-1] is None) is keep

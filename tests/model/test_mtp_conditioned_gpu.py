@@ -4,11 +4,10 @@ on CuPy equal NumPy's, in fp32 and with bf16 activations (there to bf16 rounding
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
+from euler_kernels import Precision
 from euler_model import GenerationStats, generate_batch, loss_and_grads, preset
 from tests.model.test_generate import scaled_params
 from tests.model.test_generate_batch_gpu import on_gpu, prompts_for
@@ -25,25 +24,25 @@ def cp():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("tree", [(0,), (0, 1), (0, 1, 2)])
-def test_captured_conditioned_drafts_give_plain_greedy(cp, monkeypatch, precision, tree) -> None:
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+def test_captured_conditioned_drafts_give_plain_greedy(cp, precision, tree) -> None:
+    mode = Precision(precision)
     gpu = on_gpu(cp, scaled_params(CFG, 0, np.float32, scale=4.0))
     prompts = prompts_for(CFG, [16, 1, 40], seed=11)
-    want = generate_batch(CFG, gpu, prompts, 60, temperature=0.0)
+    want = generate_batch(CFG, gpu, prompts, 60, temperature=0.0, precision=mode)
     for _ in range(2):  # a kept decoder's second call too
         stats = GenerationStats()
-        out = generate_batch(CFG, gpu, prompts, 60, 0.0, speculative=True, draft_tree=tree, stats=stats)
+        kw = {"speculative": True, "draft_tree": tree, "stats": stats, "precision": mode}
+        out = generate_batch(CFG, gpu, prompts, 60, 0.0, **kw)
         assert out == want and stats.decode == "cuda graph" and stats.drafted > 0
 
 
 @pytest.mark.parametrize(("precision", "tol"), [("fp32", 1e-5), ("bf16", 3e-2)])
-def test_conditioned_loss_and_gradients_on_the_gpu_equal_numpy(cp, monkeypatch, precision, tol) -> None:
-    monkeypatch.setitem(os.environ, "EULER_MATMUL_PRECISION", precision)
+def test_conditioned_loss_and_gradients_on_the_gpu_equal_numpy(cp, precision, tol) -> None:
     params = scaled_params(CFG, 1, np.float32, scale=1.0)
     tokens, targets, mask = batch(CFG, 2, 32, seed=3)
     want_loss, want = loss_and_grads(CFG, params, tokens, targets, mask)
     on_device = (cp.asarray(a) for a in (tokens, targets, mask))
-    loss, grads = loss_and_grads(CFG, on_gpu(cp, params), *on_device)
+    loss, grads = loss_and_grads(CFG, on_gpu(cp, params), *on_device, precision=Precision(precision))
     assert float(loss) == pytest.approx(float(want_loss), rel=tol)
     for name in ("heads_cond.1", "heads_cond.3", "heads.2", "embed", "layers.0.wq"):
         got, ref = cp.asnumpy(grads[name]), want[name]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import euler_model.model
-from euler_kernels import gradcheck_scalar
+from euler_kernels import Precision, gradcheck_scalar
 from euler_model import (
     KVCache,
     forward_loss,
@@ -150,18 +150,18 @@ def test_recompute_with_a_kv_cache_is_refused() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
-def test_recompute_on_the_gpu_gives_the_gradients_of_the_kept_caches(precision, monkeypatch) -> None:
+def test_recompute_on_the_gpu_gives_the_gradients_of_the_kept_caches(precision) -> None:
     """CuPy: the loss is the same number (the forward is run the same way), gradients agree within the
     spread of the backward's atomic additions (attention's dq, the norms' weight gradients). fp8: the
     re-run layer makes its FP8 copies again from what trunk_forward kept for it."""
     cp = pytest.importorskip("cupy")
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
+    mode = Precision(precision)
     cfg = preset("gpu", n_layers=3, context=128)
     params = init_params(cfg, seed=0, xp=cp)
     tokens, targets, mask = batch(cfg, 4, 128, seed=0, masked=True)
     tokens, targets, mask = cp.asarray(tokens), cp.asarray(targets), cp.asarray(mask)
-    loss, grads = loss_and_grads(cfg, params, tokens, targets, mask)
-    loss_r, grads_r = loss_and_grads(cfg, params, tokens, targets, mask, recompute=True)
+    loss, grads = loss_and_grads(cfg, params, tokens, targets, mask, precision=mode)
+    loss_r, grads_r = loss_and_grads(cfg, params, tokens, targets, mask, recompute=True, precision=mode)
     assert loss_r == loss
     for key, g in grads.items():
         g, g_r = cp.asnumpy(g), cp.asnumpy(grads_r[key])

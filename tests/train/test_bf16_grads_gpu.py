@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import euler_model
+from euler_kernels import Precision
 from euler_kernels.testing import bf16_values
 from euler_train.comm import Comm
 from euler_train.config import resolve_config
@@ -19,8 +20,10 @@ cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
 
-def _model(monkeypatch, precision="bf16", **changes):
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", precision)
+BF16 = Precision("bf16")
+
+
+def _model(**changes):
     cfg = euler_model.preset("tiny", dim=128, n_heads=2, n_kv_heads=1, context=64, **changes)
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=3).items()}
     return cfg, params
@@ -37,13 +40,14 @@ def _micro(cfg, count: int, seed: int = 0) -> list[tuple]:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 @pytest.mark.parametrize("mtp_conditioned", [False, True])
-def test_product_weights_get_bf16_gradients_of_the_float32_values(precision, mtp_conditioned, monkeypatch):
+def test_product_weights_get_bf16_gradients_of_the_float32_values(precision, mtp_conditioned):
     changes = {"n_mtp_heads": 2, "mtp_conditioned": True} if mtp_conditioned else {}
-    cfg, params = _model(monkeypatch, precision, **changes)
+    cfg, params = _model(**changes)
     (tokens, targets, _), *_ = _micro(cfg, 1)
     args = (cfg, params, cp.asarray(tokens), cp.asarray(targets))
-    loss32, g32 = euler_model.loss_and_grads_on_device(*args)
-    loss16, g16 = euler_model.loss_and_grads_on_device(*args, bf16_grads=True)
+    mode = Precision(precision)
+    loss32, g32 = euler_model.loss_and_grads_on_device(*args, precision=mode)
+    loss16, g16 = euler_model.loss_and_grads_on_device(*args, bf16_grads=True, precision=mode)
     assert float(loss16) == float(loss32)
     bf16_names = [n for n, p in params.items() if p.ndim == 2 and n != "embed"]
     assert sum(int(np.prod(params[n].shape)) for n in bf16_names) == euler_model.product_params(cfg)
@@ -58,7 +62,8 @@ def test_product_weights_get_bf16_gradients_of_the_float32_values(precision, mtp
 def _train(cfg, params, runner_kind, micro_count: int, bf16_grads: bool, steps: int = 3):
     t = resolve_config("tiny").train
     opt = AdamW(params, t.beta1, t.beta2, t.eps, 0.1)
-    runner = runner_kind(cfg, params, opt, Comm(), StepOptions(max_norm=1.0, bf16_grads=bf16_grads))
+    options = StepOptions(max_norm=1.0, bf16_grads=bf16_grads, precision=BF16)
+    runner = runner_kind(cfg, params, opt, Comm(), options)
     losses = []
     for step in range(steps):
         micro = _micro(cfg, micro_count, seed=step)
@@ -71,8 +76,8 @@ def _train(cfg, params, runner_kind, micro_count: int, bf16_grads: bool, steps: 
 
 @pytest.mark.parametrize("micro_count", [1, 2])
 @pytest.mark.parametrize("runner_kind", [EagerStep, GraphStep], ids=["eager", "graph"])
-def test_steps_with_bf16_gradients_follow_the_float32_ones(runner_kind, micro_count, monkeypatch):
-    cfg, start = _model(monkeypatch)
+def test_steps_with_bf16_gradients_follow_the_float32_ones(runner_kind, micro_count):
+    cfg, start = _model()
     results = {}
     for bf16_grads in (False, True):
         params = {k: v.copy() for k, v in start.items()}
@@ -92,11 +97,11 @@ def test_steps_with_bf16_gradients_follow_the_float32_ones(runner_kind, micro_co
         assert np.linalg.norm(cp.asnumpy(p16[name] - p32[name])) <= 0.05 * moved + 1e-7, name
 
 
-def test_graph_and_eager_steps_with_bf16_gradients_agree(monkeypatch):
+def test_graph_and_eager_steps_with_bf16_gradients_agree():
     """The same steps, up to the atomic sums' order in attention's backward: a gradient element that rounds
     to another bf16 value, or changes sign near zero, moves AdamW's first steps by up to 2 lr, so the weights
     are compared against how far they moved."""
-    cfg, start = _model(monkeypatch)
+    cfg, start = _model()
     runs = []
     for runner_kind in (EagerStep, GraphStep):
         params = {k: v.copy() for k, v in start.items()}

@@ -71,7 +71,7 @@ class RecordingComm(Comm):
 
 
 def make_trainer(tmp_path, dataset, comm, batch_size: int, mode: str = "pretrain", init=None):
-    from euler_train.config import resolve_config
+    from euler_train.config import DeviceConfig, resolve_config
     from euler_train.device import setup_device
     from euler_train.runspec import plan_run
     from euler_train.trainer import Trainer
@@ -82,7 +82,7 @@ def make_trainer(tmp_path, dataset, comm, batch_size: int, mode: str = "pretrain
         + ([f'data.init="{init}"'] if init else []),
     )
     spec = plan_run(cfg, tmp_path / f"run{comm.rank}", mode)
-    trainer = Trainer(spec, setup_device("cpu", "fp32"), comm)
+    trainer = Trainer(spec, setup_device(DeviceConfig()), comm)
     trainer.setup()
     return trainer
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import euler_model
+from euler_kernels import Precision
 from euler_train.comm import Comm
 from euler_train.config import resolve_config
 from euler_train.graph_memory import AllocationRecord, PlannedAllocator, plan_offsets, plan_record
@@ -20,15 +21,14 @@ cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
 
-def run_steps(planned, monkeypatch, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
+def run_steps(planned, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
     """(params after the steps, the runner, the losses): a bf16 model with kept activations and bf16
     gradients (the 1b preset's step, small), captured, a new batch every step."""
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = euler_model.preset("tiny", dim=256, n_heads=4, n_kv_heads=2, n_layers=3, context=128)
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=3).items()}
     t = resolve_config("tiny").train
     opt = AdamW(params, t.beta1, t.beta2, t.eps, 0.1)
-    options = StepOptions(max_norm=1.0, keep_activations=keep, bf16_grads=True)
+    options = StepOptions(max_norm=1.0, keep_activations=keep, bf16_grads=True, precision=Precision("bf16"))
     runner = GraphStep(cfg, params, opt, Comm(), options, planned_memory=planned)
     rng = np.random.default_rng(0)
     losses = []
@@ -42,16 +42,16 @@ def run_steps(planned, monkeypatch, keep=True, lrs=(3e-3, 2e-3, 1e-3)):
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "remade"])
-def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
+def test_planned_graph_steps_as_the_pool_served_one(keep):
     """Three replays: the same losses, every request of the capture served from the slab laid out for the
     dry run's, which is within 10% of the most bytes the body had alive at once, and held memory no more
     than the pool-served graph's. One step: the matrices' updates bit for bit (cuBLAS products, the same
     every run), the embedding and norms to 0.1% of the step's lr (their gradients are atomic sums in no
     fixed order; AdamW's first step divides each by its own size, which makes one rounding of a small
     gradient a visible share of lr, and its later steps magnify it)."""
-    run_steps(False, monkeypatch, keep, lrs=(1e-3,))  # handles, workspaces, tuned products: made once, here
-    _, runner, losses = run_steps(True, monkeypatch, keep)
-    _, pool_runner, pool_losses = run_steps(False, monkeypatch, keep)
+    run_steps(False, keep, lrs=(1e-3,))  # handles, workspaces, tuned products: made once, here
+    _, runner, losses = run_steps(True, keep)
+    _, pool_runner, pool_losses = run_steps(False, keep)
     assert runner.slab is not None and runner.planner.misses == 0, runner.memory_plan()
     assert runner.planned_from == "the dry run's", runner.memory_plan()  # it foresaw every request
     requests, total, floor = runner.plan_stats
@@ -60,8 +60,8 @@ def test_planned_graph_steps_as_the_pool_served_one(keep, monkeypatch):
     held, pool_held = runner.memory_bytes(), pool_runner.memory_bytes()
     assert held <= pool_held, (held, pool_held)
     np.testing.assert_allclose(losses, pool_losses, rtol=1e-5)
-    planned, _, _ = run_steps(True, monkeypatch, keep, lrs=(3e-3,))
-    pooled, _, _ = run_steps(False, monkeypatch, keep, lrs=(3e-3,))
+    planned, _, _ = run_steps(True, keep, lrs=(3e-3,))
+    pooled, _, _ = run_steps(False, keep, lrs=(3e-3,))
     for name in planned:
         got, want = planned[name].get(), pooled[name].get()
         if name.startswith("layers.") and got.ndim == 2:

@@ -11,6 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import euler_model
+from euler_kernels import Precision
 from euler_train import memory_check
 from euler_train.args import build_parser
 from euler_train.cli import main
@@ -211,7 +212,7 @@ def test_a_run_with_recompute_is_bitwise_the_run_without(tmp_path, dataset) -> N
 
 
 @pytest.mark.gpu
-def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatch) -> None:
+def test_the_captured_step_with_recompute_trains_like_the_one_without() -> None:
     """One GPU, bf16 activations: the step with recompute is captured as a CUDA graph, its first loss is
     the same number (the same forward), later losses agree, and its weights differ from the captured run
     without by no more than an eager run without differs from that captured one (the atomics in the
@@ -220,7 +221,6 @@ def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatc
     holds less memory. The spread is taken against an eager run because two captured runs can happen to
     sum in the same order (2.5e-7 apart on an H200, where eager vs captured and eager vs eager: 7.6e-3)."""
     cp = pytest.importorskip("cupy")
-    monkeypatch.setenv("EULER_MATMUL_PRECISION", "bf16")
     cfg = euler_model.preset("gpu", n_layers=4, context=256)
     base = euler_model.init_params(cfg, seed=0, xp=cp)
     rng = np.random.default_rng(0)
@@ -229,7 +229,7 @@ def test_the_captured_step_with_recompute_trains_like_the_one_without(monkeypatc
     for captured, recompute in ((True, False), (False, False), (True, True)):
         params = {k: v.copy() for k, v in base.items()}
         opt = make_optimizer(params, resolve_config("gpu").train)
-        options = StepOptions(max_norm=1.0, recompute=recompute)
+        options = StepOptions(max_norm=1.0, recompute=recompute, precision=Precision("bf16"))
         step = (GraphStep if captured else EagerStep)(cfg, params, opt, Comm(), options)
         losses = []
         for _ in range(4):

@@ -256,6 +256,7 @@ def test_sft_trains_on_responses_from_a_pretrained_checkpoint(tmp_path, dataset,
 
 def test_sft_loss_ignores_prompt_tokens(tmp_path, dataset, tiny_run) -> None:
     """Changing a masked-out (prompt) target leaves the SFT step's loss and gradient unchanged."""
+    from euler_train.config import DeviceConfig
     from euler_train.device import setup_device
     from euler_train.distributed import Comm
     from euler_train.runspec import config_from_args, plan_run
@@ -265,7 +266,7 @@ def test_sft_loss_ignores_prompt_tokens(tmp_path, dataset, tiny_run) -> None:
         ["sft", "--data", str(dataset), "--init", str(tiny_run), "--out", str(tmp_path / "r")]
     )
     spec = plan_run(config_from_args(args), args.out, "sft")
-    trainer = Trainer(spec, setup_device("cpu", "fp32"), Comm())
+    trainer = Trainer(spec, setup_device(DeviceConfig()), Comm())
     trainer.setup()
     _, _, mask = trainer.batches.train(0, 0)
     assert 0 < mask.sum() < mask.size
@@ -309,14 +310,14 @@ def test_check_command_passes(capsys) -> None:
 
 
 def test_non_finite_weights_are_never_checkpointed(tmp_path, dataset, capsys) -> None:
-    from euler_train.config import resolve_config
+    from euler_train.config import DeviceConfig, resolve_config
     from euler_train.device import setup_device
     from euler_train.distributed import Comm
     from euler_train.runspec import plan_run
     from euler_train.trainer import Trainer
 
     cfg = resolve_config("tiny", overrides=[f'data.dir="{dataset}"'])
-    trainer = Trainer(plan_run(cfg, tmp_path / "run", "pretrain"), setup_device("cpu", "fp32"), Comm())
+    trainer = Trainer(plan_run(cfg, tmp_path / "run", "pretrain"), setup_device(DeviceConfig()), Comm())
     trainer.setup()
     trainer.save()
     good = (tmp_path / "run" / "checkpoints" / "step_0" / "model.safetensors").read_bytes()
@@ -328,7 +329,7 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, dataset, capsys) ->
 
 def test_gradient_accumulation_averages_the_micro_batches(tmp_path, dataset) -> None:
     import euler_model
-    from euler_train.config import resolve_config
+    from euler_train.config import DeviceConfig, resolve_config
     from euler_train.device import setup_device
     from euler_train.distributed import Comm
     from euler_train.runspec import plan_run
@@ -337,7 +338,7 @@ def test_gradient_accumulation_averages_the_micro_batches(tmp_path, dataset) -> 
     cfg = resolve_config(
         "tiny", overrides=[f'data.dir="{dataset}"', "train.grad_accum=3", "train.batch_size=2"]
     )
-    trainer = Trainer(plan_run(cfg, tmp_path / "run", "pretrain"), setup_device("cpu", "fp32"), Comm())
+    trainer = Trainer(plan_run(cfg, tmp_path / "run", "pretrain"), setup_device(DeviceConfig()), Comm())
     trainer.setup()
     micro = [trainer.batches.train(5, i) for i in range(3)]
     assert not np.array_equal(micro[0][0], micro[1][0])  # three different micro-batches

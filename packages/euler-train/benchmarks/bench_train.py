@@ -40,7 +40,7 @@ def euler_trainer(data: str, preset: str, device: str, precision: str, batch: in
             f'run.precision="{precision}"',
         ],
     )
-    trainer = Trainer(plan_run(cfg, run, "pretrain"), setup_device(device, precision), Comm())
+    trainer = Trainer(plan_run(cfg, run, "pretrain"), setup_device(cfg.run), Comm())
     trainer.setup()
     return trainer
 
@@ -247,7 +247,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tmp", default=None, help="folder for checkpoint files")
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32"], help="gpu: one per process")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32"], help="gpu: one per run")
     p.add_argument("--checkpoint", action="store_true", help="gpu: also time checkpoints of the gpu preset")
     args = p.parse_args()
     results = []
@@ -257,7 +257,7 @@ def main() -> None:
         results.append(bench_checkpoint(args, "small", {}))
         results.append(bench_checkpoint(args, "gpu", {"n_layers": 4}))
     else:
-        # CuPy reads CUPY_TF32 once, at import: run each precision in its own process (--precision)
+        # one precision a run (--precision): the trainer computes in setup_device's Precision of it
         results.append(bench_steps(args, "gpu", args.precision, "gpu", 32))
         if args.checkpoint:
             results.append(bench_checkpoint(args, "gpu", {}))

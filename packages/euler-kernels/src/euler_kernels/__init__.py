@@ -12,17 +12,15 @@ from its module.
 
 from euler_kernels.__about__ import __version__
 from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
-from euler_kernels.cuda import bf16_activations, fp8_products, kernel_settings
+from euler_kernels.cuda import float32_on_gpu
 from euler_kernels.cuda.cast import stacked_rows, to_bf16_many
 from euler_kernels.cuda.flash_attention import flash_attention_supports
-from euler_kernels.cuda.flash_attention_sm90 import flash_kernel_choice
 from euler_kernels.cuda.fp8_scales import Fp8Scales
 from euler_kernels.cuda.fp8_scales import new_scales as new_fp8_scales
 from euler_kernels.cuda.fp8_scales import restore_scales as restore_fp8_scales
 from euler_kernels.cuda.fp8_scales import scale_arrays as fp8_scale_arrays
 from euler_kernels.cuda.fp8_scales import scales_from_arrays as fp8_scales_from_arrays
 from euler_kernels.cuda.fp8_scales import update_scales as update_fp8_scales
-from euler_kernels.cuda.gemm_tuned import tuning_enabled as gemm_tuning_enabled
 from euler_kernels.cuda.multi_tensor import keep_tables
 from euler_kernels.gradcheck import gradcheck, gradcheck_scalar, judged
 from euler_kernels.op_checks import gradcheck_ops
@@ -54,9 +52,12 @@ from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
 from euler_kernels.ops.step_control import step_control
 from euler_kernels.ops.swiglu import swiglu_backward, swiglu_backward_fp8, swiglu_forward, swiglu_forward_fp8
+from euler_kernels.precision import EXACT, Precision
 
 __all__ = [
+    "EXACT",
     "Fp8Scales",
+    "Precision",
     "__version__",
     "accumulate_scaled_many",
     "adamw_hyper",
@@ -64,7 +65,6 @@ __all__ = [
     "adamw_update_many",
     "attention_backward",
     "attention_forward",
-    "bf16_activations",
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_weights",
@@ -77,14 +77,12 @@ __all__ = [
     "embedding_backward",
     "embedding_forward",
     "flash_attention_supports",
-    "flash_kernel_choice",
+    "float32_on_gpu",
     "fp8_amax",
     "fp8_fits",
-    "fp8_products",
     "fp8_scale_arrays",
     "fp8_scales_from_arrays",
     "fp8_weights",
-    "gemm_tuning_enabled",
     "get_array_module",
     "gradcheck",
     "gradcheck_ops",
@@ -93,7 +91,6 @@ __all__ = [
     "is_fp8",
     "judged",
     "keep_tables",
-    "kernel_settings",
     "linear_backward",
     "linear_forward",
     "linear_forward_many",

@@ -22,7 +22,7 @@ def get_array_module(x: Any) -> ModuleType:
     >>> get_array_module(np.zeros(2)).__name__
     'numpy'
     """
-    if isinstance(x, _NUMPY_TYPES):
+    if type(x) is np.ndarray or isinstance(x, _NUMPY_TYPES):  # the first test alone for an ndarray
         return np
     cupy = sys.modules.get("cupy")  # only consult CuPy if someone already imported it
     if cupy is not None and isinstance(x, cupy.ndarray):
@@ -82,15 +82,22 @@ def is_capturing(x: Any) -> bool:
 
 def check_float(fn: str, **arrays: Any) -> np.dtype:
     """Check that all named arrays share one float dtype (float32/float64); return it."""
-    dtypes = [a.dtype for a in arrays.values()]
-    first = dtypes[0]
-    if (first is FLOAT_DTYPES[0] or first is FLOAT_DTYPES[1]) and dtypes.count(first) == len(dtypes):
-        return first  # the common case, by identity first (NumPy's builtin dtypes are singletons)
-    first = np.dtype(first)
-    if first not in FLOAT_DTYPES or any(d != first for d in dtypes):
-        desc = ", ".join(f"{n}: {np.dtype(a.dtype)}" for n, a in arrays.items())
-        raise ValueError(f"{fn}: expected all float32 or all float64 arrays, got {desc}")
+    first = None
+    for name in arrays:  # by identity first: NumPy's builtin dtypes are singletons (no call per array)
+        dtype = arrays[name].dtype
+        first = dtype if first is None else first
+        if dtype is not first or not (dtype is FLOAT_DTYPES[0] or dtype is FLOAT_DTYPES[1]):
+            return _check_float_slowly(fn, arrays)
     return first
+
+
+def _check_float_slowly(fn: str, arrays: dict[str, Any]) -> np.dtype:
+    """check_float by dtype equality (CuPy's dtypes, dtypes that are not the builtin instances)."""
+    dtypes = [np.dtype(a.dtype) for a in arrays.values()]
+    if dtypes[0] not in FLOAT_DTYPES or any(d != dtypes[0] for d in dtypes):
+        desc = ", ".join(f"{n}: {d}" for n, d in zip(arrays, dtypes))
+        raise ValueError(f"{fn}: expected all float32 or all float64 arrays, got {desc}")
+    return dtypes[0]
 
 
 def is_bf16(x: Any) -> bool:
@@ -100,7 +107,7 @@ def is_bf16(x: Any) -> bool:
     >>> is_bf16(np.zeros(2, dtype=np.uint16))
     False
     """
-    if isinstance(x, _NUMPY_TYPES):
+    if type(x) is np.ndarray or isinstance(x, _NUMPY_TYPES):  # the first test alone for an ndarray
         return False
     return get_array_module(x) is not np and np.dtype(x.dtype) == np.uint16
 

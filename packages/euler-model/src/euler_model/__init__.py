@@ -19,6 +19,7 @@ from euler_model.hf import load_hf, save_hf
 from euler_model.kv_cache import KVCache
 from euler_model.memory import step_memory
 from euler_model.model import (
+    bf16_path,
     bf16_weight_groups,
     forward_loss,
     logits,
@@ -42,6 +43,7 @@ __all__ = [
     "KVCache",
     "ModelConfig",
     "__version__",
+    "bf16_path",
     "bf16_weight_groups",
     "checked_draft_tree",
     "count_params",

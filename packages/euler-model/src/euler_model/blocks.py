@@ -14,8 +14,8 @@ which is that of x and of branch alike; the block's weight gradients). The strea
 (N, C) with N = B * T, so that every linear is one 2-D matrix product; only RoPE and attention see the
 (B, T, H, D) view.
 
-bf16 (the GPU bf16 path, see euler_kernels.cuda.bf16_activations): every activation between the norm and
-the block's output projection is stored as bf16 (h, q, k, v, the attention output, gate, up, their
+bf16 (the GPU bf16 path, of a bf16 or fp8 precision: model.bf16_path): every activation between the norm
+and the block's output projection is stored as bf16 (h, q, k, v, the attention output, gate, up, their
 SwiGLU product) and so are the gradients that only feed bf16 products; the residual stream x, its
 gradient, the norms' statistics and every weight gradient stay float32 (with bf16_grads, train.bf16_grads,
 the products' weight gradients are bf16, as autocast's are before their cast). The caches of the bf16 path
@@ -25,7 +25,7 @@ recomputes them) right before the products that need them, so a step holds 2C + 
 token and layer (2.3 GiB at the 856M preset, 8 x 1024 tokens). With keep=True (train.keep_activations)
 the caches keep them instead: the backward skips the re-making passes, for that much more memory.
 
-fp8 (EULER_MATMUL_PRECISION=fp8): the bf16 path, with the MLP's weights handed in as FP8 copies
+fp8 (the fp8 precision): the bf16 path, with the MLP's weights handed in as FP8 copies
 (model.py); the same code runs, the linear op multiplying those in FP8 (euler_kernels' linear_fp8). Its
 FFN block re-makes nothing: the products keep the transposed FP8 copies of h and of the SwiGLU product
 that their weight gradients take (C + F bytes per token and layer, half of what bf16 copies would hold).
@@ -104,6 +104,7 @@ def attention_block_forward(
     kv: Any = None,
     bf16: bool = False,
     keep: bool = False,
+    precision: ek.Precision = ek.EXACT,
 ) -> tuple[tuple[Any, Any], tuple]:
     """stream (x, branch) of (N, C), N = B * T, bt = (B, T) -> (s, o): s = x + branch, h = rmsnorm(s),
     o = wo(attention(rope(wq h), rope(wk h), wv h)); the stream after the block is s + o.
@@ -111,6 +112,8 @@ def attention_block_forward(
     kv: None for training, else a (KVCache, layer) pair: the new keys/values are written at the
     cache's current position and the queries attend over everything cached so far (no backward).
     keep: the bf16 cache keeps h instead of re-making it in the backward (module docstring).
+    precision: how the products and attention are computed (euler_kernels.Precision); bf16: whether the
+    activations are bf16 (the GPU's bf16 path in training, see trunk_forward).
     """
     b, t = bt
     hq, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
@@ -119,19 +122,20 @@ def attention_block_forward(
     projections = [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]]
     joint = ek.stacked_rows(projections) if bf16 and kv is None else None  # bf16 copies made together
     if joint is not None:  # one product; q, k, v heads of its rows, q and k rotated where they lie
-        (q, k, v), c_qkv = ek.qkv_forward(h, joint, hq, hkv, bt, rope[0], rope[1], offset, True, keep)
+        (q, k, v), c_qkv = ek.qkv_forward(h, joint, hq, hkv, bt, *rope, offset, True, keep, precision)
         c_q = c_k = c_v = c_rq = c_rk = None
     else:
         c_qkv = None
-        qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=keep or not bf16)  # or re-made
+        kept = keep or not bf16  # else re-made
+        qkv = ek.linear_forward_many(h, projections, bf16_out=bf16, keep_input=kept, precision=precision)
         (q, c_q), (k, c_k), (v, c_v) = qkv  # (N, Hq * D), (N, Hkv * D), (N, Hkv * D)
         q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
         k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
         v = v.reshape(b, t, hkv, d)
     if kv is not None:  # append to the cache, attend over the whole cached prefix
         k, v = kv[0].append(kv[1], k, v)  # (B, S, Hkv, D) with S = offset + T
-    a, c_att = ek.attention_forward(q, k, v, causal=True)  # (B, T, Hq, D)
-    o, c_o = ek.linear_forward(a.reshape(b * t, hq * d), p[prefix + "wo"])  # (N, C)
+    a, c_att = ek.attention_forward(q, k, v, causal=True, precision=precision)  # (B, T, Hq, D)
+    o, c_o = ek.linear_forward(a.reshape(b * t, hq * d), p[prefix + "wo"], precision=precision)  # (N, C)
     # the stream gradient this block's backward hands to the FFN before it: its maximum too if FP8 (the
     # layers' FFNs are all FP8 or none: one shape)
     fp8 = ek.is_fp8(p.get(prefix + "w_down"))
@@ -178,10 +182,11 @@ def ffn_block_forward(
     stream: tuple[Any, Any],
     bf16: bool = False,
     keep: bool = False,
+    precision: ek.Precision = ek.EXACT,
 ) -> tuple[tuple[Any, Any], tuple]:
     """stream (x, branch) (N, C) -> (s, o): s = x + branch, o = w_down(silu(w_gate h) * w_up h) with
     h = rmsnorm(s); the stream after the block is s + o. keep: the bf16 cache keeps h and the SwiGLU
-    product instead of re-making them in the backward."""
+    product instead of re-making them in the backward; bf16 and precision as in attention_block_forward."""
     fp8 = ek.is_fp8(p[prefix + "w_down"])  # FP8 products: the norm and SwiGLU measure their outputs' maxima
     scaled = p.get(FP8_SCALES) if fp8 else None  # (scales, first slot): delayed scales for SwiGLU's outputs
     delayed = scaled is not None and scaled[0].calibrated
@@ -191,15 +196,15 @@ def ffn_block_forward(
     # bf16 re-makes h and gated in the backward unless asked to keep them; FP8 keeps their transposed FP8
     # copies (a byte a value), which saves the re-making passes and the casts of the re-made arrays
     keep = keep or not bf16 or fp8
-    gate_up = ek.linear_forward_many(h, weights, bf16_out=bf16, keep_input=keep, x_amax=a_h)
+    gate_up = ek.linear_forward_many(h, weights, bf16, keep, a_h, precision)
     (g, c_gate), (u, c_up) = gate_up  # (N, F) each
     if delayed:  # the product straight to FP8 (rows padded to 16), cast with the slot's delayed scale
         gated8, c_swi = ek.swiglu_forward_fp8(g, u, scaled[0], scaled[1])
-        o, c_down = ek.linear_forward(gated8, p[prefix + "w_down"])  # (N, C)
+        o, c_down = ek.linear_forward(gated8, p[prefix + "w_down"], precision=precision)  # (N, C)
     else:  # without delayed scales, or calibrating them: the maximum goes into the slot for later steps
         a_gated = (ek.fp8_amax() if scaled is None else scaled[0].amax_now[scaled[1]]) if fp8 else None
         gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
-        o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], keep_input=keep, x_amax=a_gated)  # (N, C)
+        o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], False, keep, a_gated, precision)  # (N, C)
     remake = None if keep else (s, p[prefix + "ffn_norm"], config.norm_eps)  # h's (gated's: c_swi)
     return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake)
 
@@ -257,12 +262,13 @@ def layer_forward(
     kv: Any = None,
     bf16: bool = False,
     keep: bool = False,
+    precision: ek.Precision = ek.EXACT,
 ) -> tuple[tuple[Any, Any], tuple]:
     """Layer i, its attention block then its FFN block: stream (x, branch) (N, C) -> (the stream after
-    it, (attention cache, FFN cache)); kv and keep as in attention_block_forward."""
+    it, (attention cache, FFN cache)); kv, bf16, keep and precision as in attention_block_forward."""
     prefix = f"layers.{i}."
-    stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16, keep)
-    stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16, keep)
+    stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16, keep, precision)
+    stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16, keep, precision)
     return stream, (c_attn, c_ffn)
 
 

@@ -37,7 +37,11 @@ def uniforms(seeds: list[int | None], width: int) -> np.ndarray:
 
 
 def prefill(
-    config: ModelConfig, params: dict[str, Any], state: DecodeState, groups: list[tuple[list[int], Any]]
+    config: ModelConfig,
+    params: dict[str, Any],
+    state: DecodeState,
+    groups: list[tuple[list[int], Any]],
+    precision: ek.Precision,
 ) -> tuple[Any, Any]:
     """The prompts through the trunk, one group of a length at a time (rows, tokens (G, T): trunk_forward
     into a KVCache of G rows and T slots), their keys/values copied into their rows; head 0's logits (B, V)
@@ -47,8 +51,8 @@ def prefill(
     logits = hidden = None
     for rows, tokens in groups:
         cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp, slots=tokens.shape[1])
-        h = trunk_forward(config, params, tokens, kv=cache)[0]  # (G, T, C)
-        z = ek.linear_forward(h[:, -1], params["heads.0"])[0]  # (G, V)
+        h = trunk_forward(config, params, tokens, kv=cache, precision=precision)[0]  # (G, T, C)
+        z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
         if logits is None:
             logits = xp.empty((b, z.shape[1]), dtype=z.dtype)  # (B, V)
             hidden = xp.empty((b, h.shape[2]), dtype=h.dtype)  # (B, C)
@@ -97,7 +101,8 @@ class Decoder:
     its depth <= K - 1), None for plain steps. kept: the decoder serves call after call (decode_keep.py),
     so each call first rewrites its weight copies from params (which a trainer may have updated in place),
     and a prompt-length pattern seen before has its prefill replayed from a CUDA graph. weights: inference
-    weights to use (the kept decoders of a model share theirs), by default made here."""
+    weights to use (the kept decoders of a model share theirs), by default made here. precision: how the
+    products are computed (euler_kernels.Precision)."""
 
     def __init__(
         self,
@@ -107,20 +112,24 @@ class Decoder:
         picker: Picker,
         tree: tuple[int, ...] | None,
         cuda_graph: bool,
+        precision: ek.Precision,
         kept: bool = False,
         weights: dict[str, Any] | None = None,
     ) -> None:
         xp = ek.get_array_module(params["embed"])
         self.config, self.params, self.picker, self.kept = config, params, picker, kept
+        self.precision = precision
         self.fed = 1 if tree is None else len(tree) + 1
         self.state = DecodeState.allocate(config, xp, params["embed"].dtype, batch, self.fed - 1)
         self.drafters = drafting_heads(tree)
-        self.weights = inference_weights(config, params, self.drafters) if weights is None else weights
+        if weights is None:
+            weights = inference_weights(config, params, self.drafters, precision=precision)
+        self.weights = weights
         self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
         if tree is not None:
-            step = partial(speculative_step, config, self.weights, self.state, self.tree)
+            step = partial(speculative_step, config, self.weights, self.state, self.tree, precision)
         else:
-            step = partial(decode_step, config, self.weights, self.state, picker)
+            step = partial(decode_step, config, self.weights, self.state, picker, precision)
         self.runner = decode_runner(step, xp, cuda_graph)
         self.kernel = ek.decode_attention_kernel(self.state.k[0], config.n_heads, self.fed)  # own slots
         self.prompt_tokens: dict[tuple[int, ...], list[tuple[list[int], Any]]] = {}  # lengths -> groups
@@ -159,13 +168,13 @@ class Decoder:
     def _prefill(self, groups: list[tuple[list[int], Any]]) -> None:
         """Device work only, so that it can be captured: the weights refreshed (a kept decoder's), the
         prompts prefilled, their first tokens picked and recorded, a speculative step's first drafts made."""
-        config, params, state = self.config, self.params, self.state
+        config, params, state, precision = self.config, self.params, self.state, self.precision
         if self.kept:
-            inference_weights(config, params, self.drafters, into=self.weights)
-        logits, hidden = prefill(config, params, state, groups)
+            inference_weights(config, params, self.drafters, self.weights, precision)
+        logits, hidden = prefill(config, params, state, groups, precision)
         state.record(self.picker.pick(logits, state))
         if self.drafters:
-            draft(config, self.weights, state, hidden, self.tree)
+            draft(config, self.weights, state, hidden, self.tree, precision)
 
 
 def start(
@@ -178,6 +187,7 @@ def start(
     picker: Picker,
     tree: tuple[int, ...] | None,
     cuda_graph: bool,
+    precision: ek.Precision,
 ) -> Decoding:
     """The state set, the prompts prefilled and their first tokens recorded, the step ready to run: in a
     new Decoder, or on the GPU with cuda_graph in a kept one (decode_keep.py), lent to this decoding until
@@ -188,12 +198,13 @@ def start(
 
         def make() -> Decoder:
             drafters = drafting_heads(tree)
-            weights = kept_weights(drafters, partial(inference_weights, config, params, drafters))
-            return Decoder(config, params, len(rows), picker, tree, cuda_graph, kept=True, weights=weights)
+            make_weights = partial(inference_weights, config, params, drafters, precision=precision)
+            weights = kept_weights(drafters, make_weights)
+            return Decoder(config, params, len(rows), picker, tree, cuda_graph, precision, True, weights)
 
-        decoder = kept_decoder(config, params, (len(rows), picker, tree), make)
+        decoder = kept_decoder(config, params, precision, (len(rows), picker, tree), make)
     if decoder is None:
-        decoder = Decoder(config, params, len(rows), picker, tree, cuda_graph)
+        decoder = Decoder(config, params, len(rows), picker, tree, cuda_graph, precision)
         decoder.busy = True
     try:
         return decoder.begin(rows, limits, stops, seeds)

@@ -7,8 +7,8 @@ copies from params first, so a model updated in place (a trainer's step between 
 with its current weights.
 
 The model is recognised by its params' arrays (names, device addresses, shapes, dtypes), its config and
-the kernel settings (euler_kernels.kernel_settings): the captured graphs read those addresses and were
-recorded with those kernels. Only the latest model's decoders are kept, at most KEPT_DECODERS of them,
+the precision it is decoded in (euler_kernels.Precision): the captured graphs read those addresses and
+were recorded with those kernels. Only the latest model's decoders are kept, at most KEPT_DECODERS of them,
 least recently used dropped first; they share one set of weight copies (per number of drafting heads).
 A decoder is lent to one decoding at a time: a call that finds its decoder busy (another generator still
 streaming from it) gets a new decoder of its own, not kept.
@@ -37,17 +37,23 @@ _model: list[Hashable] = [None]  # the key of the model whose decoders are kept
 _lock = threading.Lock()  # two threads must not be lent one decoder
 
 
-def model_key(config: ModelConfig, params: dict[str, Any]) -> Hashable:
+def model_key(config: ModelConfig, params: dict[str, Any], precision: ek.Precision) -> Hashable:
     """What identifies a model to its kept decoders: its config, each array's name, address, shape and
-    dtype, the GPU and the kernel settings."""
+    dtype, the GPU and the precision."""
     arrays = tuple((name, a.data.ptr, a.shape, a.dtype.str) for name, a in sorted(params.items()))
-    return config, arrays, params["embed"].device.id, ek.kernel_settings()
+    return config, arrays, params["embed"].device.id, precision
 
 
-def kept_decoder(config: ModelConfig, params: dict[str, Any], key: Hashable, make: Callable[[], Any]) -> Any:
+def kept_decoder(
+    config: ModelConfig,
+    params: dict[str, Any],
+    precision: ek.Precision,
+    key: Hashable,
+    make: Callable[[], Any],
+) -> Any:
     """The kept decoder of this model under `key` (made by make() the first time), lent to the caller
     (its `busy` set until the decoding finishes); None when it is busy."""
-    model = model_key(config, params)
+    model = model_key(config, params, precision)
     with _lock:
         if model != _model[0]:
             _drop_all()

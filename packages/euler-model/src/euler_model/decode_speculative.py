@@ -66,21 +66,28 @@ def drafting_heads(tree: tuple[int, ...] | None) -> int:
 
 
 def draft(
-    config: ModelConfig, weights: dict[str, Any], state: DecodeState, h: Any, tree: tuple[int, ...] | None
+    config: ModelConfig,
+    weights: dict[str, Any],
+    state: DecodeState,
+    h: Any,
+    tree: tuple[int, ...] | None,
+    precision: ek.Precision,
 ) -> None:
     """Set state.drafts (B, T - 1) to the drafting heads' guesses at the hidden rows h (B, C), placed in the
     draft tree (None: a chain, each head's best). Conditioned heads (config.mtp_conditioned) draft a chain
     one head after the other: head k reads h + P_k e(the token before its guess), the row's newest token
     for head 1, head k - 1's draft after it."""
     if not config.mtp_conditioned:
-        z = ek.decode_linear_forward(h, weights["drafters"])  # (B, M V)
+        z = ek.decode_linear_forward(h, weights["drafters"], precision=precision)  # (B, M V)
         ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), state.drafts, tree)
         return
     before = state.last  # (B,) the token head k's guess follows
     for k in range(1, state.drafts.shape[1] + 1):
         e = weights["embed"].take(before, axis=0)  # (B, C)
-        a = ek.decode_linear_forward(e, weights[f"heads_cond.{k}"], residual=h)  # (B, C): h + P_k e
-        state.drafts[:, k - 1] = ek.decode_linear_forward(a, weights[f"heads.{k}"]).argmax(axis=-1)
+        # (B, C): h + P_k e
+        a = ek.decode_linear_forward(e, weights[f"heads_cond.{k}"], residual=h, precision=precision)
+        z = ek.decode_linear_forward(a, weights[f"heads.{k}"], precision=precision)  # (B, V)
+        state.drafts[:, k - 1] = z.argmax(axis=-1)
         before = state.drafts[:, k - 1]
 
 
@@ -89,6 +96,7 @@ def speculative_step(
     weights: dict[str, Any],
     state: DecodeState,
     tree: tuple[int, ...] | None,
+    precision: ek.Precision,
     window: int,
 ) -> None:
     """Feed every row its last token and drafts, emit head 0's tokens along the accepted drafts, and draft
@@ -98,9 +106,9 @@ def speculative_step(
     b, t = state.drafts.shape[0], state.drafts.shape[1] + 1
     tokens = state.fed  # (B, T): last, then the drafts (copies: no host arrays, so a graph can record it)
     tokens[:, 0], tokens[:, 1:] = state.last, state.drafts
-    h = decode_hidden(config, weights, state, window, tokens, tree)  # (B T, C)
-    z = ek.decode_linear_forward(h, weights["heads.0"])  # (B T, V)
+    h = decode_hidden(config, weights, state, window, tokens, tree, precision)  # (B T, C)
+    z = ek.decode_linear_forward(h, weights["heads.0"], precision=precision)  # (B T, V)
     g = z.argmax(axis=-1).reshape(b, t)  # head 0's token after each fed one
     chosen = state.accept(g, tree)  # (B,) the accepted path's last fed token; the path's tokens recorded
     # the hidden state whose head 0 gave the new last token: row b's fed token chosen[b], row b T + chosen[b]
-    draft(config, weights, state, xp.take(h, state.first_fed + chosen, axis=0), tree)
+    draft(config, weights, state, xp.take(h, state.first_fed + chosen, axis=0), tree, precision)

@@ -61,27 +61,38 @@ def _bf16(w: dict) -> bool:
 
 
 def _attention_block(
-    config: ModelConfig, w: dict, prefix: str, x: Any, state: DecodeState, layer: int, rope: tuple, tree: Any
+    config: ModelConfig,
+    w: dict,
+    prefix: str,
+    x: Any,
+    state: DecodeState,
+    layer: int,
+    rope: tuple,
+    tree: Any,
+    precision: ek.Precision,
 ) -> Any:
     """blocks.attention_block_forward for T new tokens per row: the stream x (B T, C) -> x + the block's
     output; the norm rides in the q/k/v product and the addition in the output product. rope: the tables,
     the window and whether attention writes bf16 (see decode_hidden)."""
     eps = config.norm_eps
-    qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], norm=w[prefix + "attn_norm"], eps=eps)
+    qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], w[prefix + "attn_norm"], eps, precision=precision)
     b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
     qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
     k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
     cos, sin, window, bf16 = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
     a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, bf16, tree)
-    return ek.decode_linear_forward(a.reshape(x.shape[0], -1), w[prefix + "wo"], residual=x)  # (B T, C)
+    a = a.reshape(x.shape[0], -1)  # (B T, Hq D)
+    return ek.decode_linear_forward(a, w[prefix + "wo"], residual=x, precision=precision)  # (B T, C)
 
 
-def _ffn_block(config: ModelConfig, w: dict, prefix: str, x: Any) -> Any:
+def _ffn_block(config: ModelConfig, w: dict, prefix: str, x: Any, precision: ek.Precision) -> Any:
     """blocks.ffn_block_forward with the gate and up projections as one product, the norm and SwiGLU
     fused around it: the stream x (B T, C) -> x + the block's output."""
     norm = w[prefix + "ffn_norm"]
-    gated = ek.decode_linear_forward(x, w[prefix + "w_gate_up"], norm=norm, eps=config.norm_eps, swiglu=True)
-    return ek.decode_linear_forward(gated, w[prefix + "w_down"], residual=x)  # (B T, C), gated (B T, F)
+    eps = config.norm_eps
+    gated = ek.decode_linear_forward(x, w[prefix + "w_gate_up"], norm, eps, swiglu=True, precision=precision)
+    # (B T, C), gated (B T, F)
+    return ek.decode_linear_forward(gated, w[prefix + "w_down"], residual=x, precision=precision)
 
 
 def decode_hidden(
@@ -91,29 +102,36 @@ def decode_hidden(
     window: int,
     tokens: Any = None,
     tree: tuple[int, ...] | None = None,
+    precision: ek.Precision = ek.EXACT,
 ) -> Any:
     """The final-normed hidden states (B T, C) after feeding each row T new tokens at slots pos[b]..
     pos[b] + T - 1: tokens (B, T), or by default its last token (T = 1); a chain, or a draft tree
     (tree: the fed tokens' parents); attention reads the first `window` slots of the cache, which must
-    exceed every new slot."""
+    exceed every new slot. precision: how float32 weights are multiplied (bf16 copies are bf16 products)."""
     bf16 = _bf16(weights)  # attention's output, the final norm's: bf16 (see _bf16)
     rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window, bf16)  # (S, D/2) tables, ...
     ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,); ids are the model's own
     x = weights["embed"].take(ids, axis=0)  # (B T, C): the residual stream
     for i in range(config.n_layers):
         prefix = f"layers.{i}."
-        x = _attention_block(config, weights, prefix, x, state, i, rope, tree)
-        x = _ffn_block(config, weights, prefix, x)
+        x = _attention_block(config, weights, prefix, x, state, i, rope, tree, precision)
+        x = _ffn_block(config, weights, prefix, x, precision)
     bf16_out = bf16 and not config.mtp_conditioned  # conditioned heads add to it: float32 (products round it)
     return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16_out)[0]
 
 
 def decode_step(
-    config: ModelConfig, weights: dict[str, Any], state: DecodeState, picker: Picker, window: int
+    config: ModelConfig,
+    weights: dict[str, Any],
+    state: DecodeState,
+    picker: Picker,
+    precision: ek.Precision,
+    window: int,
 ) -> None:
     """Feed each row's last token, then pick and record its next one (device work only, in place); the
     host passes a `window` of cache slots above every row's position (see attention_window)."""
-    z = ek.decode_linear_forward(decode_hidden(config, weights, state, window), weights["heads.0"])  # (B, V)
+    h = decode_hidden(config, weights, state, window, precision=precision)  # (B, C)
+    z = ek.decode_linear_forward(h, weights["heads.0"], precision=precision)  # (B, V)
     state.record(picker.pick(z, state))
 
 
@@ -137,15 +155,19 @@ def attention_window(config: ModelConfig, last_position: int, kernel: bool = Fal
 
 
 def inference_weights(
-    config: ModelConfig, params: dict[str, Any], drafters: int = 0, into: dict[str, Any] | None = None
+    config: ModelConfig,
+    params: dict[str, Any],
+    drafters: int = 0,
+    into: dict[str, Any] | None = None,
+    precision: ek.Precision = ek.EXACT,
 ) -> dict[str, Any]:
     """The decode step's weights, made once per batch: params plus each layer's q/k/v projections as one
     matrix `wqkv` and its gate/up projections as `w_gate_up` (one product each instead of three and two);
     with drafters = M > 0, heads 1..M stacked as `drafters` (M V, C), the speculative step's one product
     (conditioned heads, config.mtp_conditioned, stay apart: each reads its own input).
-    In the GPU's bf16 mode (euler_kernels.bf16_activations) the block matrices and heads are bf16 copies,
-    half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16 tensor
-    cores), with no cast per token; the residual stream and the cache stay float32.
+    Under a bf16 precision on the GPU (euler_kernels.Precision.bf16) the block matrices and heads are bf16
+    copies, half the bytes each decode product reads (a few rows: decode_linear's kernel; more: the bf16
+    tensor cores), with no cast per token; the residual stream and the cache stay float32.
     into: what an earlier call returned for these params: its joined matrices and copies are rewritten in
     place from params' current values and it is returned. The values are written by copy and cast kernels
     alone (no host arrays), so a CUDA graph can record the rewrite.
@@ -162,7 +184,7 @@ def inference_weights(
     elif drafters:
         joined["drafters"] = [params[f"heads.{k}"] for k in range(1, drafters + 1)]
         heads.append("drafters")
-    copies = xp is not np and ek.bf16_activations(params["embed"])  # bf16 copies of these:
+    copies = precision.bf16 and ek.float32_on_gpu(params["embed"])  # bf16 copies of these:
     names = [f"layers.{i}.{n}" for i in range(config.n_layers) for n in ("wqkv", "wo", "w_gate_up", "w_down")]
     names = [*names, *heads] if copies else []
     blocks = {**{n: [params[n]] for n in names if n not in joined}, **joined}  # made matrix: its source rows

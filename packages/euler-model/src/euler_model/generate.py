@@ -51,17 +51,18 @@ class GenerationStats:
         return self.generated / max(self.forwards - 1, 1)
 
 
-def _host_logits(h: Any, weight: Any) -> np.ndarray:
+def _host_logits(h: Any, weight: Any, precision: ek.Precision) -> np.ndarray:
     """Logits of the hidden rows h (1, T, C) under one head weight (V', C), as NumPy (T, V')."""
-    z = ek.linear_forward(h[0], weight)[0]  # (T, V')
+    z = ek.linear_forward(h[0], weight, precision=precision)[0]  # (T, V')
     return z.get() if hasattr(z, "get") else np.asarray(z)
 
 
-def _forward(config, params, cache, ids: Sequence[int], stats: GenerationStats) -> Any:
+def _forward(config, params, cache, ids: Sequence[int], stats: GenerationStats, precision) -> Any:
     """Run ids through the trunk, appending to the cache; the hidden states (1, T, C)."""
     xp = ek.get_array_module(params["embed"])
     stats.forwards += 1
-    return trunk_forward(config, params, xp.asarray([list(ids)], dtype=xp.int64), kv=cache)[0]
+    tokens = xp.asarray([list(ids)], dtype=xp.int64)  # (1, T)
+    return trunk_forward(config, params, tokens, kv=cache, precision=precision)[0]
 
 
 def _streamed(
@@ -74,12 +75,13 @@ def _streamed(
     picker: Picker,
     stats: GenerationStats,
     hold: Callable[[], Any],
+    precision: ek.Precision,
 ) -> Iterator[int]:
     """A batch of one decoded by decode_batch (on the GPU, its step a CUDA graph), each new token yielded
     as its step is done; the steps run inside `hold()` (BLAS at one thread), not the caller's work between
     tokens."""
     with hold():
-        run = start(config, params, [prompt], [limit], [stop], [seed], picker, None, cuda_graph=True)
+        run = start(config, params, [prompt], [limit], [stop], [seed], picker, None, True, precision)
     stats.forwards += 1
     shown = 0
     try:
@@ -113,7 +115,14 @@ def _confident_drafts(guesses: np.ndarray, threshold: float) -> list[int]:
 
 
 def _draft(
-    config: ModelConfig, params: dict, h: Any, token: int, drafters: Any, room: int, threshold: float
+    config: ModelConfig,
+    params: dict,
+    h: Any,
+    token: int,
+    drafters: Any,
+    room: int,
+    threshold: float,
+    precision: ek.Precision,
 ) -> list[int]:
     """At most `room` drafts from heads 1..K-1 at the hidden row h (1, 1, C), whose head 0 gave `token`.
 
@@ -122,13 +131,13 @@ def _draft(
     """
     m = max(0, min(config.n_mtp_heads - 1, room))
     if not config.mtp_conditioned:
-        guesses = _host_logits(h, drafters[: m * config.vocab_size]).reshape(m, config.vocab_size)
+        guesses = _host_logits(h, drafters[: m * config.vocab_size], precision).reshape(m, config.vocab_size)
         return _confident_drafts(guesses, threshold)
     drafts, before = [], token
     for k in range(1, m + 1):
         e = ek.embedding_forward(params["embed"], ek.get_array_module(h).asarray([[before]]))[0]  # (1, 1, C)
-        a = h + ek.linear_forward(e, params[f"heads_cond.{k}"])[0]
-        guess = _confident_drafts(_host_logits(a, params[f"heads.{k}"]), threshold)
+        a = h + ek.linear_forward(e, params[f"heads_cond.{k}"], precision=precision)[0]
+        guess = _confident_drafts(_host_logits(a, params[f"heads.{k}"], precision), threshold)
         if not guess:
             break
         drafts.append(guess[0])
@@ -136,23 +145,25 @@ def _draft(
     return drafts
 
 
-def _speculative(config, params, cache, history, pick, stats, budget: int, threshold: float) -> Iterator[int]:
+def _speculative(
+    config, params, cache, history, pick, stats, budget: int, threshold: float, precision
+) -> Iterator[int]:
     """Heads 1..K-1 draft, head 0 verifies them all in one forward; see the module docstring."""
     xp = ek.get_array_module(params["embed"])
     drafters = xp.concatenate([params[f"heads.{k}"] for k in range(1, config.n_mtp_heads)])  # ((K-1)V, C)
-    h = _forward(config, params, cache, history, stats)[:, -1:]  # hidden state of the last position
-    token = pick(_host_logits(h, params["heads.0"])[0], history)
+    h = _forward(config, params, cache, history, stats, precision)[:, -1:]  # the last position's (1, 1, C)
+    token = pick(_host_logits(h, params["heads.0"], precision)[0], history)
     history.append(token)
     yield token
     produced = 1
     while len(history) < config.context:
         room = min(config.context - len(history), budget - produced) - 1  # tokens worth drafting
-        drafts = _draft(config, params, h, token, drafters, room, threshold)
+        drafts = _draft(config, params, h, token, drafters, room, threshold, precision)
         m = len(drafts)
         stats.drafted += m
         start = cache.length  # position of `token`
-        hs = _forward(config, params, cache, [token, *drafts], stats)  # (1, 1 + m, C)
-        checks = _host_logits(hs, params["heads.0"])  # (1 + m, V): head 0 after each input token
+        hs = _forward(config, params, cache, [token, *drafts], stats, precision)  # (1, 1 + m, C)
+        checks = _host_logits(hs, params["heads.0"], precision)  # (1 + m, V): head 0 after each input token
         for i in range(m + 1):
             g = pick(checks[i], history)
             history.append(g)
@@ -190,6 +201,7 @@ def generate(
     speculative: bool = False,
     stats: GenerationStats | None = None,
     draft_threshold: float = 0.1,
+    precision: ek.Precision = ek.EXACT,
 ) -> Iterator[int]:
     """An iterator over up to max_new_tokens new token ids after prompt_ids (streaming).
 
@@ -198,7 +210,8 @@ def generate(
     (needs K >= 2; greedy output is identical to plain greedy). Pass a GenerationStats to read counters.
     draft_threshold: a draft whose drafting head gives it less probability than this is not proposed
     (the chain of drafts stops there), so hopeless drafts cost no verification; 0 proposes every draft.
-    It never changes the output, only the speed.
+    It never changes the output, only the speed. precision: how the products are computed on the GPU
+    (euler_kernels.Precision).
     Arguments are checked at once, before the first token is asked for.
 
     >>> from euler_model import preset, init_params
@@ -214,7 +227,7 @@ def generate(
     if not (speculative and config.n_mtp_heads > 1):
         limit = max(0, min(int(max_new_tokens), config.context - len(prompt)))  # the context's room
         picker = Picker(temperature, top_k, top_p, repetition_penalty)
-        return _streamed(config, params, prompt, limit, stop, seed, picker, stats, hold)
+        return _streamed(config, params, prompt, limit, stop, seed, picker, stats, hold, precision)
     pick = partial(
         choose_token,
         rng=np.random.default_rng(seed),
@@ -225,7 +238,9 @@ def generate(
     )
     xp = ek.get_array_module(params["embed"])
     cache = KVCache(config, 1, dtype=params["embed"].dtype, xp=xp)
-    steps = _speculative(config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold)
+    steps = _speculative(
+        config, params, cache, prompt, pick, stats, max_new_tokens, draft_threshold, precision
+    )
     return _until_stop(steps, max_new_tokens, stop, stats, hold)
 
 

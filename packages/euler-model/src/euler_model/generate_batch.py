@@ -70,6 +70,7 @@ def generate_batch(
     stats: GenerationStats | None = None,
     speculative: bool = False,
     draft_tree: tuple[int, ...] | None = None,
+    precision: ek.Precision = ek.EXACT,
 ) -> list[Completion]:
     """One Completion per prompt, in order: up to max_new_tokens new ids each (one limit, or one per
     prompt), ending early at a stop token (not included) or where prompt + output fill the context.
@@ -81,7 +82,8 @@ def generate_batch(
     plain steps): the same greedy tokens in fewer steps (stats.drafted / accepted). Greedy only.
     draft_tree: the drafts' parents (euler_kernels.draft_tree; at most K - 1 deep), by default
     default_draft_tree(config), a chain (bit-equal to plain greedy; a tree's branches may flip a near-tie
-    that float rounding decides, see decode_speculative.py).
+    that float rounding decides, see decode_speculative.py). precision: how the products are computed on
+    the GPU (euler_kernels.Precision; its bf16 modes decode with bf16 weight copies).
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -112,7 +114,7 @@ def generate_batch(
     xp = ek.get_array_module(params["embed"])
     picker = Picker(temperature, top_k, top_p, repetition_penalty)
     with one_blas_thread_for(params["embed"]):  # NumPy: small products, one BLAS thread each
-        run = start(config, params, rows, limits, stops, row_seeds, picker, tree, cuda_graph)
+        run = start(config, params, rows, limits, stops, row_seeds, picker, tree, cuda_graph, precision)
         try:
             while (ahead := run.ahead(1 if xp is np else SYNC_EVERY)) > 0:
                 for _ in range(ahead):

@@ -50,8 +50,12 @@ def trunk_forward(
     recompute: bool = False,
     fp8_scales: Any = None,
     keep_activations: bool = False,
+    precision: ek.Precision = ek.EXACT,
 ) -> tuple[Any, list]:
     """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
+
+    precision: how the products and attention are computed on the GPU (euler_kernels.Precision; every
+    precision computes the same on NumPy arrays). Its bf16 and fp8 modes are the bf16 path in training.
 
     On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads
     (float32 for conditioned heads, config.mtp_conditioned, which add to it; each product still rounds it).
@@ -75,11 +79,11 @@ def trunk_forward(
     if ek.get_array_module(params["embed"]) is np:  # CPU: each step reuses the last one's freed memory
         keep_freed_memory()
     b, t = tokens.shape
-    bf16 = kv is None and ek.bf16_activations(params["embed"])  # bf16 activations (training, GPU)
+    bf16 = kv is None and bf16_path(params, precision)  # bf16 activations (training, GPU)
     keep = keep_activations and bf16  # the bf16 caches keep what the backward would re-make
     fp8: list[str] = []
     if bf16:  # every block matrix rounded to bf16 in one launch, not one cast per product
-        bf16_names = _block_bf16_names(params)
+        bf16_names = _block_bf16_names(params, precision)
         fp8 = [k for k in _block_matrices(params) if k not in bf16_names]
         params = _with_bf16_copies(params, bf16_names)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
@@ -92,8 +96,9 @@ def trunk_forward(
         layer_params = _with_fp8_copies(params, [k for k in fp8 if k.startswith(f"layers.{i}.")])
         if fp8_scales is not None and fp8:  # the layer's slots of the delayed FP8 scales (blocks.py)
             layer_params = {**layer_params, FP8_SCALES: (fp8_scales, len(FP8_SLOT_FORMATS) * i)}
-        saved = LayerInput(config, layer_params, i, stream, (b, t), rope, bf16, keep) if recompute else None
-        stream, cache = layer_forward(config, layer_params, i, stream, (b, t), rope, layer_kv, bf16, keep)
+        inputs = (config, layer_params, i, stream, (b, t), rope)
+        saved = LayerInput(*inputs, bf16, keep, precision) if recompute else None
+        stream, cache = layer_forward(*inputs, layer_kv, bf16, keep, precision)
         del layer_params
         caches.append(cache if saved is None else saved)
         del cache  # with recompute the layer's caches are freed here
@@ -121,15 +126,21 @@ def trunk_backward(config: ModelConfig, dh: Any, caches: list, bf16_grads: bool 
     return grads
 
 
-def _fp8_fits(params: dict[str, Any], name: str) -> bool:
-    """Whether a matrix is multiplied in FP8: the fp8 mode is on and its sizes fit FP8 products
+def bf16_path(params: dict[str, Any], precision: ek.Precision) -> bool:
+    """Whether a training forward on these parameters takes the bf16 path: float32 CuPy parameters and a
+    bf16 or fp8 precision (blocks.py)."""
+    return precision.bf16 and ek.float32_on_gpu(params["embed"])
+
+
+def _fp8_fits(params: dict[str, Any], name: str, precision: ek.Precision) -> bool:
+    """Whether a matrix is multiplied in FP8: the fp8 precision on the GPU, and its sizes fit FP8 products
     (ek.fp8_fits; the others stay bf16)."""
-    return ek.fp8_products(params["embed"]) and ek.fp8_fits(params[name])
+    return precision.fp8 and ek.float32_on_gpu(params["embed"]) and ek.fp8_fits(params[name])
 
 
 def _with_fp8_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """params with the named float32 GPU matrices replaced by their e4m3 copies (ek.fp8_weights): the
-    linear op then multiplies them in FP8 (EULER_MATMUL_PRECISION=fp8; weight gradients stay float32)."""
+    linear op then multiplies them in FP8 (the fp8 precision; weight gradients stay float32)."""
     return _with_copies(params, names, ek.fp8_weights)
 
 
@@ -137,11 +148,12 @@ def _block_matrices(params: dict[str, Any]) -> list[str]:
     return [k for k in params if k.startswith("layers.") and params[k].ndim == 2]
 
 
-def _block_bf16_names(params: dict[str, Any]) -> list[str]:
+def _block_bf16_names(params: dict[str, Any], precision: ek.Precision) -> list[str]:
     """The block matrices a bf16 forward multiplies as bf16 copies: all but those FP8 takes, each layer's
     wq, wk and wv one after another (whatever order params lists them in), so that their copies, made in
     one allocation, are the row blocks of the joint q/k/v weight (ek.stacked_rows)."""
-    names = [k for k in _block_matrices(params) if not (k.endswith(FP8_MATRICES) and _fp8_fits(params, k))]
+    fp8 = [k for k in _block_matrices(params) if k.endswith(FP8_MATRICES) and _fp8_fits(params, k, precision)]
+    names = [k for k in _block_matrices(params) if k not in fp8]
     return sorted(names, key=_layer_order)
 
 
@@ -154,18 +166,21 @@ def _layer_order(name: str) -> tuple[int, int, str]:
     return int(layer), _IN_LAYER.index(w) if w in _IN_LAYER else len(_IN_LAYER), w
 
 
-def _head_bf16_names(config: ModelConfig, params: dict[str, Any]) -> list[str]:
+def _head_bf16_names(config: ModelConfig, params: dict[str, Any], precision: ek.Precision) -> list[str]:
     """The heads a bf16 forward multiplies as bf16 copies: all but those FP8 takes."""
-    return [n for n in (f"heads.{k}" for k in range(config.n_mtp_heads)) if not _fp8_fits(params, n)]
+    heads = (f"heads.{k}" for k in range(config.n_mtp_heads))
+    return [n for n in heads if not _fp8_fits(params, n, precision)]
 
 
-def bf16_weight_groups(config: ModelConfig, params: dict[str, Any]) -> list[list[str]]:
+def bf16_weight_groups(
+    config: ModelConfig, params: dict[str, Any], precision: ek.Precision
+) -> list[list[str]]:
     """The float32 weights that the GPU's bf16 training forward multiplies as bf16 copies (every block
     matrix and head that FP8 does not take), in the groups it casts them in (one ek.to_bf16_many call
     each: the block matrices, the heads). A caller may pass those copies in params under the same names
     (uint16 arrays): the forward then uses them instead of casting the weights. Copies made by
     ek.to_bf16_many on the same groups are the very buffers the forward's own cast writes."""
-    return [_block_bf16_names(params), _head_bf16_names(config, params)]
+    return [_block_bf16_names(params, precision), _head_bf16_names(config, params, precision)]
 
 
 def _with_bf16_copies(params: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -188,11 +203,16 @@ def _check_tokens(config: ModelConfig, tokens: Any, where: str) -> None:
 
 
 def logits(
-    config: ModelConfig, params: dict[str, Any], tokens: Any, all_heads: bool = False, targets: Any = None
+    config: ModelConfig,
+    params: dict[str, Any],
+    tokens: Any,
+    all_heads: bool = False,
+    targets: Any = None,
+    precision: ek.Precision = ek.EXACT,
 ) -> Any:
     """Head 0's logits (B, T, V), or every head's stacked as (K, B, T, V) when all_heads. Conditioned heads
     (config.mtp_conditioned) read the token before the one they predict: then all_heads needs the targets
-    (B, T + K - 1), as for the loss.
+    (B, T + K - 1), as for the loss. precision as trunk_forward's.
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -205,10 +225,10 @@ def logits(
 
         def rows_logits(rows: slice) -> Any:
             part = None if targets is None else targets[rows]
-            return _logits_rows(config, params, tokens[rows], all_heads, part)
+            return _logits_rows(config, params, tokens[rows], all_heads, part, precision)
 
         return np.concatenate(run_parts(rows_logits, row_slices(b)), axis=-3)  # along B
-    return _logits_rows(config, params, tokens, all_heads, targets)
+    return _logits_rows(config, params, tokens, all_heads, targets, precision)
 
 
 def row_slices(b: int) -> list[slice]:
@@ -221,11 +241,14 @@ def row_slices(b: int) -> list[slice]:
     return [slice(b * i // n, b * (i + 1) // n) for i in range(n)]
 
 
-def _logits_rows(config: ModelConfig, params: dict, tokens: Any, all_heads: bool, targets: Any) -> Any:
+def _logits_rows(
+    config: ModelConfig, params: dict, tokens: Any, all_heads: bool, targets: Any, precision: ek.Precision
+) -> Any:
     """logits of these rows in the calling thread."""
-    h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
+    # no backward: keeps no layer's caches
+    h, _ = trunk_forward(config, params, tokens, recompute=True, precision=precision)
     if not all_heads:
-        return ek.linear_forward(h, params["heads.0"])[0]
+        return ek.linear_forward(h, params["heads.0"], precision=precision)[0]
     if config.mtp_conditioned and targets is None:
         raise ValueError("logits: all_heads of conditioned heads (mtp_conditioned) needs the targets")
     xp, t = ek.get_array_module(h), tokens.shape[1]
@@ -234,8 +257,8 @@ def _logits_rows(config: ModelConfig, params: dict, tokens: Any, all_heads: bool
         a = h
         if config.mtp_conditioned and k >= 1:  # h + P_k e(x_{t+k})
             e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])[0]  # (B, T, C)
-            a = h + ek.linear_forward(e, params[f"heads_cond.{k}"])[0]
-        heads.append(ek.linear_forward(a, params[f"heads.{k}"])[0])
+            a = h + ek.linear_forward(e, params[f"heads_cond.{k}"], precision=precision)[0]
+        heads.append(ek.linear_forward(a, params[f"heads.{k}"], precision=precision)[0])
     return xp.stack(heads)
 
 
@@ -252,49 +275,49 @@ def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: An
         raise ValueError(f"{where}: loss_mask must have the targets' shape {want}, got {loss_mask.shape}")
 
 
-def _bf16_logits(params: dict[str, Any]) -> bool:
-    """Whether the heads write bf16 logits: on the bf16 path, as autocast's heads do (half the bytes of the
-    largest activation; the loss and its statistics stay float32)."""
-    return ek.bf16_activations(params["embed"])
-
-
-def _head_loss(config, params, h2, targets, loss_mask, k: int) -> tuple[Any, tuple, tuple, Any]:
+def _head_loss(config, params, h2, targets, loss_mask, k: int, precision) -> tuple[Any, tuple, tuple, Any]:
     """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches, and the caches
     of its conditioning (None unless config.mtp_conditioned and k >= 1: then head k reads h + P_k e, e the
-    embedding of token t + k, the token before the one it predicts)."""
+    embedding of token t + k, the token before the one it predicts). On the bf16 path the logits are bf16,
+    as autocast's heads write them (half the bytes of the largest activation; the loss and its statistics
+    stay float32)."""
     t = h2.shape[0] // targets.shape[0]
     c_cond = None
     if config.mtp_conditioned and k >= 1:
         e, c_e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])  # (B, T, C): x_{t+k}
-        pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"])  # (N, C)
-        h2, c_cond = h2 + pe, (c_e, c_p)
-    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"], bf16_out=_bf16_logits(params))  # (N, V)
+        pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"], precision=precision)
+        h2, c_cond = h2 + pe, (c_e, c_p)  # (N, C)
+    bf16_logits = bf16_path(params, precision)
+    z, c_head = ek.linear_forward(h2, params[f"heads.{k}"], bf16_logits, precision=precision)  # (N, V)
     tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
     mask = None if loss_mask is None else loss_mask[:, k : k + t].reshape(-1)
     loss, c_ce = ek.cross_entropy_forward(z, tgt, mask)
     return loss, c_head, c_ce, c_cond
 
 
-def _head_params(config: ModelConfig, params: dict[str, Any], h: Any) -> dict[str, Any]:
+def _head_params(
+    config: ModelConfig, params: dict[str, Any], h: Any, precision: ek.Precision
+) -> dict[str, Any]:
     """The heads' weights, as bf16 copies made in one launch when h is a bf16 activation (e4m3 copies in
     the fp8 mode)."""
     if not ek.is_bf16(h):
         return params
-    bf16 = _head_bf16_names(config, params)
+    bf16 = _head_bf16_names(config, params, precision)
     fp8 = [f"heads.{k}" for k in range(config.n_mtp_heads) if f"heads.{k}" not in bf16]
     return _with_bf16_copies(_with_fp8_copies(params, fp8), bf16)
 
 
-def _heads_loss(config, params, h, targets, loss_mask) -> Any:
+def _heads_loss(config, params, h, targets, loss_mask, precision) -> Any:
     """Mean over the K heads of each head's masked cross-entropy (no gradients)."""
-    params = _head_params(config, params, h)
+    params = _head_params(config, params, h, precision)
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
-    losses = [_head_loss(config, params, h2, targets, loss_mask, k)[0] for k in range(config.n_mtp_heads)]
+    heads = range(config.n_mtp_heads)
+    losses = [_head_loss(config, params, h2, targets, loss_mask, k, precision)[0] for k in heads]
     return sum(losses) / config.n_mtp_heads
 
 
 def _heads_loss_and_grads(
-    config, params, h, targets, loss_mask, head_scales=None, grad_scale=None, bf16_grads=False
+    config, params, h, targets, loss_mask, head_scales, grad_scale, bf16_grads, precision
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The mean head loss, its gradient wrt h (B, T, C) and every head's weight gradient, one head at a
     time: a head's (N, V) logits are freed as soon as its gradient is taken, so only one head's logits
@@ -309,12 +332,12 @@ def _heads_loss_and_grads(
     if grad_scale is not None:  # the backward is linear: scaling dlogits scales every gradient
         master = params["embed"]  # float64 on the CPU's float64 path: 1 / K must not round to float32
         dloss = ek.get_array_module(master).asarray(grad_scale, dtype=master.dtype) * dloss
-    params = _head_params(config, params, h)
-    in_place = _bf16_logits(params)  # dlogits written over bf16 logits
+    params = _head_params(config, params, h, precision)
+    in_place = bf16_path(params, precision)  # dlogits written over bf16 logits
     h2 = h.reshape(-1, h.shape[-1])  # (N, C)
     total, dh, grads = 0.0, None, {}
     for k in range(config.n_mtp_heads):
-        loss, c_head, c_ce, c_cond = _head_loss(config, params, h2, targets, loss_mask, k)
+        loss, c_head, c_ce, c_cond = _head_loss(config, params, h2, targets, loss_mask, k, precision)
         scale = 1.0 if head_scales is None else head_scales[k]
         total = total + (loss if head_scales is None else loss * scale)
         # (N, V), bf16 on bf16, written over the bf16 logits (no second (N, V) array)
@@ -343,6 +366,7 @@ def loss_and_grads_on_device(
     fp8_scales: Any = None,
     keep_activations: bool = False,
     bf16_grads: bool = False,
+    precision: ek.Precision = ek.EXACT,
 ) -> tuple[Any, dict[str, Any]]:
     """`loss_and_grads` with the loss left as a 0-d array where it was computed: on the GPU nothing is
     read back to the host, so the whole call can be captured in a CUDA graph (token ids and targets are
@@ -353,29 +377,31 @@ def loss_and_grads_on_device(
     out already weighted, with no pass over them afterwards (the training step's one micro-batch, step.py).
     fp8_scales, keep_activations: as trunk_forward's (GPU, bf16 and fp8 modes). bf16_grads (GPU, bf16 and
     fp8 modes): the gradients of the layers' matrices and of the heads are bf16 (uint16 bit patterns, as
-    autocast's before their cast to float32); the norms' and the embedding's stay float32."""
+    autocast's before their cast to float32); the norms' and the embedding's stay float32. precision as
+    trunk_forward's."""
     _check_targets(config, tokens, targets, loss_mask, "loss_and_grads")
-    if bf16_grads and not ek.bf16_activations(params["embed"]):
+    if bf16_grads and not bf16_path(params, precision):
         raise ValueError("loss_and_grads: bf16_grads needs the GPU's bf16 or fp8 products")
     if ek.get_array_module(params["embed"]) is np and cpu_workers(tokens.shape[0]) > 1:
         return _split_loss_and_grads(config, params, tokens, targets, loss_mask, recompute, grad_scale)
     return _loss_and_grads_rows(
         config, params, tokens, targets, loss_mask, None, recompute, grad_scale, fp8_scales, keep_activations,
-        bf16_grads,
+        bf16_grads, precision,
     )  # fmt: skip
 
 
 def _loss_and_grads_rows(
     config, params, tokens, targets, loss_mask, head_scales=None, recompute=False, grad_scale=None,
-    fp8_scales=None, keep_activations=False, bf16_grads=False,
+    fp8_scales=None, keep_activations=False, bf16_grads=False, precision=ek.EXACT,
 ) -> tuple[Any, dict]:  # fmt: skip
     """The loss and every gradient of one batch (or one slice of rows of it, head_scales and grad_scale
     as in _heads_loss_and_grads), in the calling thread."""
     h, trunk_caches = trunk_forward(
-        config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations
-    )
+        config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations,
+        precision=precision,
+    )  # fmt: skip
     loss, dh, grads = _heads_loss_and_grads(
-        config, params, h, targets, loss_mask, head_scales, grad_scale, bf16_grads
+        config, params, h, targets, loss_mask, head_scales, grad_scale, bf16_grads, precision
     )
     from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
     grads.update(trunk_backward(config, dh, trunk_caches, bf16_grads))
@@ -423,13 +449,15 @@ def loss_and_grads(
     loss_mask: Any = None,
     recompute: bool = False,
     keep_activations: bool = False,
+    precision: ek.Precision = ek.EXACT,
 ) -> tuple[float, dict[str, Any]]:
     """The MTP training loss and its gradient for every parameter (keyed like params).
 
     tokens (B, T) int; targets and loss_mask (B, T + K - 1); head k is scored on targets[:, k:k+T].
     recompute: keep only each layer's input in the forward and re-run the layer in the backward (less
     memory, one more forward of the blocks; the same gradients bit for bit, see recompute.py).
-    keep_activations: as trunk_forward's (the GPU's bf16 path; elsewhere nothing is re-made).
+    keep_activations: as trunk_forward's (the GPU's bf16 path; elsewhere nothing is re-made); precision
+    too.
 
     >>> from euler_model import preset, init_params
     >>> cfg = preset("tiny"); p = init_params(cfg)
@@ -439,16 +467,24 @@ def loss_and_grads(
     True
     """
     loss, grads = loss_and_grads_on_device(
-        config, params, tokens, targets, loss_mask, recompute, keep_activations=keep_activations
-    )
+        config, params, tokens, targets, loss_mask, recompute, keep_activations=keep_activations,
+        precision=precision,
+    )  # fmt: skip
     return float(loss), grads
 
 
 def forward_loss(
-    config: ModelConfig, params: dict[str, Any], tokens: Any, targets: Any, loss_mask: Any = None
+    config: ModelConfig,
+    params: dict[str, Any],
+    tokens: Any,
+    targets: Any,
+    loss_mask: Any = None,
+    precision: ek.Precision = ek.EXACT,
 ) -> float:
-    """The same loss as loss_and_grads, for evaluation: no gradients are computed."""
+    """The same loss as loss_and_grads, for evaluation: no gradients are computed; precision as
+    trunk_forward's."""
     _check_targets(config, tokens, targets, loss_mask, "forward_loss")
     with one_blas_thread_for(params["embed"]):
-        h, _ = trunk_forward(config, params, tokens, recompute=True)  # no backward: keeps no layer's caches
-        return float(_heads_loss(config, params, h, targets, loss_mask))
+        # no backward: keeps no layer's caches
+        h, _ = trunk_forward(config, params, tokens, recompute=True, precision=precision)
+        return float(_heads_loss(config, params, h, targets, loss_mask, precision))

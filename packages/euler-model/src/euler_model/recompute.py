@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from euler_kernels import EXACT, Precision
 from euler_model.blocks import layer_forward
 from euler_model.config import ModelConfig
 
@@ -42,12 +43,12 @@ class LayerInput:
     rope: tuple[Any, Any]  # cos/sin tables
     bf16: bool
     keep: bool = False  # the bf16 caches keep the norms' outputs and the SwiGLU product (blocks.py)
+    precision: Precision = EXACT  # how the products and attention are computed
 
     def caches(self) -> tuple:
         """The layer's (attention cache, FFN cache), made again by its forward."""
-        _, cache = layer_forward(
-            self.config, self.params, self.index, self.stream, self.bt, self.rope, None, self.bf16, self.keep
-        )
+        inputs = (self.config, self.params, self.index, self.stream, self.bt, self.rope)
+        _, cache = layer_forward(*inputs, None, self.bf16, self.keep, self.precision)
         return cache
 
 

@@ -101,6 +101,7 @@ def _completions(model: SamplingModel, args: argparse.Namespace, prompts: list[s
         seeds=seeds,
         speculative=args.speculative,
         draft_tree=args.draft_tree,
+        precision=model.precision,
         **sampling_kwargs(args),
     )
 

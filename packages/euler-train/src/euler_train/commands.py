@@ -23,8 +23,8 @@ from euler_train.config import (
     ConfigError,
     cpu_world,
 )
-from euler_train.device import setup_device
-from euler_train.distributed import env_world, holds_run_lock, init_comm, spawn
+from euler_train.device import note_old_switches, setup_device
+from euler_train.distributed import env_world, holds_run_lock, init_comm, spawn, spawned
 from euler_train.evals.command import run_eval as evaluate
 from euler_train.memory_check import check_memory
 from euler_train.modelio import TOKENIZER, check_export_folder, load_model, write_export
@@ -77,7 +77,7 @@ def say_resumed(spec: Any) -> None:
 
 def _train(spec: Any, local_rank: int) -> int:
     try:
-        device = setup_device(spec.cfg.run.device, spec.cfg.run.precision, local_rank)
+        device = setup_device(spec.cfg.run, local_rank)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if spec.cfg.run.gpus > 1 and device.kind != "gpu" and not cpu_world():
@@ -188,6 +188,8 @@ COMMANDS = {
 
 def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     """Run one parsed command (argv: the command line, which --gpus N hands to its processes)."""
+    if not spawned():  # a --gpus worker's launcher said it already
+        note_old_switches()
     if args.command in ("pretrain", "sft"):
         return run_training(args, argv)
     return COMMANDS[args.command](args)

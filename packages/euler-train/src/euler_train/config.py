@@ -31,6 +31,11 @@ class ConfigError(ValueError):
     """A run config that cannot run; the message names the offending key."""
 
 
+def note(text: str) -> None:
+    """A one-line note to the user on stderr."""
+    print(f"euler-train: note: {text}", file=sys.stderr)
+
+
 # config.toml's array of changes made on --resume: {step, key, was, now}, each at the step it took effect
 HISTORY = "history"
 
@@ -110,8 +115,20 @@ class DeviceConfig:
 
     device: str = "cpu"  # cpu | gpu | auto
     precision: str = "fp32"  # fp32 | tf32 | bf16 | fp8 (GPU only for tf32 / bf16 / fp8)
+    attention_kernel: str = "auto"  # bf16 FlashAttention: auto | sm90 (Hopper's) | mma (mma.sync, to compare)
+    gemm_tuning: bool = True  # time cuBLASLt's algorithms for each kind of bf16 product, keep the fastest
     gpus: int = 1  # data-parallel processes, one per GPU
     memory_check: bool = True  # refuse a step whose estimated memory exceeds what is available
+
+
+def run_section(cfg: dict[str, Any]) -> DeviceConfig:
+    """A recorded config's [run] table as a DeviceConfig (a key an older run did not record at its default).
+
+    >>> run_section({"run": {"device": "gpu", "precision": "bf16"}}).attention_kernel
+    'auto'
+    """
+    known = {f.name for f in fields(DeviceConfig)}
+    return DeviceConfig(**{k: v for k, v in cfg.get("run", {}).items() if k in known})
 
 
 @dataclass
@@ -211,6 +228,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.zero": (0, 1),
     "run.device": ("cpu", "gpu", "auto"),
     "run.precision": ("fp32", "tf32", "bf16", "fp8"),
+    "run.attention_kernel": ("auto", "sm90", "mma"),
 }
 POSITIVE = ("train.steps", "train.batch_size", "train.grad_accum", "run.gpus", "eval.batches")
 NON_NEGATIVE = (

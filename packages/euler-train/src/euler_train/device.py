@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import numpy as np
 
 import euler_kernels as ek
-from euler_train.config import ConfigError
+from euler_train.config import DeviceConfig, note
 
 # Dense peak FLOP/s of one GPU by precision, for MFU; matched against the device name.
 PEAK_FLOPS = {
@@ -25,12 +25,14 @@ PEAK_FLOPS = {
 
 @dataclass(frozen=True)
 class Device:
-    """Where the arrays live: `kind` is "cpu" or "gpu", `xp` numpy or cupy, `index` the GPU ordinal."""
+    """Where the arrays live: `kind` is "cpu" or "gpu", `xp` numpy or cupy, `index` the GPU ordinal; and
+    `precision`, how the run's products and attention are computed there (made once by setup_device)."""
 
     kind: str
     xp: ModuleType
     index: int = 0
     name: str = "cpu"
+    precision: ek.Precision = ek.EXACT
 
 
 def _cupy_or_none() -> ModuleType | None:
@@ -60,37 +62,45 @@ def resolve_device(device: str, local_rank: int = 0) -> Device:
     return Device("gpu", cupy, local_rank, name)
 
 
-def setup_device(device: str, precision: str, local_rank: int = 0) -> Device:
-    """Validate the precision, set the matmul switches before CuPy loads, then resolve the device.
+def setup_device(run: DeviceConfig, local_rank: int = 0) -> Device:
+    """The device of a run's [run] section, with the precision it computes in (`Device.precision`).
 
     fp32: exact float32 everywhere. tf32: float32 matmuls and FlashAttention on the TF32 tensor cores.
     bf16: matmuls and FlashAttention on the bf16 tensor cores, accumulating in float32; norms,
-    projections, RoPE, SwiGLU and attention store their outputs as bf16 (`ek.cuda.bf16_activations`),
+    projections, RoPE, SwiGLU and attention store their outputs as bf16 (euler_kernels.Precision.bf16),
     while the residual stream, weights, gradients of weights, moments, softmax statistics and the loss
-    stay float32. EULER_MATMUL_PRECISION=bf16fast, set beforehand, lets cuBLAS down-convert float32
-    operands itself instead. fp8: bf16, except that the MLP's and the heads' products run on the FP8
-    tensor cores (e4m3 activations and weights, e5m2 gradients, one scale per tensor; sm_89 or later).
+    stay float32. fp8: bf16, except that the MLP's and the heads' products run on the FP8 tensor cores
+    (e4m3 activations and weights, e5m2 gradients, one scale per tensor; sm_89 or later).
+    run.attention_kernel and run.gemm_tuning complete the precision (euler_kernels/precision.py).
     """
-    if precision not in ("fp32", "tf32", "bf16", "fp8"):
-        raise ValueError(f"setup_device: precision must be fp32, tf32, bf16 or fp8, got {precision!r}")
-    try:
-        ek.flash_kernel_choice()
-        ek.gemm_tuning_enabled()
-    except ValueError as err:  # a bad EULER_FLASH_KERNEL or EULER_GEMM_TUNE: one line and exit 2, before work
-        raise ConfigError(str(err)) from None
-    os.environ["CUPY_TF32"] = "0" if precision == "fp32" else "1"  # read when CuPy is imported
-    chosen = os.environ.get("EULER_MATMUL_PRECISION", "")
-    if precision != "bf16" or not chosen.startswith("bf16"):
-        os.environ["EULER_MATMUL_PRECISION"] = precision
-    dev = resolve_device(device, local_rank)
-    if dev.kind == "cpu" and precision != "fp32":
-        raise ValueError(f"--precision {precision} needs a GPU; the CPU path is fp32")
-    if precision == "fp8" and int(dev.xp.cuda.Device(local_rank).compute_capability) < 89:
+    if run.precision not in ("fp32", "tf32", "bf16", "fp8"):
+        raise ValueError(f"setup_device: precision must be fp32, tf32, bf16 or fp8, got {run.precision!r}")
+    precision = ek.Precision(run.precision, run.attention_kernel, run.gemm_tuning)
+    dev = resolve_device(run.device, local_rank)
+    if dev.kind == "cpu" and run.precision != "fp32":
+        raise ValueError(f"--precision {run.precision} needs a GPU; the CPU path is fp32")
+    if run.precision == "fp8" and int(dev.xp.cuda.Device(local_rank).compute_capability) < 89:
         raise ValueError(
             f"--precision fp8 needs FP8 tensor cores (sm_89 or later: Ada, Hopper); {dev.name} has none: "
             "use --precision bf16"
         )
-    return dev
+    return replace(dev, precision=precision)
+
+
+OLD_SWITCHES = {
+    "EULER_MATMUL_PRECISION": "--precision",
+    "EULER_FLASH_KERNEL": "--set run.attention_kernel=auto|sm90|mma",
+    "EULER_GEMM_TUNE": "--set run.gemm_tuning=true|false",
+}
+
+
+def note_old_switches() -> None:
+    """One note on stderr for each environment variable that used to choose kernels and no longer does,
+    naming the setting that does (the run's precision is chosen once, from its config); a command makes
+    it once, as it starts (commands.dispatch)."""
+    for name, setting in OLD_SWITCHES.items():
+        if name in os.environ:
+            note(f"{name} is no longer read; {setting} chooses it")
 
 
 def peak_flops(device: Device, precision: str) -> float | None:

@@ -161,6 +161,11 @@ def init_comm(gpus: int, run_dir: Path) -> Comm:
 LAUNCHER_PID = "EULER_LAUNCHER_PID"
 
 
+def spawned() -> bool:
+    """Whether this process is a worker that `spawn` started (its launcher speaks for the command)."""
+    return LAUNCHER_PID in os.environ
+
+
 def holds_run_lock(rank: int) -> bool:
     """Whether this process takes the run folder's lock: one process a world, the launcher when there
     is one (`spawn`: this process's parent), else rank 0."""

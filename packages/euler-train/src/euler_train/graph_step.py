@@ -143,7 +143,7 @@ class GraphStep:
             no_cycle_collection(),
         ):
             self.buf = StepBuffers.allocate(cp, self.mcfg, self.params, micro, len(hyper))
-            self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
+            self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt, self.options.precision)
             self.buf.write(micro, shares, dry, stream=self.stream)
             if self.planned_memory:
                 pool = self.dry_pool

@@ -24,7 +24,7 @@ from euler_data import read_meta
 from euler_data.errors import DataError
 from euler_data.sft import SFT_META
 from euler_train.checkpoint import CheckpointError, read_state, write_file
-from euler_train.config import ConfigError, recorded_config
+from euler_train.config import ConfigError, recorded_config, run_section
 from euler_train.evals.chat import greedy_reply, reply_start, val_examples
 from euler_train.evals.command import EVALS, metrics_text
 from euler_train.metrics import read_metrics
@@ -254,7 +254,7 @@ def samples_section(checkpoint: Path | None, state: dict[str, Any], cfg: dict[st
     if checkpoint is None:
         return "## Samples\n\nNo checkpoint to sample from."
     try:
-        model = load_for_sampling(str(checkpoint), device, cfg.get("run", {}).get("precision", "fp32"))
+        model = load_for_sampling(str(checkpoint), device, run_section(cfg))
         text = chat_samples(model, cfg) if state.get("mode") == "sft" else document_samples(model)
     except ValueError as err:  # e.g. a diverged run: logits overflow, the probabilities are NaN
         text = f"No samples: sampling from {checkpoint.name} failed ({err})."

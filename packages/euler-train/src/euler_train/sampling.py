@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 import codecs
 import re
-import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+import euler_kernels as ek
 import euler_model
 from euler_bpe import Tokenizer
 from euler_data import encode_chat
 from euler_train.checkpoint import read_state
-from euler_train.config import ConfigError
+from euler_train.config import ConfigError, DeviceConfig, note
 from euler_train.device import setup_device
 from euler_train.modelio import TOKENIZER, load_model
 
@@ -40,17 +40,19 @@ class SamplingModel:
     params: dict[str, Any]
     tokenizer: Any
     folder: Path | None = None  # the checkpoint folder it was loaded from
+    precision: ek.Precision = ek.EXACT  # how its products are computed on the GPU
 
 
-def load_for_sampling(path: str, device: str = "cpu", precision: str = "fp32") -> SamplingModel:
-    """Model and tokenizer from a checkpoint or run folder (the checkpoint carries tokenizer.json).
-    `precision` sets the matmul mode as setup_device does (the report passes its run's, so sampling at the
-    end of a training process leaves that process's mode as it was)."""
-    xp = setup_device(device, precision if device != "cpu" else "fp32").xp
-    mcfg, params, _, folder = load_model(path, xp)
+def load_for_sampling(path: str, device: str = "cpu", run: DeviceConfig | None = None) -> SamplingModel:
+    """Model and tokenizer from a checkpoint or run folder (the checkpoint carries tokenizer.json), on
+    `device`, computed as `run` says (a run's [run] section: its precision, attention kernel and GEMM
+    tuning; by default exact fp32, the CPU's only precision)."""
+    run = DeviceConfig() if run is None or device == "cpu" else run
+    dev = setup_device(replace(run, device=device))
+    mcfg, params, _, folder = load_model(path, dev.xp)
     if not (folder / TOKENIZER).is_file():
         raise ConfigError(f"checkpoint {folder} has no {TOKENIZER}; cannot encode prompts")
-    return SamplingModel(mcfg, params, Tokenizer.load(folder / TOKENIZER), folder)
+    return SamplingModel(mcfg, params, Tokenizer.load(folder / TOKENIZER), folder, dev.precision)
 
 
 def note_if_not_tuned(model: SamplingModel) -> None:
@@ -84,6 +86,7 @@ def stream_ids(
         stop_tokens=stops,
         seed=None if args.seed is None else args.seed + turn,  # a fresh stream per chat turn
         speculative=speculative,
+        precision=model.precision,
         **sampling_kwargs(args),
     )
 
@@ -202,7 +205,3 @@ def crop_prompt(ids: list[int], context: int, max_new_tokens: int, name: str = "
             f"{name} ({len(ids)} tokens), not the {max_new_tokens} asked for"
         )
     return ids
-
-
-def note(text: str) -> None:
-    print(f"euler-train: note: {text}", file=sys.stderr)

@@ -92,7 +92,9 @@ class StepBuffers:
         return float(ek.to_numpy(self.loss)), float(control[5]), bool(control[1] != 0.0)
 
 
-def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str, Any]:
+def bf16_weight_copies(
+    mcfg: Any, params: dict[str, Any], opt: Any, precision: ek.Precision
+) -> dict[str, Any]:
     """bf16 copies of the weights that the GPU's bf16 step multiplies (euler_model.bf16_weight_groups),
     made once here and from then on rewritten by the optimizer's update in the pass that updates the
     weights: the forward reads them instead of casting every weight each step. {} where the forward casts
@@ -100,10 +102,10 @@ def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str,
     The copies are the buffers the model's own cast of the same groups writes (ek.to_bf16_many keeps them
     per list of weights), so an evaluation's forward, which casts, holds no second set. They hold only
     while nothing but that optimizer changes the weights: a runner makes them at its first step."""
-    if not getattr(opt, "writes_bf16_copies", False) or not ek.bf16_activations(params["embed"]):
+    if not getattr(opt, "writes_bf16_copies", False) or not euler_model.bf16_path(params, precision):
         return {}
     copies: dict[str, Any] = {}
-    for names in euler_model.bf16_weight_groups(mcfg, params):
+    for names in euler_model.bf16_weight_groups(mcfg, params, precision):
         if names:
             copies.update(zip(names, ek.to_bf16_many([params[n] for n in names])))
     return copies
@@ -111,16 +113,18 @@ def bf16_weight_copies(mcfg: Any, params: dict[str, Any], opt: Any) -> dict[str,
 
 @dataclass(frozen=True)
 class StepOptions:
-    """What one training step does besides its inputs, from the run's [train] section (`from_train`)."""
+    """What one training step does besides its inputs, from the run's [train] section and its precision
+    (`from_train`)."""
 
     max_norm: float  # global-norm clipping (train.grad_clip); 0 disables
     recompute: bool = False  # the layers' activations re-made in the backward (euler_model/recompute.py)
     keep_activations: bool = False  # the bf16 forward keeps what its backward would re-make
     bf16_grads: bool = False  # the matrices' gradients are bf16 (several micro-batches sum into float32)
+    precision: ek.Precision = ek.EXACT  # how the products and attention are computed (the run's)
 
     @classmethod
-    def from_train(cls, train: TrainConfig) -> StepOptions:
-        return cls(train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads)
+    def from_train(cls, train: TrainConfig, precision: ek.Precision) -> StepOptions:
+        return cls(train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads, precision)
 
 
 def train_step(
@@ -158,6 +162,7 @@ def train_step(
             fp8_scales,
             options.keep_activations,
             options.bf16_grads,
+            options.precision,
         )
         if count == 1:
             buf.grads = grads
@@ -201,7 +206,7 @@ class EagerStep:
             xp = ek.get_array_module(next(iter(self.params.values())))
             self.buf = StepBuffers.allocate(xp, self.mcfg, self.params, micro, len(hyper))
         if self.copies is None:
-            self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt)
+            self.copies = bf16_weight_copies(self.mcfg, self.params, self.opt, self.options.precision)
         self.buf.write(micro, shares, hyper)
         train_step(
             self.mcfg, self.params, self.opt, self.comm, self.buf, self.options, self.fp8_scales, self.copies

@@ -203,7 +203,8 @@ class Trainer:
         """This rank's share of step `step`'s loss and the all-reduced gradients, without updating anything:
         the same train_step with its update disabled."""
         micro, shares, _ = self._inputs(step)
-        options = StepOptions(max_norm=0.0, recompute=self.spec.cfg.train.recompute)
+        recompute, precision = self.spec.cfg.train.recompute, self.device.precision
+        options = StepOptions(max_norm=0.0, recompute=recompute, precision=precision)
         eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, options)
         loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
         return loss, {n: g.copy() for n, g in eager.buf.grads.items()}
@@ -226,7 +227,7 @@ class Trainer:
         if self.stepper is not None:
             return self.stepper
         tcfg, args = self.spec.cfg.train, (self.spec.mcfg, self.params, self.opt, self.comm)
-        options = (StepOptions.from_train(tcfg), self.fp8_scales)
+        options = (StepOptions.from_train(tcfg, self.device.precision), self.fp8_scales)
         self.stepper = EagerStep(*args, *options)
         graphable = self.device.kind == "gpu" and self.comm.world_size == 1
         if tcfg.cuda_graph and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
@@ -277,7 +278,8 @@ class Trainer:
         xp, mcfg = self.device.xp, self.spec.mcfg
         tokens, targets = xp.asarray(tokens), xp.asarray(targets)
         mask = None if mask is None else xp.asarray(mask)
-        z = euler_model.logits(mcfg, self.params, tokens, all_heads=True, targets=targets)  # (K, B, T, V)
+        precision = self.device.precision
+        z = euler_model.logits(mcfg, self.params, tokens, True, targets, precision)  # (K, B, T, V)
         t = tokens.shape[1]
         losses = []
         for k in range(mcfg.n_mtp_heads):

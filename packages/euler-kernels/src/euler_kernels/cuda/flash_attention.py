@@ -1,5 +1,5 @@
 """Launchers of every FlashAttention kernel: exact float32 (flash_attention.cu), TF32 tensor cores
-(flash_attention_tf32.cu, when CUPY_TF32=1) and bf16 tensor cores for bf16 activations
+(flash_attention_tf32.cu, a Precision's tf32_attention) and bf16 tensor cores for bf16 activations
 (flash_attention_bf16.cu; on Hopper GPUs the wgmma kernels of flash_attention_sm90.py).
 
 All take q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq a multiple of Hkv; query t sits at key position
@@ -11,7 +11,6 @@ are the outputs (and delta), so a CUDA graph can capture them (compile them once
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -38,11 +37,6 @@ def check_head_dim(fn: str, head_dim: int) -> None:
     if not flash_attention_supports(head_dim):
         sizes = " or ".join(str(d) for d in HEAD_DIMS)
         raise ValueError(f"{fn}: head_dim must be {sizes} on the GPU, got {head_dim}")
-
-
-def tf32_enabled() -> bool:
-    """TF32 tensor-core math for float32 matmuls and attention, as CuPy's own CUPY_TF32=1 switch."""
-    return os.environ.get("CUPY_TF32", "0") == "1"
 
 
 # --- float32: exact (flash_attention.cu) or TF32 (flash_attention_tf32.cu) ---------------------------
@@ -76,16 +70,13 @@ def _float32_kernel(head_dim: int, backward: bool, tf32: bool):
     return kernel
 
 
-def flash_attention_forward(
-    q: Any, k: Any, v: Any, causal: bool, tf32: bool | None = None
-) -> tuple[Any, Any]:
+def flash_attention_forward(q: Any, k: Any, v: Any, causal: bool, tf32: bool = False) -> tuple[Any, Any]:
     """q (B, T, Hq, D), k/v (B, S, Hkv, D) -> out (B, T, Hq, D), lse (B, Hq, T).
 
-    tf32=None follows CUPY_TF32; True runs the tensor-core (TF32) kernel, False the exact-fp32 one.
+    tf32: the tensor-core (TF32) kernel, else the exact-fp32 one (a Precision's tf32_attention).
     """
     import cupy
 
-    tf32 = tf32_enabled() if tf32 is None else tf32
     q, k, v = contiguous(q, k, v)
     B, T, Hq, D = q.shape
     out = cupy.empty_like(q)
@@ -98,12 +89,11 @@ def flash_attention_forward(
 
 
 def flash_attention_backward(
-    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, tf32: bool | None = None
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, tf32: bool = False
 ) -> tuple[Any, Any, Any]:
     """Gradients (dq, dk, dv) of flash_attention_forward, from dout (like q), its inputs, out and lse."""
     import cupy
 
-    tf32 = tf32_enabled() if tf32 is None else tf32
     dout, q, k, v, out = contiguous(dout, q, k, v, out)
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
@@ -169,30 +159,33 @@ def _check_bf16(q16: Any, k16: Any, v16: Any) -> None:
             raise ValueError(f"flash_attention_bf16: needs uint16 (bf16 bit patterns), got {a.dtype}")
 
 
-def _inputs_bf16(*arrays: Any) -> list[Any]:
-    """q, k, v as the kernels take them: Hopper's read them through tensor maps, which take heads of a wider
-    row as they are (q, k, v as columns of the joint q/k/v product's rows); the others index C order."""
+def _inputs_bf16(sm90: bool, *arrays: Any) -> list[Any]:
+    """q, k, v as the kernels take them: Hopper's (sm90) read them through tensor maps, which take heads of a
+    wider row as they are (q, k, v as columns of the joint q/k/v product's rows); the others index C order."""
     import cupy
 
-    sm90 = flash_attention_sm90.use_sm90()
     return [a if sm90 and tensor_map.mappable(a) else cupy.ascontiguousarray(a) for a in arrays]
 
 
-def flash_attention_forward_bf16(q16: Any, k16: Any, v16: Any, causal: bool) -> tuple[Any, Any]:
+def flash_attention_forward_bf16(
+    q16: Any, k16: Any, v16: Any, causal: bool, kernel: str = "auto"
+) -> tuple[Any, Any]:
     """q16 (B, T, Hq, D), k16/v16 (B, S, Hkv, D) uint16 -> out16 (B, T, Hq, D) uint16, lse (B, Hq, T) float32.
 
-    lse is the natural-log log-sum-exp of the scores scaled by D^-0.5.
+    lse is the natural-log log-sum-exp of the scores scaled by D^-0.5. kernel: a Precision's
+    attention_kernel (auto, sm90, mma; see flash_attention_sm90.py).
     """
     import cupy
 
     _check_bf16(q16, k16, v16)
-    q16, k16, v16 = _inputs_bf16(q16, k16, v16)
+    sm90 = flash_attention_sm90.use_sm90(kernel)
+    q16, k16, v16 = _inputs_bf16(sm90, q16, k16, v16)
     B, T, Hq, D = q16.shape
     out16 = cupy.empty_like(q16)
     lse = cupy.empty((B, Hq, T), dtype=cupy.float32)
     if out16.size == 0:
         return out16, lse
-    if flash_attention_sm90.use_sm90():  # Hopper: wgmma (the rule is in flash_attention_sm90.py)
+    if sm90:  # Hopper: wgmma (the rule is in flash_attention_sm90.py)
         flash_attention_sm90.forward(q16, k16, v16, causal, out16, lse)
         return out16, lse
     smem = _bf16_smem_forward(D)
@@ -203,17 +196,18 @@ def flash_attention_forward_bf16(q16: Any, k16: Any, v16: Any, causal: bool) -> 
 
 
 def flash_attention_backward_bf16(
-    dout16: Any, q16: Any, k16: Any, v16: Any, out16: Any, lse: Any, causal: bool
+    dout16: Any, q16: Any, k16: Any, v16: Any, out16: Any, lse: Any, causal: bool, kernel: str = "auto"
 ) -> tuple[Any, Any, Any]:
     """Gradients of flash_attention_forward_bf16: dout16 (uint16, like q16), the forward's inputs, out16 and
-    lse -> float32 dq (B, T, Hq, D), dk, dv (B, S, Hkv, D)."""
+    lse -> float32 dq (B, T, Hq, D), dk, dv (B, S, Hkv, D); kernel as the forward's."""
     import cupy
 
     _check_bf16(q16, k16, v16)
     if dout16.shape != q16.shape or out16.shape != q16.shape or dout16.dtype != np.uint16:
         raise ValueError(f"flash_attention_bf16: dout and out must be uint16 like q {q16.shape}")
     dout16, out16, lse = (cupy.ascontiguousarray(a) for a in (dout16, out16, lse))
-    q16, k16, v16 = _inputs_bf16(q16, k16, v16)
+    sm90 = flash_attention_sm90.use_sm90(kernel)
+    q16, k16, v16 = _inputs_bf16(sm90, q16, k16, v16)
     B, T, Hq, D = q16.shape
     S, Hkv = k16.shape[1], k16.shape[2]
     if q16.size == 0:
@@ -225,7 +219,7 @@ def flash_attention_backward_bf16(
     n_rows = B * T * Hq  # eight threads per row
     delta_args = (delta, dq, dout16, out16, np.int32(T), np.int32(Hq), np.int64(n_rows))
     _bf16_kernel("flash_attention_delta_bf16", D)((blocks(n_rows * 8, 256),), (256,), delta_args)
-    if flash_attention_sm90.use_sm90():  # Hopper: wgmma
+    if sm90:  # Hopper: wgmma
         flash_attention_sm90.backward(dout16, q16, k16, v16, lse, delta, causal, dq, dk, dv)
         return dq, dk, dv
     smem = _bf16_smem_backward(D)

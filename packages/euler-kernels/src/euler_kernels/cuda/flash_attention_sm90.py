@@ -2,16 +2,15 @@
 and the rule that picks them.
 
 The rule: bf16 attention runs the Hopper kernels on a GPU of compute capability 9.x (H100, H200) and the
-mma.sync kernels of flash_attention_bf16.cu on every other GPU. `EULER_FLASH_KERNEL=mma` makes a Hopper
-GPU run the mma.sync kernels too (to compare them); `EULER_FLASH_KERNEL=sm90` asks for the Hopper ones and
-fails on other GPUs. Both families take the same arrays and give the same results to bf16 rounding; the
+mma.sync kernels of flash_attention_bf16.cu on every other GPU. A Precision's attention_kernel "mma" makes
+a Hopper GPU run the mma.sync kernels too (to compare them); "sm90" asks for the Hopper ones and fails on
+other GPUs. Both families take the same arrays and give the same results to bf16 rounding; the
 forward's lse is the same quantity, so either backward can follow either forward.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -20,8 +19,6 @@ from euler_kernels.cuda._module import get_kernel_sm90a, sm_count
 from euler_kernels.cuda.tensor_map import head_rows_map, launch, loaded_function
 
 _SOURCE = "flash_attention_sm90.cu"
-KERNEL_ENV = "EULER_FLASH_KERNEL"
-_CHOICES = ("auto", "sm90", "mma")
 _BN, _KV_STAGES, _Q_STAGES = 128, 2, 2  # forward: keys per tile, buffers of K/V and of Q
 
 
@@ -66,28 +63,15 @@ def _is_hopper(device: int) -> bool:
     return cupy.cuda.Device(device).compute_capability.startswith("9")
 
 
-def flash_kernel_choice() -> str:
-    """EULER_FLASH_KERNEL (default auto), checked: a ValueError naming the choices for any other value, so
-    a program can refuse a typo before it starts work (euler-train does, in setup_device).
-
-    >>> flash_kernel_choice() in ("auto", "sm90", "mma")
-    True
-    """
-    choice = os.environ.get(KERNEL_ENV, "auto")
-    if choice not in _CHOICES:
-        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(_CHOICES)}, got {choice!r}")
-    return choice
-
-
-def use_sm90() -> bool:
-    """Whether bf16 attention on the current GPU runs the Hopper kernels (the rule in this module's doc)."""
+def use_sm90(attention_kernel: str) -> bool:
+    """Whether bf16 attention on the current GPU runs the Hopper kernels, for a Precision's attention_kernel
+    (auto, sm90, mma: the rule in this module's doc)."""
     import cupy
 
-    choice = flash_kernel_choice()
     hopper = _is_hopper(cupy.cuda.runtime.getDevice())
-    if choice == "sm90" and not hopper:
-        raise ValueError(f"{KERNEL_ENV}=sm90 needs a GPU of compute capability 9.x (Hopper)")
-    return hopper and choice != "mma"
+    if attention_kernel == "sm90" and not hopper:
+        raise ValueError("attention_kernel sm90 needs a GPU of compute capability 9.x (Hopper)")
+    return hopper and attention_kernel != "mma"
 
 
 def _forward_smem(head_dim: int, q_stages: int, kv_stages: int, consumers: int = 2) -> int:

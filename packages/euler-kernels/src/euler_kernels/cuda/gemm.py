@@ -4,15 +4,15 @@ CuPy's matmul refuses to run while a stream is being captured (it checks before 
 cuBLAS itself supports capture when its handle works in a workspace the caller owns. So the linear op
 calls `cublasGemmEx` here: one handle per device, a 32 MiB workspace of ours, the current CuPy stream.
 
-Arrays in and out are float32 in every mode, and products accumulate in float32; the mode picks the
-tensor-core math (`matmul_precision()`): "fp32" exact float32 products; "tf32" operands rounded to TF32
-(10-bit mantissa; CUPY_TF32=1, the switch CuPy's matmul follows); "bf16" operands rounded to bfloat16
-(7-bit mantissa) by our cast kernel (cast.cu), then a bf16 x bf16 -> float32 GEMM on the bf16 tensor
-cores; "bf16fast" hands float32 operands to cuBLAS with COMPUTE_32F_FAST_16BF and lets it down-convert
-them itself (to bf16 or TF32, its choice); "fp8" multiplies as "bf16" here, and the linear op sends the
-products whose weight is an FP8 copy (the MLP's and the heads', see model.py) to gemm_fp8.py.
-EULER_MATMUL_PRECISION picks bf16, bf16fast or fp8. A bf16 product runs with cuBLASLt instead of
-cublasGemmEx where one of cuBLASLt's algorithms was timed faster for its kind (gemm_tuned.py).
+Arrays in and out are float32 in every mode, and products accumulate in float32; the mode (the `matmul`
+of the caller's euler_kernels.Precision) picks the tensor-core math: "fp32" exact float32 products;
+"tf32" operands rounded to TF32 (10-bit mantissa); "bf16" operands rounded to bfloat16 (7-bit mantissa)
+by our cast kernel (cast.cu), then a bf16 x bf16 -> float32 GEMM on the bf16 tensor cores; "bf16fast"
+hands float32 operands to cuBLAS with COMPUTE_32F_FAST_16BF and lets it down-convert them itself (to bf16
+or TF32, its choice); "fp8" multiplies as "bf16" here, and the linear op sends the products whose weight
+is an FP8 copy (the MLP's and the heads', see model.py) to gemm_fp8.py. A bf16 product runs with cuBLASLt
+instead of cublasGemmEx where one of cuBLASLt's algorithms was timed faster for its kind (gemm_tuned.py),
+unless the caller turns tuning off (a Precision's gemm_tuning).
 
 Row-major arrays are column-major transposes, so C = op(A) @ op(B) (M x N) is computed as
 C^T = op(B)^T @ op(A)^T: cuBLAS gets B first, then A, with m = N and n = M.
@@ -21,7 +21,6 @@ C^T = op(B)^T @ op(A)^T: cuBLAS gets B first, then A, with m = N and n = M.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any
 
 from euler_kernels.cuda import gemm_tuned
@@ -103,55 +102,49 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"euler_kernels.gemm: {what} failed with cuBLAS status {status}")
 
 
-def _tuned(*args: Any) -> bool:
-    """gemm_tuned.run_tuned(*args) unless EULER_GEMM_TUNE=0 (then False: cublasGemmEx runs the product)."""
-    return gemm_tuned.tuning_enabled() and gemm_tuned.run_tuned(*args)
-
-
-def matmul_precision() -> str:
-    """EULER_MATMUL_PRECISION (fp32, tf32, bf16, bf16fast, fp8) if set, else tf32 when CUPY_TF32=1, else
-    fp32."""
-    default = "tf32" if os.environ.get("CUPY_TF32") == "1" else "fp32"
-    mode = os.environ.get("EULER_MATMUL_PRECISION") or default
-    if mode not in COMPUTE_TYPES:
-        raise ValueError(f"EULER_MATMUL_PRECISION must be fp32, tf32, bf16, bf16fast or fp8, got {mode!r}")
-    return mode
-
-
 def gemm(
     a: Any,
     b: Any,
     trans_a: bool = False,
     trans_b: bool = False,
-    precision: str | None = None,
+    matmul: str = "fp32",
     out: Any = None,
+    tuned: bool = True,
 ) -> Any:
     """op(a) @ op(b) for C-contiguous float32 CuPy matrices; op transposes when asked. Returns a new array,
     or adds the product into `out` (C-contiguous float32 of the product's shape) and returns it.
 
-    precision: "fp32", "tf32", "bf16", "bf16fast" or "fp8" (as bf16) (float32 in and out); None:
-    `matmul_precision()`.
+    matmul: "fp32", "tf32", "bf16", "bf16fast" or "fp8" (as bf16), a Precision's matmul (float32 in and
+    out); tuned: as gemm_bf16's, for the bf16 modes.
     """
     _check_operands(a, b)
-    precision = matmul_precision() if precision is None else precision
-    if precision in BF16_MODES:  # both operands rounded to bf16 (16-bit patterns), bf16 tensor cores
-        return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b, out)
-    return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[precision], out)
+    if matmul in BF16_MODES:  # both operands rounded to bf16 (16-bit patterns), bf16 tensor cores
+        return gemm_bf16(to_bf16(a), to_bf16(b), trans_a, trans_b, out, tuned=tuned)
+    return _gemm_ex(a, b, trans_a, trans_b, CUDA_R_32F, COMPUTE_TYPES[matmul], out)
 
 
 def gemm_bf16(
-    a16: Any, b16: Any, trans_a: bool = False, trans_b: bool = False, out: Any = None, bf16_out: bool = False
+    a16: Any,
+    b16: Any,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    out: Any = None,
+    bf16_out: bool = False,
+    tuned: bool = True,
 ) -> Any:
     """op(a16) @ op(b16) for operands already rounded by `to_bf16` (uint16 bit patterns), so a caller that
     uses one operand in several products rounds it once; `out` as in `gemm`. The product is float32, or
     with bf16_out the float32 sums rounded to bf16 by cuBLAS as it writes them (half the bytes, for a
     product that only feeds bf16 kernels or another bf16 product).
 
+    tuned: a cuBLASLt algorithm timed faster for this kind of product runs it (gemm_tuned.py); False:
+    cublasGemmEx always (a Precision's gemm_tuning).
+
     Stacks (n, r, c) of n matrices each multiply pairwise, n products in one batched call
     (cublasGemmStridedBatchedEx); op transposes each matrix."""
     _check_operands(a16, b16, stacks=True)
     out_type = CUDA_R_16BF if bf16_out else CUDA_R_32F
-    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, out, out_type)
+    return _gemm_ex(a16, b16, trans_a, trans_b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, out, out_type, tuned)
 
 
 def _check_operands(a: Any, b: Any, stacks: bool = False) -> None:
@@ -172,6 +165,7 @@ def _gemm_ex(
     compute: int,
     out: Any = None,
     out_type: int = CUDA_R_32F,
+    tuned: bool = False,
 ) -> Any:
     """cublasGemmEx on the current stream: C = op(a) @ op(b), or C = out + op(a) @ op(b) in place
     (beta = 1) when `out` is given; operands of cuBLAS type `dtype`, C of `out_type` (float32 or bf16).
@@ -218,7 +212,7 @@ def _gemm_ex(
             )  # fmt: skip
             _check(status, "cublasGemmEx")
 
-        if dtype == CUDA_R_16BF and _tuned(a, b, (trans_a, trans_b), out, out_type, accumulate, gemm_ex):
+        if tuned and gemm_tuned.run_tuned(a, b, (trans_a, trans_b), out, out_type, accumulate, gemm_ex):
             return out  # a cuBLASLt algorithm timed faster for this kind of product ran it
         gemm_ex(out, accumulate)
         return out

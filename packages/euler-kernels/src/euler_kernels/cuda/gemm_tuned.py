@@ -11,13 +11,12 @@ sums in another order, so a run whose choices differ from an earlier one's diffe
 only, as the GPU's atomic adds already make it.
 
 A kind first seen while a stream is being captured is not timed there (timing needs the GPU to finish): it
-runs cublasGemmEx, and is timed at its first call outside a capture. EULER_GEMM_TUNE=0 turns timing off
-(cublasGemmEx for every product).
+runs cublasGemmEx, and is timed at its first call outside a capture. A Precision with gemm_tuning False turns
+timing off (cublasGemmEx for every product).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,19 +30,6 @@ GEMM_EX = -1  # a kind's choice: cublasGemmEx, else the index of a cuBLASLt cand
 
 _choices: dict[tuple, int] = {}
 _products: dict[tuple, cublaslt.Product] = {}
-
-
-def tuning_enabled() -> bool:
-    """EULER_GEMM_TUNE (default 1), checked: a ValueError for a value other than 0 or 1, so a program can
-    refuse a typo before it starts work (euler-train does, in setup_device).
-
-    >>> tuning_enabled() in (True, False)
-    True
-    """
-    value = os.environ.get("EULER_GEMM_TUNE", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"EULER_GEMM_TUNE must be 0 (cublasGemmEx for every product) or 1, got {value!r}")
-    return value == "1"
 
 
 def choices() -> dict[tuple, int]:

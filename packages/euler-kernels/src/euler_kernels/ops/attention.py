@@ -13,14 +13,20 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from euler_kernels import cuda
-from euler_kernels.backend import check_activations, get_array_module, is_bf16, shape_error
+from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
 from euler_kernels.cuda import cast, flash_attention
+from euler_kernels.precision import EXACT, Precision
 
 
-def _validate(q: Any, k: Any, v: Any, block_size: int) -> None:
+def _validate(q: Any, k: Any, v: Any, block_size: int, host: bool) -> None:
     fn = "attention_forward"
-    check_activations(fn, q=q, k=k, v=v)
+    if host:
+        check_float(fn, q=q, k=k, v=v)
+    else:
+        check_activations(fn, q=q, k=k, v=v)
     if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
         raise shape_error(fn, "q must be (B, T, Hq, D), k and v (B, S, Hkv, D)", q=q, k=k, v=v)
     (b, _, hq, d), (bk, s, hkv, dk) = q.shape, k.shape
@@ -92,29 +98,34 @@ def _key_blocks(t0: int, t1: int, s: int, shift: int, causal: bool, bs: int):
 
 
 def attention_forward(
-    q: Any, k: Any, v: Any, causal: bool = True, block_size: int = 128
+    q: Any, k: Any, v: Any, causal: bool = True, block_size: int = 128, precision: Precision = EXACT
 ) -> tuple[Any, tuple]:
     """Scaled dot-product attention, softmax(q k^T / sqrt(D)) v, over grouped KV heads.
 
     q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0; out (B, T, Hq, D).
     bf16 activations (GPU, D 64 or 128) run the bf16 tensor-core kernel: out is bf16, lse float32, and
     the gradients dq, dk, dv float32.
+    precision (GPU): which bf16 kernels run (its attention_kernel), and whether float32 attention runs
+    on the TF32 tensor cores (its tf32_attention); the backward follows the forward's.
 
     >>> import numpy as np
     >>> q = k = v = np.ones((1, 2, 1, 2))
     >>> attention_forward(q, k, v)[0][0, :, 0].tolist()
     [[1.0, 1.0], [1.0, 1.0]]
     """
-    _validate(q, k, v, block_size)
-    if is_bf16(q):
+    host = type(q) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    _validate(q, k, v, block_size, host)
+    if not host and is_bf16(q):
         flash_attention.check_head_dim("attention_forward", q.shape[-1])  # bf16 has no other path
-        out, lse = flash_attention.flash_attention_forward_bf16(q, k, v, causal)  # bf16 (B, T, Hq, D), lse
-        return out, ("cuda", q, k, v, out, lse, causal)
+        kernel = precision.attention_kernel
+        out, lse = flash_attention.flash_attention_forward_bf16(q, k, v, causal, kernel)  # bf16 (B, T, Hq, D)
+        return out, ("cuda", q, k, v, out, lse, causal, precision)
     # the hand-written kernel
-    if cuda.float32_on_gpu(q, k, v) and flash_attention.flash_attention_supports(q.shape[-1]):
-        out, lse = flash_attention.flash_attention_forward(q, k, v, causal)  # (B, T, Hq, D), (B, Hq, T)
-        return out, ("cuda", q, k, v, out, lse, causal)
-    xp = get_array_module(q)
+    if not host and cuda.float32_on_gpu(q, k, v) and flash_attention.flash_attention_supports(q.shape[-1]):
+        tf32 = precision.tf32_attention
+        out, lse = flash_attention.flash_attention_forward(q, k, v, causal, tf32)  # (B, T, Hq, D), (B, Hq, T)
+        return out, ("cuda", q, k, v, out, lse, causal, precision)
+    xp = np if host else get_array_module(q)
     (_, t, hq, d), hkv = q.shape, k.shape[2]
     g, shift, scale = hq // hkv, k.shape[1] - t, 1.0 / math.sqrt(d)
     qs = _group_queries(xp, q * q.dtype.type(scale), hkv)  # (B, Hkv, T*G, D), pre-scaled
@@ -159,16 +170,19 @@ def _forward_rows(xp, qb, kt, vt, t0, t1, g, shift, causal, bs):
 
 def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) shaped like q, k, v; probabilities are recomputed tile by tile from the saved lse."""
-    if cuda.fused_cache(cache):
-        _, q, k, v, out, lse, causal = cache
+    host = type(dout) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    if not host and cuda.fused_cache(cache):
+        _, q, k, v, out, lse, causal, precision = cache
         if dout.shape != q.shape:
             raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)
         if is_bf16(q):  # the bf16 kernel reads a bf16 dout
             dout = cast.as_bf16(dout)
-            return flash_attention.flash_attention_backward_bf16(dout, q, k, v, out, lse, causal)
-        return flash_attention.flash_attention_backward(dout, q, k, v, out, lse, causal)
+            kernel = precision.attention_kernel
+            return flash_attention.flash_attention_backward_bf16(dout, q, k, v, out, lse, causal, kernel)
+        tf32 = precision.tf32_attention
+        return flash_attention.flash_attention_backward(dout, q, k, v, out, lse, causal, tf32)
     qs, kt, vt, out, lse, causal, bs, t = cache
-    xp = get_array_module(dout)
+    xp = np if host else get_array_module(dout)
     b, hkv, rows, d = qs.shape
     g, hq, s = rows // t, rows // t * hkv, kt.shape[2]
     if dout.shape != (b, t, hq, d):

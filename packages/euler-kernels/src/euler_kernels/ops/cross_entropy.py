@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, is_bf16, is_capturing, shape_error
 from euler_kernels.cuda import cross_entropy as cross_entropy_cuda
@@ -33,18 +35,9 @@ def cross_entropy_weights(
     return w
 
 
-def _weights(xp: Any, logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> Any:
-    return cross_entropy_weights(targets, loss_mask, ignore_index, _stats_dtype(logits))
-
-
-def _stats_dtype(logits: Any) -> Any:
-    """The dtype of the loss, weights and scale: the logits', float32 for bf16 logits."""
-    return "float32" if is_bf16(logits) else logits.dtype
-
-
-def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> None:
+def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int, bf16: bool) -> None:
     fn = "cross_entropy_forward"
-    if not is_bf16(logits):
+    if not bf16:
         check_float(fn, logits=logits)
     if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
         raise shape_error(fn, "targets must be logits.shape[:-1]", logits=logits, targets=targets)
@@ -53,8 +46,8 @@ def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int) -> N
     if loss_mask is not None and loss_mask.shape != targets.shape:
         raise shape_error(fn, "loss_mask must match targets", targets=targets, loss_mask=loss_mask)
     v = logits.shape[-1]
-    if is_capturing(targets):  # no host read-back inside a CUDA graph: the caller checked the ids
-        return
+    if type(targets) is not np.ndarray and is_capturing(targets):  # a CUDA graph reads nothing back:
+        return  # the caller checked the ids
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
     if bool(bad.any()):
         raise ValueError(f"{fn}: targets must lie in [0, {v}) or equal ignore_index={ignore_index}")
@@ -70,15 +63,18 @@ def cross_entropy_forward(
     >>> round(float(loss), 4)  # log(4)
     1.3863
     """
-    xp = get_array_module(logits)
-    _validate(logits, targets, loss_mask, ignore_index)
+    host = type(logits) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    xp = np if host else get_array_module(logits)
+    bf16 = not host and is_bf16(logits)
+    _validate(logits, targets, loss_mask, ignore_index, bf16)
     v = logits.shape[-1]
     z = logits.reshape(-1, v)  # (N, V)
     t = targets.reshape(-1)  # (N,)
-    w = _weights(xp, z, t, loss_mask, ignore_index)  # (N,)
+    # (N,) weights, of the logits' dtype (float32 for bf16 logits): the loss's, and the scale's
+    w = cross_entropy_weights(t, loss_mask, ignore_index, "float32" if bf16 else logits.dtype)
     t_safe = xp.where(t == ignore_index, 0, t)  # ignored rows read column 0, weighted by 0
     # one kernel per pass; only the log-sum-exp per row is kept, no host sync
-    if cuda.float32_on_gpu(z) or is_bf16(z):
+    if not host and (bf16 or cuda.float32_on_gpu(z)):
         t_safe = t_safe.astype(xp.int64, copy=False)
         nll, lse = cross_entropy_cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
         denom = xp.maximum(w.sum(), 1.0)  # device scalar
@@ -101,11 +97,12 @@ def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False, in_
     always give bf16 dlogits. in_place (bf16 logits only): dlogits is written over the logits, which the
     cache then no longer holds (a second backward from it is wrong), so no second (N, V) array exists.
     """
-    if bf16_out and not cuda.fused_cache(cache):
+    fused = type(cache[0]) is not np.ndarray and cuda.fused_cache(cache)  # a NumPy cache: never the kernels'
+    if bf16_out and not fused:
         raise ValueError("cross_entropy_backward: bf16_out needs float32 CuPy logits (the GPU path)")
-    if in_place and not (cuda.fused_cache(cache) and is_bf16(cache[1])):
+    if in_place and not (fused and is_bf16(cache[1])):
         raise ValueError("cross_entropy_backward: in_place needs bf16 logits")
-    if cuda.fused_cache(cache):
+    if fused:
         _, z, lse, t_safe, w, denom, shape = cache
         if isinstance(dloss, int | float):  # a host number: no host-to-device copy (graph capture)
             scale = (float(dloss) / denom).reshape(1).astype(w.dtype)
@@ -115,7 +112,7 @@ def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False, in_
         dlogits = cross_entropy_cuda.cross_entropy_backward(z, lse, t_safe, w, scale, out, bf16_out=bf16_out)
         return dlogits.reshape(shape)
     exps, total, t_safe, w, denom, shape = cache
-    xp = get_array_module(exps)
+    xp = np if type(exps) is np.ndarray else get_array_module(exps)
     coef = w * (float(dloss) / denom)  # (N,)
     dlogits = exps * (coef / total)[:, None]  # (N, V) coef * softmax
     dlogits[xp.arange(exps.shape[0]), t_safe] -= coef

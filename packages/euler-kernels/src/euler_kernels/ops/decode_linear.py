@@ -28,11 +28,12 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import FLOAT_DTYPES, is_bf16, shape_error
-from euler_kernels.cuda import cast, gemm
+from euler_kernels.cuda import cast
 from euler_kernels.cuda import decode_linear as decode_linear_cuda
 from euler_kernels.ops.linear import linear_forward
 from euler_kernels.ops.rmsnorm import rmsnorm_forward, rmsnorm_parts
 from euler_kernels.ops.swiglu import swiglu_forward, swiglu_parts
+from euler_kernels.precision import EXACT, Precision
 
 
 def decode_linear_forward(
@@ -42,11 +43,13 @@ def decode_linear_forward(
     eps: float = 1e-5,
     residual: Any = None,
     swiglu: bool = False,
+    precision: Precision = EXACT,
 ) -> Any:
     """out (R, N), or (R, N / 2) with swiglu, from x (R, K) and weight (N, K); see the module docstring.
 
     x and weight may be bf16 on the GPU (backend.is_bf16); norm is (K,), residual (R, out columns), both
-    in the float dtype; the output is in that dtype (float32 on the GPU).
+    in the float dtype; the output is in that dtype (float32 on the GPU). precision: how float32 weights
+    are multiplied on the GPU, as linear_forward's.
 
     >>> import numpy as np
     >>> x, w = np.array([[3.0, 4.0]]), np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
@@ -58,11 +61,11 @@ def decode_linear_forward(
     _check(x, weight, norm, residual, swiglu)
     if _lean_takes(x, weight, norm):  # NumPy arrays, never the kernel's
         return _lean_forward(x, weight, norm, eps, residual, swiglu)
-    if _kernel_takes(x, weight, norm, residual, swiglu):
+    if _kernel_takes(x, weight, norm, residual, swiglu, precision):
         return decode_linear_cuda.decode_linear(x, weight, norm, eps, residual, swiglu)
     bf16 = is_bf16(weight)
     h = x if norm is None else rmsnorm_forward(x, norm, eps, bf16_out=bf16)[0]  # (R, K)
-    y, _ = linear_forward(h, weight, bf16_out=bf16 and swiglu)  # (R, N)
+    y, _ = linear_forward(h, weight, bf16_out=bf16 and swiglu, precision=precision)  # (R, N)
     if swiglu:
         f = weight.shape[0] // 2
         y, _ = swiglu_forward(y[:, :f], y[:, f:])  # (R, F)
@@ -110,15 +113,15 @@ def _unfused_tail(y: Any, swiglu: bool) -> Any:
     return swiglu_parts(np, y[..., :f], y[..., f:])[0]
 
 
-def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool) -> bool:
-    """Whether a decode kernel (cuda/decode_linear.py) runs: CuPy arrays (fused kernels on), x float32 or
-    bf16, the weight bf16, or float32 outside the bf16 matmul modes, of a shape and alignment it takes."""
-    if isinstance(x, np.ndarray) or not cuda.kernels_on():
+def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool, precision: Precision) -> bool:
+    """Whether a decode kernel (cuda/decode_linear.py) runs: CuPy arrays, x float32 or bf16, the weight
+    bf16, or float32 outside the bf16 matmul modes, of a shape and alignment it takes."""
+    if isinstance(x, np.ndarray):
         return False
     floats = [a for a in (norm, residual) if a is not None]
     storage_ok = all(is_bf16(a) or a.dtype == np.float32 for a in (x, weight))
     storage_ok = storage_ok and (not floats or cuda.float32_on_gpu(*floats))
-    exact = is_bf16(weight) or gemm.matmul_precision() not in (*gemm.BF16_MODES, "bf16fast")
+    exact = is_bf16(weight) or not (precision.bf16 or precision.matmul == "bf16fast")
     contiguous = residual is None or residual.flags.c_contiguous
     fits = decode_linear_cuda.decode_linear_fits(x, weight, norm, swiglu)
     return storage_ok and exact and contiguous and fits

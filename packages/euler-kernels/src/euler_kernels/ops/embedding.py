@@ -19,14 +19,15 @@ def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
     >>> out.tolist()
     [[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]
     """
-    xp = get_array_module(weight)
+    xp = np if type(weight) is np.ndarray else get_array_module(weight)
     check_float("embedding_forward", weight=weight)
     if weight.ndim != 2:
         raise shape_error("embedding_forward", "weight must be (V, C)", weight=weight, tokens=tokens)
     if tokens.dtype.kind not in "iu":
         raise ValueError(f"embedding_forward: tokens must be integers, got dtype {tokens.dtype}")
     vocab = weight.shape[0]
-    if tokens.size and not is_capturing(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+    checked = tokens.size and (xp is np or not is_capturing(tokens))  # a capture cannot read ids back
+    if checked and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(
             f"embedding_forward: token ids must lie in [0, {vocab}); got min {int(tokens.min())}, "
             f"max {int(tokens.max())} (weight{tuple(weight.shape)}, tokens{tuple(tokens.shape)})"
@@ -38,12 +39,14 @@ def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
 def embedding_backward(dout: Any, cache: tuple) -> Any:
     """Scatter-add `dout` (B, T, C) into dweight (V, C); repeated tokens accumulate."""
     tokens, wshape, dtype = cache
-    xp = get_array_module(dout)
+    xp = np if type(dout) is np.ndarray else get_array_module(dout)
     if dout.shape != (*tokens.shape, wshape[1]):
         raise shape_error(
             "embedding_backward", f"dout must be tokens.shape + ({wshape[1]},)", dout=dout, tokens=tokens
         )
-    if cuda.float32_on_gpu(dout) and dtype == np.float32:  # one kernel, atomics: no update is lost
+    if (
+        xp is not np and cuda.float32_on_gpu(dout) and dtype == np.float32
+    ):  # one kernel, atomics: no update is lost
         return embedding_cuda.embedding_backward(dout, tokens, wshape[0])
     flat = tokens.reshape(-1)  # (N,)
     rows = dout.reshape(-1, wshape[1]).astype(dtype, copy=False)  # (N, C)

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, is_bf16, shape_error
 from euler_kernels.cuda import cast, gemm
 from euler_kernels.ops.linear_fp8 import backward_fp8, forward_fp8, is_fp8
+from euler_kernels.precision import EXACT, Precision
 
 
 def linear_forward(
-    x: Any, weight: Any, bf16_out: bool = False, keep_input: bool = True, x_amax: Any = None
+    x: Any,
+    weight: Any,
+    bf16_out: bool = False,
+    keep_input: bool = True,
+    x_amax: Any = None,
+    precision: Precision = EXACT,
 ) -> tuple[Any, tuple]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
 
-    On the GPU x, or the weight (a bf16 copy made once per step, e.g. by to_bf16_many), may be bf16
-    (backend.is_bf16): the product then runs on the bf16 tensor cores whatever the matmul precision, and
+    precision (GPU): how float32 CuPy operands are multiplied (its matmul: fp32, tf32, bf16, bf16fast,
+    fp8 as bf16) and whether bf16 products may take a tuned cuBLASLt algorithm; the backward follows the
+    forward's. On the GPU x, or the weight (a bf16 copy made once per step, e.g. by to_bf16_many), may be
+    bf16 (backend.is_bf16): the product then runs on the bf16 tensor cores whatever the precision, and
     dweight is still float32. bf16_out (GPU, bf16 products only): out is a bf16 activation.
     keep_input=False: the cache does not hold x (activation recomputation: the caller re-makes x and
     hands it to linear_backward, which then gives the same gradients bit for bit).
@@ -29,23 +39,34 @@ def linear_forward(
     >>> out.tolist()
     [[1.0, 3.0, 4.0]]
     """
+    if type(x) is np.ndarray and type(weight) is np.ndarray:  # NumPy: exact products whatever the precision
+        _check(x, weight)
+        if bf16_out:
+            raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, a bf16 precision)")
+        return x @ weight.T, (x if keep_input else None, weight, precision)  # (..., C_out)
     if is_fp8(weight):
         return forward_fp8(x, [weight], bf16_out, keep_input, x_amax)[0]
     _check(x, weight)
-    if _bf16_product(x, weight):  # round x and weight once; the backward reuses both
-        return _forward_bf16(x, [weight], bf16_out, keep_input)[0]
+    if _bf16_product(x, weight, precision):  # round x and weight once; the backward reuses both
+        return _forward_bf16(x, [weight], bf16_out, keep_input, precision)[0]
     if bf16_out:
-        raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, EULER_MATMUL_PRECISION=bf16)")
+        raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, a bf16 precision)")
     kept = x if keep_input else None
     if cuda.float32_on_gpu(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
-        out = gemm.gemm(_c(x.reshape(-1, weight.shape[1])), _c(weight), trans_b=True)  # (N, C_out)
-        return out.reshape(*x.shape[:-1], weight.shape[0]), (kept, weight)
+        x2 = _c(x.reshape(-1, weight.shape[1]))  # (N, C_in)
+        out = gemm.gemm(x2, _c(weight), trans_b=True, matmul=precision.matmul, tuned=precision.gemm_tuning)
+        return out.reshape(*x.shape[:-1], weight.shape[0]), (kept, weight, precision)
     out = x @ weight.T  # (..., C_out)
-    return out, (kept, weight)
+    return out, (kept, weight, precision)
 
 
 def linear_forward_many(
-    x: Any, weights: list[Any], bf16_out: bool = False, keep_input: bool = True, x_amax: Any = None
+    x: Any,
+    weights: list[Any],
+    bf16_out: bool = False,
+    keep_input: bool = True,
+    x_amax: Any = None,
+    precision: Precision = EXACT,
 ) -> list[tuple[Any, tuple]]:
     """[linear_forward(x, w) for w in weights], with x rounded to bf16 once for all of them in bf16 mode
     on the GPU (and that one copy shared by their caches), e.g. the q, k and v projections of one h.
@@ -54,24 +75,28 @@ def linear_forward_many(
     >>> [out.tolist() for out, _ in linear_forward_many(np.array([[1.0, 2.0]]), [np.eye(2), 2 * np.eye(2)])]
     [[[1.0, 2.0]], [[2.0, 4.0]]]
     """
+    if type(x) is np.ndarray:  # NumPy (or a mix, which linear_forward refuses): nothing shared
+        return [linear_forward(x, w, bf16_out, keep_input, precision=precision) for w in weights]
     if weights and all(is_fp8(w) for w in weights):  # x cast to FP8 once for all of them
         return forward_fp8(x, weights, bf16_out, keep_input, x_amax)
-    if not (weights and all(not is_fp8(w) and _bf16_product(x, w) for w in weights)):
-        return [linear_forward(x, w, bf16_out, keep_input) for w in weights]  # each call checks its weight
+    if not (weights and all(not is_fp8(w) and _bf16_product(x, w, precision) for w in weights)):
+        # each call checks its weight
+        return [linear_forward(x, w, bf16_out, keep_input, precision=precision) for w in weights]
     for w in weights:
         _check(x, w)
-    return _forward_bf16(x, weights, bf16_out, keep_input)
+    return _forward_bf16(x, weights, bf16_out, keep_input, precision)
 
 
-def _bf16_product(x: Any, weight: Any) -> bool:
+def _bf16_product(x: Any, weight: Any, precision: Precision) -> bool:
     """Whether x @ weight.T runs on the bf16 tensor cores: x or weight is bf16, or both are float32 CuPy
-    arrays in bf16 mode."""
-    bf16_mode = gemm.matmul_precision() in gemm.BF16_MODES  # fp8: the products without an FP8 weight
-    return is_bf16(x) or is_bf16(weight) or (cuda.float32_on_gpu(x, weight) and bf16_mode)
+    arrays under a bf16 precision (fp8: the products without an FP8 weight)."""
+    return is_bf16(x) or is_bf16(weight) or (precision.bf16 and cuda.float32_on_gpu(x, weight))
 
 
 def _check(x: Any, weight: Any) -> None:
-    if is_bf16(x) or is_bf16(weight):  # the other one: bf16 too, or a float32 CuPy array
+    if type(x) is not np.ndarray and (
+        is_bf16(x) or is_bf16(weight)
+    ):  # the other one: bf16 too, or a float32 CuPy array
         for name, a in (("x", x), ("weight", weight)):
             if not (is_bf16(a) or cuda.float32_on_gpu(a)):
                 raise ValueError(f"linear_forward: with a bf16 operand, {name} must be bf16 or float32 CuPy")
@@ -83,15 +108,19 @@ def _check(x: Any, weight: Any) -> None:
         )
 
 
-def _forward_bf16(x: Any, weights: list[Any], bf16_out: bool, keep_input: bool) -> list[tuple[Any, tuple]]:
+def _forward_bf16(
+    x: Any, weights: list[Any], bf16_out: bool, keep_input: bool, precision: Precision
+) -> list[tuple[Any, tuple]]:
     """GPU bf16 mode: x rounded once (unless it is bf16 already), each weight once; the caches keep the
-    bf16 copies for backward (x's unless keep_input is False)."""
+    bf16 copies for backward (x's unless keep_input is False), and whether the products are tuned."""
     x16 = cast.as_bf16(x.reshape(-1, x.shape[-1]))  # (N, C_in)
+    tuned = precision.gemm_tuning
     results = []
     for w in weights:
         w16 = cast.as_bf16(w)
-        out = gemm.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out).reshape(*x.shape[:-1], w.shape[0])
-        results.append((out, ("bf16", x16 if keep_input else None, w16, x.shape, w.shape)))
+        out = gemm.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out, tuned=tuned)  # (N, C_out)
+        cache = ("bf16", x16 if keep_input else None, w16, x.shape, w.shape, tuned)
+        results.append((out.reshape(*x.shape[:-1], w.shape[0]), cache))
     return results
 
 
@@ -129,6 +158,8 @@ def linear_backward(
     """
     if dx_into is not None and not dx_into.flags.c_contiguous:
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
+    if type(cache[0]) is not str and type(dout) is np.ndarray:  # NumPy: the products as they are
+        return _backward_exact(dout, cache, dx_into, x, dweight, bf16_dx, bf16_dweight)
     into16 = dx_into is not None and is_bf16(dx_into)
     if bf16_dx and (dx_into is not None or not isinstance(cache[0], str)):
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
@@ -142,7 +173,7 @@ def linear_backward(
         x_again = None if cache[1] is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
         return backward_fp8(dout, cache, dx_into, bf16_dx, x_again, dout_amax, bf16_dweight)
     if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
-        _, _, w16, x_shape, w_shape = cache
+        _, _, w16, x_shape, w_shape, tuned = cache
         if dout.shape != (*x_shape[:-1], w_shape[0]):
             raise ValueError(
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
@@ -150,12 +181,21 @@ def linear_backward(
         _check_into(dx_into, x_shape)
         d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
         into = None if dx_into is None else dx_into.reshape(-1, w_shape[1])
-        dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx or into16).reshape(x_shape)
+        dx = gemm.gemm_bf16(d16, w16, out=into, bf16_out=bf16_dx or into16, tuned=tuned).reshape(x_shape)
         dx = dx if dx_into is None else dx_into
         return dx, (linear_weight_grad(d16, cache, x, bf16_dweight) if dweight else None)
+    return _backward_exact(dout, cache, dx_into, x, dweight, bf16_dx, bf16_dweight)
+
+
+def _backward_exact(
+    dout: Any, cache: tuple, dx_into: Any, x: Any, dweight: bool, bf16_dx: bool, bf16_dweight: bool
+) -> tuple:
+    """linear_backward of a float32 or float64 forward (NumPy, or cuBLAS in the forward's precision)."""
+    if bf16_dx:
+        raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
     if bf16_dweight:
         raise ValueError("linear_backward: bf16_dweight needs a bf16 or FP8 product (GPU, bf16 or fp8 mode)")
-    kept, weight = cache
+    kept, weight, precision = cache
     if kept is None and x is None and not dweight:  # dx alone: its shape from dout's
         x_shape = (*dout.shape[:-1], weight.shape[1])
     else:
@@ -164,9 +204,11 @@ def linear_backward(
         raise shape_error("linear_backward", "dout must be x.shape[:-1] + (C_out,)", dout=dout, weight=weight)
     _check_into(dx_into, x_shape)
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
-    if cuda.float32_on_gpu(dout, weight) and (dx_into is None or cuda.float32_on_gpu(dx_into)):
+    host = type(dout) is np.ndarray
+    if not host and cuda.float32_on_gpu(dout, weight) and (dx_into is None or cuda.float32_on_gpu(dx_into)):
         into = None if dx_into is None else dx_into.reshape(-1, weight.shape[1])
-        dx = gemm.gemm(_c(d2), _c(weight), out=into).reshape(x_shape)  # (..., C_in)
+        mode, tuned = precision.matmul, precision.gemm_tuning
+        dx = gemm.gemm(_c(d2), _c(weight), matmul=mode, out=into, tuned=tuned).reshape(x_shape)  # (..., C_in)
         dx = dx if dx_into is None else dx_into
     else:
         dx = dout @ weight  # (..., C_in)
@@ -180,17 +222,17 @@ def linear_weight_grad(dout: Any, cache: tuple, x: Any = None, bf16_dweight: boo
     """dweight (C_out, C_in) = dout^T x of a bf16 or float32 linear_forward (what linear_backward returns
     beside dx); x: the forward's input, re-made, when the forward did not keep it; bf16_dweight (bf16
     products): dweight rounded to bf16 as linear_backward's."""
-    if isinstance(cache[0], str) and cache[0] == "fp8":
+    if type(cache[0]) is str and cache[0] == "fp8":
         raise ValueError("linear_weight_grad: FP8 products take linear_backward")
     if isinstance(cache[0], str):  # bf16 on the GPU: both operands rounded as the forward rounded them
-        _, x16, _, x_shape, w_shape = cache
+        _, x16, _, x_shape, w_shape, tuned = cache
         if x16 is None:  # a bf16 x is taken as it is
             x16 = cast.as_bf16(_input_again(x, x_shape).reshape(-1, x_shape[-1]))
         d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
-        return gemm.gemm_bf16(d16, x16, trans_a=True, bf16_out=bf16_dweight)
+        return gemm.gemm_bf16(d16, x16, trans_a=True, bf16_out=bf16_dweight, tuned=tuned)
     if bf16_dweight:
         raise ValueError("linear_weight_grad: bf16_dweight needs a bf16 product (the GPU's bf16 mode)")
-    kept, weight = cache
+    kept, weight, precision = cache
     x = kept if kept is not None else _input_again(x, None)
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(
@@ -198,8 +240,8 @@ def linear_weight_grad(dout: Any, cache: tuple, x: Any = None, bf16_dweight: boo
         )
     d2 = dout.reshape(-1, weight.shape[0])  # (N, C_out)
     x2 = x.reshape(-1, weight.shape[1])  # (N, C_in)
-    if cuda.float32_on_gpu(dout, x, weight):
-        return gemm.gemm(_c(d2), _c(x2), trans_a=True)  # (C_out, C_in)
+    if type(dout) is not np.ndarray and cuda.float32_on_gpu(dout, x, weight):
+        return gemm.gemm(_c(d2), _c(x2), trans_a=True, matmul=precision.matmul, tuned=precision.gemm_tuning)
     return d2.T @ x2  # (C_out, C_in)
 
 

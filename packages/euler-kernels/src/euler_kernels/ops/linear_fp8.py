@@ -27,7 +27,7 @@ from euler_kernels.cuda.gemm_fp8 import FP8_MULTIPLE, gemm_fp8, transposed
 
 def is_fp8(weight: Any) -> bool:
     """Whether a linear op's weight is an FP8 copy (then the op runs the FP8 path)."""
-    return isinstance(weight, Fp8Tensor)
+    return type(weight) is Fp8Tensor
 
 
 def fp8_fits(weight: Any) -> bool:

@@ -20,6 +20,7 @@ from euler_kernels.backend import get_array_module, is_bf16, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.ops.linear import linear_backward, linear_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward
+from euler_kernels.precision import EXACT, Precision
 
 
 def qkv_forward(
@@ -33,11 +34,12 @@ def qkv_forward(
     offset: int = 0,
     bf16_out: bool = False,
     keep_input: bool = True,
+    precision: Precision = EXACT,
 ) -> tuple[tuple[Any, Any, Any], tuple]:
     """x (N, C), N = B * T, weight (W, C), its rows wq's, then wk's, then wv's -> ((q, k, v), cache):
     q (B, T, Hq, D) and k (B, T, Hkv, D) rotated at positions offset .. offset + T - 1, v (B, T, Hkv, D),
-    views of one (B, T, Hq + 2 Hkv, D) array. bf16_out and keep_input as in linear_forward (bf16_out: the
-    GPU's bf16 products; keep_input=False: linear_backward takes x again).
+    views of one (B, T, Hq + 2 Hkv, D) array. bf16_out, keep_input and precision as in linear_forward
+    (bf16_out: the GPU's bf16 products; keep_input=False: linear_backward takes x again).
 
     >>> import numpy as np
     >>> from euler_kernels.ops.rope import rope_tables
@@ -60,7 +62,7 @@ def qkv_forward(
             weight=weight,
         )
     d = weight.shape[0] // heads
-    out, c_lin = linear_forward(x, weight, bf16_out=bf16_out, keep_input=keep_input)  # (N, W)
+    out, c_lin = linear_forward(x, weight, bf16_out, keep_input, precision=precision)  # (N, W)
     rows = out.reshape(b, t, heads, d)
     q, k, v = rows[:, :, :n_heads], rows[:, :, n_heads : heads - n_kv_heads], rows[:, :, heads - n_kv_heads :]
     _, c_rq = rope_forward(q, cos, sin, offset, in_place=True)

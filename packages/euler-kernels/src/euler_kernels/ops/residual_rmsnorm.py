@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, shape_error
 from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
@@ -36,7 +38,7 @@ def residual_rmsnorm_forward(
         raise shape_error(fn, "x and branch must have the same shape", x=x, branch=branch)
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error(fn, "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
-    if cuda.float32_on_gpu(x, branch, weight):  # one kernel: reads x and branch, writes s and out
+    if type(x) is not np.ndarray and cuda.float32_on_gpu(x, branch, weight):  # one kernel: s and out
         s, out, rstd = rmsnorm_cuda.residual_rmsnorm_forward(x, branch, weight, eps, bf16_out, amax)
         return (s, out), ("cuda", s, weight, rstd)  # an rmsnorm cache of s
     s = x + branch

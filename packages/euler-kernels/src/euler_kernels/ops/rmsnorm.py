@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from euler_kernels import cuda
 from euler_kernels.backend import check_float, get_array_module, shape_error
 from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
@@ -24,16 +26,16 @@ def rmsnorm_forward(
     >>> np.round(out, 4).tolist()
     [[0.8485, 1.1314]]
     """
-    xp = get_array_module(x)
+    host = type(x) is np.ndarray  # NumPy: the array operations below, nothing else to choose
     check_float("rmsnorm_forward", x=x, weight=weight)
     if weight.ndim != 1 or x.ndim < 1 or x.shape[-1] != weight.shape[0]:
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
-    if cuda.float32_on_gpu(x, weight):  # one fused kernel; rstd (N,) is all backward needs besides x, weight
+    if not host and cuda.float32_on_gpu(x, weight):  # one fused kernel; rstd (N,) is what backward adds
         out, rstd = rmsnorm_cuda.rmsnorm_forward(x, weight, eps, bf16_out, amax)
         return out, ("cuda", x, weight, rstd)
     if bf16_out or amax is not None:
         raise ValueError("rmsnorm_forward: bf16_out and amax need float32 CuPy arrays (the GPU path)")
-    out, xhat, rstd = rmsnorm_parts(xp, x, weight, eps)
+    out, xhat, rstd = rmsnorm_parts(np if host else get_array_module(x), x, weight, eps)
     return out, (xhat, rstd, weight)
 
 
@@ -58,11 +60,11 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
     >>> np.round(dx - rmsnorm_backward(np.ones((1, 2)), cache)[0], 6).tolist()
     [[10.0, 10.0]]
     """
-    if cuda.fused_cache(cache):
+    if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernels'
         dx, dweight, _ = _fused_backward("rmsnorm_backward", dout, cache, dx_add, bf16_copy=False)
         return dx, dweight
     xhat, rstd, weight = cache
-    xp = get_array_module(dout)
+    xp = np if type(dout) is np.ndarray else get_array_module(dout)
     if dout.shape != xhat.shape or (dx_add is not None and dx_add.shape != xhat.shape):
         raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=xhat)
     c = xhat.shape[-1]

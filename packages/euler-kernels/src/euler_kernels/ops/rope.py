@@ -37,7 +37,7 @@ def rope_tables(
 def _rotate(x: Any, cos_full: Any, sin_signed: Any, sign: float) -> Any:
     """x * cos + swap_halves(x) * (+-sin), i.e. (x1 cos - x2 sin, x2 cos + x1 sin) for sign=1 and the
     inverse rotation for sign=-1 (the backward pass: the rotation is orthogonal)."""
-    xp = get_array_module(x)
+    xp = np if type(x) is np.ndarray else get_array_module(x)
     b, t, h, d = x.shape
     swapped = xp.ascontiguousarray(x.reshape(b, t, h, 2, d // 2)[..., ::-1, :]).reshape(x.shape)  # (x2, x1)
     out = x * cos_full  # (B, T, H, D): tables are (T, H, D), so each pass runs over long contiguous rows
@@ -65,7 +65,7 @@ def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, 
     """(T, H, D) tables for x's positions: cat(cos, cos) and cat(-sin, sin), one row per head."""
     _check_tables(fn, x, cos, sin, offset)
     _, t, h, d = x.shape
-    xp = get_array_module(x)
+    xp = np if type(x) is np.ndarray else get_array_module(x)
     c, s = cos[offset : offset + t, None, :], sin[offset : offset + t, None, :]  # (T, 1, D/2)
     cos_full = xp.broadcast_to(xp.concatenate([c, c], axis=-1), (t, h, d))
     sin_signed = xp.broadcast_to(xp.concatenate([-s, s], axis=-1), (t, h, d))
@@ -79,13 +79,14 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = F
     in_place: x itself is rotated and returned. On the GPU x may then be heads of a wider row (q or k as
     columns of the joint q/k/v product's rows, `cuda.token_stride`), rotated where they are.
     """
-    if check_activations("rope_forward", x=x) == "bf16":
+    host = type(x) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    if not host and check_activations("rope_forward", x=x) == "bf16":
         check_float("rope_forward", cos=cos, sin=sin)
         if not cuda.float32_on_gpu(cos, sin):
             raise ValueError("rope_forward: a bf16 x needs float32 CuPy cos/sin tables")
     else:
         check_float("rope_forward", x=x, cos=cos, sin=sin)
-    if is_bf16(x) or cuda.float32_on_gpu(x, cos, sin):  # one kernel reads the (P, D/2) tables directly
+    if not host and (is_bf16(x) or cuda.float32_on_gpu(x, cos, sin)):  # one kernel reads the (P, D/2) tables
         _check_tables("rope_forward", x, cos, sin, offset)
         cache = ("cuda", cos, sin, offset, x.shape, is_bf16(x))
         return rope_cuda.rope_rotate(x, cos, sin, offset, 1.0, out=x if in_place else None), cache
@@ -125,7 +126,7 @@ def rope_backward(dout: Any, cache: tuple, out: Any = None) -> Any:
 
     out: an array shaped like dout to write dx into (returned); on the GPU of the gradient's type (bf16 for a
     bf16 forward), contiguous or heads of a wider row (dq, dk into the joint q/k/v gradient's columns)."""
-    if cuda.fused_cache(cache):
+    if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernel's
         _, cos, sin, offset, shape, bf16 = cache
         if dout.shape != shape:
             raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_activations, get_array_module, is_bf16, shape_error
+from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.cuda import swiglu as swiglu_cuda
 
@@ -33,15 +33,18 @@ def swiglu_forward(gate: Any, up: Any, amax: Any = None) -> tuple[Any, tuple]:
     >>> np.round(out, 4).tolist()
     [0.0, 1.4621]
     """
-    xp = get_array_module(gate)
-    kind = check_activations("swiglu_forward", gate=gate, up=up)
+    host = type(gate) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    if host:
+        kind = check_float("swiglu_forward", gate=gate, up=up).name
+    else:
+        kind = check_activations("swiglu_forward", gate=gate, up=up)
     if gate.shape != up.shape:
         raise shape_error("swiglu_forward", "gate and up must have the same shape", gate=gate, up=up)
-    if kind == "bf16" or cuda.float32_on_gpu(gate, up):
+    if not host and (kind == "bf16" or cuda.float32_on_gpu(gate, up)):
         return swiglu_cuda.swiglu_forward(gate, up, amax), ("cuda", gate, up)
     if amax is not None:
         raise ValueError("swiglu_forward: amax needs the GPU kernels (float32 or bf16 CuPy arrays)")
-    out, sig, silu = swiglu_parts(xp, gate, up)
+    out, sig, silu = swiglu_parts(np if host else get_array_module(gate), gate, up)
     return out, (up, sig, silu)
 
 
@@ -60,7 +63,7 @@ def swiglu_backward(
     amax (GPU kernels only): two uint32 scalars raised to the largest |dgate| and |dup| (see forward).
     product: also the forward's output silu(g) * up, the same values again -> (dgate, dup, product) (the
     GPU makes it in the backward's pass, for a forward that did not keep it)."""
-    if cuda.fused_cache(cache):
+    if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernels'
         _, gate, up = cache
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)

@@ -60,7 +60,8 @@ def greedy_reply(model: SamplingModel, prompt: list[int], limit: int) -> tuple[l
     """The greedy reply's tokens before its stop token, and whether that stop was <|end|> within `limit`."""
     stops, end = reply_stops(model)
     reply = []
-    for token in euler_model.generate(model.mcfg, model.params, prompt, limit, temperature=0.0):
+    replies = euler_model.generate(model.mcfg, model.params, prompt, limit, 0.0, precision=model.precision)
+    for token in replies:
         if token in stops:
             return reply, token == end
         reply.append(token)
@@ -77,7 +78,13 @@ def greedy_replies(
     for start in range(0, len(prompts), batch_size):
         rows = slice(start, start + batch_size)
         done = euler_model.generate_batch(
-            model.mcfg, model.params, prompts[rows], limits[rows], temperature=0.0, stop_tokens=stops
+            model.mcfg,
+            model.params,
+            prompts[rows],
+            limits[rows],
+            temperature=0.0,
+            stop_tokens=stops,
+            precision=model.precision,
         )
         out += [(c.tokens, c.stop is not None and c.stop == end) for c in done]
         if progress is not None:

@@ -63,7 +63,8 @@ def pack(rows: list[Row], pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def batch_logprobs(model: SamplingModel, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> list:
     """Summed log p of each row's masked targets, from one forward pass over the (B, T) batch."""
     xp = ek.get_array_module(model.params["embed"])
-    z = euler_model.logits(model.mcfg, model.params, xp.asarray(tokens))  # (B, T, V)
+    batch = xp.asarray(tokens)  # (B, T)
+    z = euler_model.logits(model.mcfg, model.params, batch, precision=model.precision)  # (B, T, V)
     targets_d, mask_d = xp.asarray(targets), xp.asarray(mask)
     out = []
     for b, weight in enumerate(mask.sum(axis=1).tolist()):
