@@ -263,7 +263,7 @@ def train_small(data: np.ndarray, seconds: float, seed: int = 0) -> tuple:
     return cfg, params, {"steps": step, "train_loss_log": log, "val_mtp_loss": val_loss}
 
 
-def timed_generation(cfg, params, prompt, n, speculative: bool, threshold: float = 0.1) -> tuple:
+def timed_generation(cfg, params, prompt, n, speculative: bool, tree: tuple[int, ...] | None = None) -> tuple:
     stats = GenerationStats()
     start = time.perf_counter()
     out = list(
@@ -275,17 +275,21 @@ def timed_generation(cfg, params, prompt, n, speculative: bool, threshold: float
             temperature=0.0,
             speculative=speculative,
             stats=stats,
-            draft_threshold=threshold,
+            draft_tree=tree,
         )
     )
     return out, time.perf_counter() - start, stats
 
 
-VARIANTS = {"plain": (False, 0.0), "speculative": (True, 0.1), "speculative_all_drafts": (True, 0.0)}
+VARIANTS = {
+    "plain": False,
+    "speculative": True,
+    "speculative_all_drafts": True,
+}  # the last: every head drafts
 
 
 def bench_generation(cfg, params, data: np.ndarray, reps: int, n_new: int) -> dict:
-    """Plain vs speculative greedy decoding (default draft threshold 0.1, and every draft proposed),
+    """Plain vs speculative greedy decoding (the default draft tree, and a chain of every drafting head),
     interleaved prompt by prompt; the outputs must be identical."""
     rng = np.random.default_rng(1)
     rates = {name: [] for name in VARIANTS}
@@ -296,8 +300,9 @@ def bench_generation(cfg, params, data: np.ndarray, reps: int, n_new: int) -> di
         start = int(rng.integers(0, len(data) - 64))
         prompt = [int(x) for x in data[start : start + 16]]
         outs = {}
-        for name, (spec, threshold) in VARIANTS.items():
-            outs[name], seconds, st = timed_generation(cfg, params, prompt, n_new, spec, threshold)
+        for name, spec in VARIANTS.items():
+            tree = tuple(range(cfg.n_mtp_heads - 1)) if name == "speculative_all_drafts" else None
+            outs[name], seconds, st = timed_generation(cfg, params, prompt, n_new, spec, tree)
             rates[name].append(len(outs[name]) / seconds)
             counts[name] += [st.drafted, st.accepted, st.generated, st.forwards - 1]
         assert all(o == outs["plain"] for o in outs.values()), f"speculative output differs on prompt {r}"

@@ -63,3 +63,15 @@ def test_the_kernel_equals_the_ranked_guesses(tree, v) -> None:
     drafts = cp.full((7, len(parents)), -1, dtype=cp.int64)
     ek.decode_draft(cp.asarray(z), drafts, tree)
     np.testing.assert_array_equal(cp.asnumpy(drafts), sorted_drafts(z, parents))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", TREES)
+def test_float64_logits_on_the_gpu_take_the_array_operations(tree) -> None:
+    """The kernel reads float32; float64 CuPy logits (a float64 model on the GPU) are ranked as NumPy's."""
+    cp = pytest.importorskip("cupy")
+    parents = draft_tree.chain(3) if tree is None else tree
+    z = random_logits(50 + len(parents), 5, depth(parents), 50).astype(np.float64)
+    drafts = cp.full((5, len(parents)), -1, dtype=cp.int64)
+    ek.decode_draft(cp.asarray(z), drafts, tree)
+    np.testing.assert_array_equal(cp.asnumpy(drafts), sorted_drafts(z, parents))

@@ -232,11 +232,13 @@ def test_bad_draft_trees_are_named(tree, message) -> None:
         generate_batch(cfg, scaled_params(cfg, 0), [[1, 2]], 4, 0.0, speculative=True, draft_tree=tree)
 
 
-def test_speculative_sampling_is_refused_and_one_head_decodes_plainly() -> None:
+def test_sampled_speculation_takes_chains_and_one_head_decodes_plainly() -> None:
     cfg = preset("tiny")
     params = scaled_params(cfg, 0)
-    with pytest.raises(ValueError, match="greedy only"):
-        generate_batch(cfg, params, [[1, 2]], 4, temperature=0.8, speculative=True)
+    with pytest.raises(ValueError, match="decodes greedily only"):
+        generate_batch(cfg, params, [[1, 2]], 4, temperature=0.8, speculative=True, draft_tree=(0, 0))
+    sampled = generate_batch(cfg, params, [[1, 2], [3]], [9, 7], temperature=0.8, seeds=[1, 2])
+    assert generate_batch(cfg, params, [[1, 2], [3]], [9, 7], 0.8, seeds=[1, 2], speculative=True) == sampled
     one = preset("tiny", n_mtp_heads=1)
     p1 = scaled_params(one, 0)
     stats = GenerationStats()

@@ -109,6 +109,48 @@ def test_captured_speculative_equals_plain_greedy(cp, lengths, limits, precision
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("tree", [(0,), (0, 1, 2)])
+def test_captured_sampled_speculation_equals_plain_sampling(cp, tree, precision) -> None:
+    """Sampling along a chain in the captured speculative step: each token takes the draw (and the
+    repetition penalty's seen tokens) it has in plain steps, so the tokens are plain sampling's."""
+    cfg = preset("small")
+    gpu = on_gpu(cp, scaled_params(cfg, 0, np.float32, scale=4.0))
+    prompts = prompts_for(cfg, [16, 3], seed=8)
+    kw = {
+        "temperature": 0.9,
+        "top_k": 20,
+        "repetition_penalty": 1.3,
+        "seeds": [4, 5],
+        "precision": Precision(precision),
+    }
+    stats = GenerationStats()
+    fast = generate_batch(cfg, gpu, prompts, [80, 60], speculative=True, draft_tree=tree, stats=stats, **kw)
+    assert stats.decode == "cuda graph" and stats.drafted > 0
+    assert fast == generate_batch(cfg, gpu, prompts, [80, 60], **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sampled_speculation_with_accepted_drafts_on_the_gpu(cp, dtype) -> None:
+    """A model whose heads have learnt a cycle (test_generate's): most sampled drafts are accepted, and the
+    GPU's speculative tokens are its plain sampled ones, captured (float32) or eager (float64)."""
+    from tests.model.test_generate import train_on_cycle
+
+    cfg = preset("tiny")
+    params, _ = train_on_cycle(cfg)
+    gpu = {k: cp.asarray(v.astype(dtype)) for k, v in params.items()}
+    kw = {"temperature": 1.0, "top_p": 0.95, "seeds": [3, 9]}
+    stats = GenerationStats()
+    chain = tuple(range(cfg.n_mtp_heads - 1))
+    fast = generate_batch(
+        cfg, gpu, [[4, 5, 6], [1]], 40, speculative=True, draft_tree=chain, stats=stats, **kw
+    )
+    assert fast == generate_batch(cfg, gpu, [[4, 5, 6], [1]], 40, **kw)
+    assert stats.acceptance_rate > 0.5
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tree", [(0, 1, 0), (0, 0, 1, 2), (0, 1, 0, 3, 0)])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_captured_speculative_with_a_draft_tree_equals_plain_greedy(cp, tree, precision) -> None:

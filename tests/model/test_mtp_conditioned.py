@@ -58,7 +58,7 @@ def test_speculative_decoding_with_conditioned_heads_gives_plain_greedy(dtype) -
     want = [list(generate(cfg, params, p, 40, temperature=0.0)) for p in prompts]
     for p, w in zip(prompts, want):
         stats = GenerationStats()
-        kw = {"speculative": True, "stats": stats, "draft_threshold": 0.0}
+        kw = {"speculative": True, "stats": stats, "draft_tree": (0, 1, 2)}
         assert list(generate(cfg, params, p, 40, temperature=0.0, **kw)) == w
         assert stats.drafted > 0
     for tree in [(0,), (0, 1), (0, 1, 2)]:

@@ -127,7 +127,7 @@ class Decoder:
         self.weights = weights
         self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
         if tree is not None:
-            step = partial(speculative_step, config, self.weights, self.state, self.tree, precision)
+            step = partial(speculative_step, config, self.weights, self.state, self.tree, picker, precision)
         else:
             step = partial(decode_step, config, self.weights, self.state, picker, precision)
         self.runner = decode_runner(step, xp, cuda_graph)

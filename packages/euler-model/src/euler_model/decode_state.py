@@ -34,7 +34,7 @@ class DecodeState:
     stopped_by: Any  # (B,) int64 the stop token that ended a row, -1 for none
     stop: Any  # (B, V) bool the stop tokens of each row
     seen: Any  # (B, V) bool the tokens of each row so far (prompt included), for the repetition penalty
-    uniforms: Any  # (B, N + 1) float64 row b's j-th sampled token uses uniforms[b, j]
+    uniforms: Any  # (B, N + 1 + M) float64 row b's j-th sampled token uses uniforms[b, j]
     out: Any  # (B, N + 1) int64 emitted tokens
     bad: Any  # (B,) bool a row sampled from probabilities that were not finite
     rows: Any  # (B,) int64 arange(B)
@@ -66,7 +66,7 @@ class DecodeState:
             stopped_by=ids(b),
             stop=xp.zeros((b, v), dtype=bool),
             seen=xp.zeros((b, v), dtype=bool),
-            uniforms=xp.zeros((b, width + 1), dtype=xp.float64),
+            uniforms=xp.zeros((b, width + 1 + drafts), dtype=xp.float64),  # a step's last draft: count + M
             out=ids(b, width + 1),
             bad=xp.zeros(b, dtype=bool),
             rows=xp.asarray(np.arange(b, dtype=np.int64)),

@@ -40,18 +40,47 @@ class Picker:
     top_p: float | None = None
     repetition_penalty: float = 1.0
 
+    @property
+    def greedy(self) -> bool:
+        """Whether the pick is the plain argmax of the logits (no sampling, no penalty)."""
+        return self.temperature == 0.0 and self.repetition_penalty == 1.0
+
     def pick(self, z: Any, state: DecodeState) -> Any:
         """Token ids (B,) from logits z (B, V), on z's device; a sampled row's draw is uniforms[b, count[b]]
         (so row b's j-th sampled token uses its j-th draw, whatever the other rows do)."""
-        xp = ek.get_array_module(z)
-        if self.temperature == 0.0 and self.repetition_penalty == 1.0:
+        if self.greedy:
             return z.argmax(axis=-1)  # in float64 the order, and so the first maximum, is the same
-        z = penalize_rows(z.astype(xp.float64), state.seen, self.repetition_penalty)
+        return self._choose(z, state.seen, state.uniforms[state.rows, state.count], state.bad)
+
+    def pick_fed(self, z: Any, state: DecodeState) -> Any:
+        """Token ids (B, T) from the logits z (B, T, V) after each token a speculative step fed along a
+        chain (last, then the drafts): the token at position i is what `pick` would choose there were the
+        drafts before it emitted, the row's (count[b] + i)-th draw and its tokens so far plus drafts 1..i
+        (the repetition penalty's). So the tokens a step accepts are the ones plain steps would emit."""
+        if self.greedy:
+            return z.argmax(axis=-1)
+        xp = ek.get_array_module(z)
+        b, t, v = z.shape
+        at = state.count[:, None] + xp.arange(t)  # (B, T) the draw of each position
+        seen = xp.repeat(state.seen[:, None, :], t, axis=1)  # (B, T, V)
+        for i in range(1, t):  # positions i.. have also seen draft i
+            seen[state.rows[:, None], i:, state.drafts[:, i - 1 : i]] = True
+        draws = state.uniforms[state.rows[:, None], at]  # (B, T)
+        bad = xp.zeros(b * t, dtype=bool)
+        tokens = self._choose(z.reshape(b * t, v), seen.reshape(b * t, v), draws.reshape(-1), bad)
+        state.bad |= bad.reshape(b, t).any(axis=1)
+        return tokens.reshape(b, t)
+
+    def _choose(self, z: Any, seen: Any, draws: Any, bad: Any) -> Any:
+        """Token ids (N,) from logits z (N, V): penalised for the tokens seen (N, V), then greedy or sampled
+        with draws (N,); bad (N,) |= the rows whose probabilities are not finite."""
+        xp = ek.get_array_module(z)
+        z = penalize_rows(z.astype(xp.float64), seen, self.repetition_penalty)
         if self.temperature == 0.0:
             return z.argmax(axis=-1)
         probs = sampling_probs(z, self.temperature, self.top_k, self.top_p)
-        state.bad |= ~xp.isfinite(probs).all(axis=-1)
-        return inverse_cdf(probs, state.uniforms[state.rows, state.count])
+        bad |= ~xp.isfinite(probs).all(axis=-1)
+        return inverse_cdf(probs, draws)
 
 
 def _bf16(w: dict) -> bool:

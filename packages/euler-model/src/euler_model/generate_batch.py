@@ -20,7 +20,7 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_batch import start
-from euler_model.decode_speculative import checked_draft_tree
+from euler_model.decode_speculative import speculation
 from euler_model.decode_step import Picker
 from euler_model.generate import GenerationStats, checked_prompt
 from euler_model.sampling import check_sampling_args
@@ -79,10 +79,11 @@ def generate_batch(
     ids that stop every row, or one collection of ids per row. seeds: one per row (None: fresh entropy).
     cuda_graph: on the GPU, capture the decode step as a CUDA graph (stats.decode says how it ran).
     speculative: heads 1..K-1 draft and each step verifies them (decode_speculative.py; needs K >= 2, else
-    plain steps): the same greedy tokens in fewer steps (stats.drafted / accepted). Greedy only.
+    plain steps): the same tokens in fewer steps (stats.drafted / accepted), greedy or sampled.
     draft_tree: the drafts' parents (euler_kernels.draft_tree; at most K - 1 deep), by default
-    default_draft_tree(config), a chain (bit-equal to plain greedy; a tree's branches may flip a near-tie
-    that float rounding decides, see decode_speculative.py). precision: how the products are computed on
+    default_draft_tree(config), a chain (bit-equal to plain decoding, greedy or sampled; a tree decodes
+    greedily, and its branches may flip a near-tie that float rounding decides, see
+    decode_speculative.py). precision: how the products are computed on
     the GPU (euler_kernels.Precision; its bf16 modes decode with bf16 weight copies).
 
     >>> from euler_model import preset, init_params
@@ -95,14 +96,8 @@ def generate_batch(
         raise ValueError("generate_batch: no prompts")
     rows = [checked_prompt(config, p, f"generate_batch: prompt {i}") for i, p in enumerate(prompts)]
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
-    speculative = speculative and config.n_mtp_heads > 1
-    if speculative and (temperature != 0 or repetition_penalty != 1.0):
-        raise ValueError(
-            "generate_batch: speculative decoding is greedy only (temperature 0, repetition_penalty 1); "
-            "generate() samples speculatively for one prompt"
-        )
     try:
-        tree = checked_draft_tree(config, draft_tree) if speculative else None
+        tree = speculation(config, draft_tree, speculative, temperature, repetition_penalty)
     except ValueError as err:
         raise ValueError(f"generate_batch: {err}") from None
     wanted = _per_row(max_new_tokens, b, "max_new_tokens")

@@ -5,7 +5,8 @@ hidden state). A chain of drafts takes each head's best guess; a draft tree (dra
 a head's second or third best, for siblings: draft i (fed token i + 1) is the ranks[i]-th best guess of
 head depth(i + 1). Best means the largest logit, a tie going to the smaller token id; NaN logits are never
 chosen (a draft only decides speed: head 0 checks every one). On CuPy one kernel does it
-(cuda/decode_draft.cu, a block per row and head); on NumPy an argmax per head, or a sort for ranks > 0.
+(cuda/decode_draft.cu, a block per row and head) for float32 logits; otherwise an argmax per head, or a
+sort for ranks > 0.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def decode_draft(z: Any, drafts: Any, tree: tuple[int, ...] | None = None) -> No
         raise ValueError(
             f"decode_draft: a tree of {len(parents)} drafts, {max(heads)} heads deep, got {shapes}"
         )
-    if get_array_module(z) is not np:
+    xp = get_array_module(z)
+    if xp is not np and z.dtype == np.float32:  # the kernel reads float32 logits
         draft_cuda.decode_draft(z, drafts, heads, ranks)
         return
-    z = np.where(z != z, -np.inf, z)  # NaN: never chosen
-    order = np.argsort(-z, axis=-1, kind="stable") if max(ranks) else None  # ties: the smaller id first
+    z = xp.where(z != z, -np.inf, z)  # NaN: never chosen
+    stable = {"kind": "stable"} if xp is np else {}  # CuPy's sort is stable
+    order = xp.argsort(-z, axis=-1, **stable) if max(ranks) else None  # ties: the smaller id first
     best = z.argmax(axis=-1) if order is None else order[..., 0]  # (B, M)
     for i, (head, rank) in enumerate(zip(heads, ranks)):
         drafts[:, i] = best[:, head - 1] if rank == 0 else order[:, head - 1, rank]
