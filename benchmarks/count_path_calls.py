@@ -39,6 +39,7 @@ DECIDING = {
     "bf16",
     "fp8",
     "tf32_attention",
+    "bf16_bits",
 }
 
 

@@ -102,14 +102,26 @@ def _check_float_slowly(fn: str, arrays: dict[str, Any]) -> np.dtype:
 
 def is_bf16(x: Any) -> bool:
     """Whether `x` is a bfloat16 activation: a uint16 CuPy array of bf16 bit patterns (the GPU bf16 path
-    makes them; NumPy arrays never are).
+    makes them), or a CuPy array of CuPy's own bfloat16 dtype (see bf16_bits); NumPy arrays never are.
 
     >>> is_bf16(np.zeros(2, dtype=np.uint16))
     False
     """
     if type(x) is np.ndarray or isinstance(x, _NUMPY_TYPES):  # the first test alone for an ndarray
         return False
-    return get_array_module(x) is not np and np.dtype(x.dtype) == np.uint16
+    return get_array_module(x) is not np and (x.dtype == np.uint16 or x.dtype.name == "bfloat16")
+
+
+def bf16_bits(x: Any) -> Any:
+    """x, or, for a CuPy array of CuPy's bfloat16 dtype (ml_dtypes.bfloat16), the same memory viewed as the
+    uint16 bit patterns the kernels read (no copy): the ops take either, and give bf16 results as uint16.
+
+    >>> bf16_bits(np.ones(2)).dtype.name
+    'float64'
+    """
+    if type(x) is np.ndarray or x is None or not hasattr(x, "dtype") or x.dtype.name != "bfloat16":
+        return x
+    return x.view(np.uint16) if get_array_module(x) is not np else x
 
 
 def check_activations(fn: str, **arrays: Any) -> str:

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
+from euler_kernels.backend import (
+    bf16_bits,
+    check_activations,
+    check_float,
+    get_array_module,
+    is_bf16,
+    shape_error,
+)
 from euler_kernels.cuda import cast, flash_attention
 from euler_kernels.precision import EXACT, Precision
 
@@ -114,6 +121,8 @@ def attention_forward(
     [[1.0, 1.0], [1.0, 1.0]]
     """
     host = type(q) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    if not host:  # a CuPy bfloat16 array as its bit patterns
+        q, k, v = bf16_bits(q), bf16_bits(k), bf16_bits(v)
     _validate(q, k, v, block_size, host)
     if not host and is_bf16(q):
         flash_attention.check_head_dim("attention_forward", q.shape[-1])  # bf16 has no other path
@@ -172,6 +181,7 @@ def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) shaped like q, k, v; probabilities are recomputed tile by tile from the saved lse."""
     host = type(dout) is np.ndarray  # NumPy: the array operations below, nothing else to choose
     if not host and cuda.fused_cache(cache):
+        dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
         _, q, k, v, out, lse, causal, precision = cache
         if dout.shape != q.shape:
             raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)

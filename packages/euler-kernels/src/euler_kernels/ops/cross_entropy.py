@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, is_bf16, is_capturing, shape_error
+from euler_kernels.backend import bf16_bits, check_float, get_array_module, is_bf16, is_capturing, shape_error
 from euler_kernels.cuda import cross_entropy as cross_entropy_cuda
 
 
@@ -65,6 +65,7 @@ def cross_entropy_forward(
     """
     host = type(logits) is np.ndarray  # NumPy: the array operations below, nothing else to choose
     xp = np if host else get_array_module(logits)
+    logits = logits if host else bf16_bits(logits)  # a CuPy bfloat16 array as its bit patterns
     bf16 = not host and is_bf16(logits)
     _validate(logits, targets, loss_mask, ignore_index, bf16)
     v = logits.shape[-1]

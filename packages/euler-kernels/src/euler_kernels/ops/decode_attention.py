@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda, draft_tree
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import bf16_bits, check_float, get_array_module, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.cuda import decode_attention as decode_cuda
 from euler_kernels.ops.rope import rope_rows
@@ -73,6 +73,7 @@ def decode_attention_forward(
     >>> out.tolist(), v[0, 0, 1].tolist()
     ([[2.0, 3.0]], [1.0, 1.0])
     """
+    qkv = bf16_bits(qkv)  # a CuPy bfloat16 array as its bit patterns
     b, hkv, s, d = k_cache.shape
     width = (n_heads + 2 * hkv) * d
     rows_ok = qkv.ndim in (2, 3) and qkv.shape[0] == b and qkv.shape[-1] == width

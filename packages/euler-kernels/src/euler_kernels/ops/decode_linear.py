@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import FLOAT_DTYPES, is_bf16, shape_error
+from euler_kernels.backend import FLOAT_DTYPES, bf16_bits, is_bf16, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.cuda import decode_linear as decode_linear_cuda
 from euler_kernels.ops.linear import linear_forward
@@ -61,6 +61,7 @@ def decode_linear_forward(
     _check(x, weight, norm, residual, swiglu)
     if _lean_takes(x, weight, norm):  # NumPy arrays, never the kernel's
         return _lean_forward(x, weight, norm, eps, residual, swiglu)
+    x, weight = bf16_bits(x), bf16_bits(weight)  # a CuPy bfloat16 array as its bit patterns
     if _kernel_takes(x, weight, norm, residual, swiglu, precision):
         return decode_linear_cuda.decode_linear(x, weight, norm, eps, residual, swiglu)
     bf16 = is_bf16(weight)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, is_bf16, shape_error
+from euler_kernels.backend import bf16_bits, check_float, is_bf16, shape_error
 from euler_kernels.cuda import cast, gemm
 from euler_kernels.ops.linear_fp8 import backward_fp8, forward_fp8, is_fp8
 from euler_kernels.precision import EXACT, Precision
@@ -44,6 +44,7 @@ def linear_forward(
         if bf16_out:
             raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, a bf16 precision)")
         return x @ weight.T, (x if keep_input else None, weight, precision)  # (..., C_out)
+    x, weight = bf16_bits(x), bf16_bits(weight)  # a CuPy bfloat16 array as its bit patterns
     if is_fp8(weight):
         return forward_fp8(x, [weight], bf16_out, keep_input, x_amax)[0]
     _check(x, weight)
@@ -77,6 +78,7 @@ def linear_forward_many(
     """
     if type(x) is np.ndarray:  # NumPy (or a mix, which linear_forward refuses): nothing shared
         return [linear_forward(x, w, bf16_out, keep_input, precision=precision) for w in weights]
+    x, weights = bf16_bits(x), [bf16_bits(w) for w in weights]  # a CuPy bfloat16 array as its bit patterns
     if weights and all(is_fp8(w) for w in weights):  # x cast to FP8 once for all of them
         return forward_fp8(x, weights, bf16_out, keep_input, x_amax)
     if not (weights and all(not is_fp8(w) and _bf16_product(x, w, precision) for w in weights)):
@@ -160,6 +162,7 @@ def linear_backward(
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
     if type(cache[0]) is not str and type(dout) is np.ndarray:  # NumPy: the products as they are
         return _backward_exact(dout, cache, dx_into, x, dweight, bf16_dx, bf16_dweight)
+    dout, dx_into = bf16_bits(dout), bf16_bits(dx_into)  # a CuPy bfloat16 array as its bit patterns
     into16 = dx_into is not None and is_bf16(dx_into)
     if bf16_dx and (dx_into is not None or not isinstance(cache[0], str)):
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
@@ -224,6 +227,8 @@ def linear_weight_grad(dout: Any, cache: tuple, x: Any = None, bf16_dweight: boo
     products): dweight rounded to bf16 as linear_backward's."""
     if type(cache[0]) is str and cache[0] == "fp8":
         raise ValueError("linear_weight_grad: FP8 products take linear_backward")
+    if type(dout) is not np.ndarray:
+        dout, x = bf16_bits(dout), bf16_bits(x)  # a CuPy bfloat16 array as its bit patterns
     if isinstance(cache[0], str):  # bf16 on the GPU: both operands rounded as the forward rounded them
         _, x16, _, x_shape, w_shape, tuned = cache
         if x16 is None:  # a bf16 x is taken as it is

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from euler_kernels.backend import get_array_module, is_bf16, shape_error
+from euler_kernels.backend import bf16_bits, get_array_module, is_bf16, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.ops.linear import linear_backward, linear_forward
 from euler_kernels.ops.rope import rope_backward, rope_forward
@@ -90,7 +90,7 @@ def qkv_backward(
     >>> grads, dx.shape, dweight.shape
     ([], (2, 1), (6, 1))
     """
-    dq, dk, dv = dout
+    dq, dk, dv = (bf16_bits(g) for g in dout)  # a CuPy bfloat16 array as its bit patterns
     if isinstance(dout, list):
         dout.clear()
     c_lin, c_rq, c_rk, (b, t, hq, hkv, d, bf16) = cache

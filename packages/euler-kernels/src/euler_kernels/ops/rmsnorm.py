@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_float, get_array_module, shape_error
+from euler_kernels.backend import bf16_bits, check_float, get_array_module, shape_error
 from euler_kernels.cuda import rmsnorm as rmsnorm_cuda
 
 
@@ -61,6 +61,7 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
     [[10.0, 10.0]]
     """
     if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernels'
+        dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
         dx, dweight, _ = _fused_backward("rmsnorm_backward", dout, cache, dx_add, bf16_copy=False)
         return dx, dweight
     xhat, rstd, weight = cache
@@ -85,6 +86,7 @@ def rmsnorm_backward_bf16_copy(dout: Any, cache: tuple, dx_add: Any = None, amax
     fused rmsnorm_forward; dout float32, or bf16 (the gradients are the float32 ones of its values)."""
     if not cuda.fused_cache(cache):
         raise ValueError("rmsnorm_backward_bf16_copy needs the fused GPU path (float32 CuPy arrays)")
+    dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
     return _fused_backward("rmsnorm_backward_bf16_copy", dout, cache, dx_add, bf16_copy=True, amax=amax)
 
 

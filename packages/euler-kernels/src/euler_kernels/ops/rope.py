@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
+from euler_kernels.backend import (
+    bf16_bits,
+    check_activations,
+    check_float,
+    get_array_module,
+    is_bf16,
+    shape_error,
+)
 from euler_kernels.cuda import rope as rope_cuda
 
 
@@ -80,6 +87,7 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = F
     columns of the joint q/k/v product's rows, `cuda.token_stride`), rotated where they are.
     """
     host = type(x) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    x = x if host else bf16_bits(x)  # a CuPy bfloat16 array as its bit patterns
     if not host and check_activations("rope_forward", x=x) == "bf16":
         check_float("rope_forward", cos=cos, sin=sin)
         if not cuda.float32_on_gpu(cos, sin):
@@ -127,6 +135,7 @@ def rope_backward(dout: Any, cache: tuple, out: Any = None) -> Any:
     out: an array shaped like dout to write dx into (returned); on the GPU of the gradient's type (bf16 for a
     bf16 forward), contiguous or heads of a wider row (dq, dk into the joint q/k/v gradient's columns)."""
     if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernel's
+        dout, out = bf16_bits(dout), bf16_bits(out)  # a CuPy bfloat16 array as its bit patterns
         _, cos, sin, offset, shape, bf16 = cache
         if dout.shape != shape:
             raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)

@@ -7,7 +7,14 @@ from typing import Any
 import numpy as np
 
 from euler_kernels import cuda
-from euler_kernels.backend import check_activations, check_float, get_array_module, is_bf16, shape_error
+from euler_kernels.backend import (
+    bf16_bits,
+    check_activations,
+    check_float,
+    get_array_module,
+    is_bf16,
+    shape_error,
+)
 from euler_kernels.cuda import cast
 from euler_kernels.cuda import swiglu as swiglu_cuda
 
@@ -34,6 +41,8 @@ def swiglu_forward(gate: Any, up: Any, amax: Any = None) -> tuple[Any, tuple]:
     [0.0, 1.4621]
     """
     host = type(gate) is np.ndarray  # NumPy: the array operations below, nothing else to choose
+    if not host:  # a CuPy bfloat16 array as its bit patterns
+        gate, up = bf16_bits(gate), bf16_bits(up)
     if host:
         kind = check_float("swiglu_forward", gate=gate, up=up).name
     else:
@@ -64,6 +73,7 @@ def swiglu_backward(
     product: also the forward's output silu(g) * up, the same values again -> (dgate, dup, product) (the
     GPU makes it in the backward's pass, for a forward that did not keep it)."""
     if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernels'
+        dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
         _, gate, up = cache
         if dout.shape != up.shape:
             raise shape_error("swiglu_backward", "dout must match gate", dout=dout, gate=up)
