@@ -1,8 +1,14 @@
-"""One transformer block as two forward/backward pairs, composed only from euler-kernels ops.
+"""One transformer block, each of its two halves in three modes (training forward, its backward, and the
+decode step against a static KV cache), composed only from euler-kernels ops.
 
-    x = x + attn(rmsnorm(x))        attention_block_forward / attention_block_backward
-    x = x + swiglu(rmsnorm(x))      ffn_block_forward / ffn_block_backward
-    (layer i: both, in that order)   layer_forward / layer_backward
+    x = x + attn(rmsnorm(x))        attention_block_forward / _backward / _decode
+    x = x + swiglu(rmsnorm(x))      ffn_block_forward / _backward / _decode
+    (layer i: both, in that order)   layer_forward / layer_backward / layer_decode
+
+The decode step (decode_step.py runs it) computes what the forward computes, with the inference form of
+the weights (q/k/v and gate/up joined, bf16 copies in the bf16 modes) and fused decode ops: the norm rides
+in the product after it, the residual addition in the product before it (ek.decode_linear_forward), RoPE
+and the cache write in attention (ek.decode_attention_forward).
 
 The residual stream travels between blocks as a pair (x, branch) standing for x + branch: each block
 returns its output branch un-added, and the next norm adds it (ek.residual_rmsnorm_forward: one pass
@@ -175,6 +181,32 @@ def attention_block_backward(
     return dx, {prefix + k: g for k, g in grads.items()}
 
 
+def attention_block_decode(
+    config: ModelConfig,
+    w: dict,
+    prefix: str,
+    x: Any,
+    state: Any,
+    layer: int,
+    rope: tuple,
+    tree: Any,
+    precision: ek.Precision,
+) -> Any:
+    """attention_block_forward's decode step, T new tokens per row against the static cache (state: a
+    decode_state.DecodeState): the stream x (B T, C) -> x + the block's output; the norm rides in the
+    joint q/k/v product (w: decode_step.inference_weights) and the addition in the output product.
+    rope: the tables, the window and whether attention writes bf16 (see decode_step.decode_hidden)."""
+    eps = config.norm_eps
+    qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], w[prefix + "attn_norm"], eps, precision=precision)
+    b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
+    qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
+    k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
+    cos, sin, window, bf16 = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
+    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, bf16, tree)
+    a = a.reshape(x.shape[0], -1)  # (B T, Hq D)
+    return ek.decode_linear_forward(a, w[prefix + "wo"], residual=x, precision=precision)  # (B T, C)
+
+
 def ffn_block_forward(
     config: ModelConfig,
     p: dict[str, Any],
@@ -252,6 +284,16 @@ def ffn_block_backward(
     return dx, {prefix + k: g for k, g in grads.items()}
 
 
+def ffn_block_decode(config: ModelConfig, w: dict, prefix: str, x: Any, precision: ek.Precision) -> Any:
+    """ffn_block_forward's decode step, the gate and up projections as one product with the norm and SwiGLU
+    fused around it: the stream x (B T, C) -> x + the block's output."""
+    norm = w[prefix + "ffn_norm"]
+    eps = config.norm_eps
+    gated = ek.decode_linear_forward(x, w[prefix + "w_gate_up"], norm, eps, swiglu=True, precision=precision)
+    # (B T, C), gated (B T, F)
+    return ek.decode_linear_forward(gated, w[prefix + "w_down"], residual=x, precision=precision)
+
+
 def layer_forward(
     config: ModelConfig,
     p: dict[str, Any],
@@ -283,3 +325,20 @@ def layer_backward(
     dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.", bf16_grads)
     grads.update(g_attn)
     return dx, grads
+
+
+def layer_decode(
+    config: ModelConfig,
+    w: dict[str, Any],
+    i: int,
+    x: Any,
+    state: Any,
+    rope: tuple,
+    tree: Any,
+    precision: ek.Precision,
+) -> Any:
+    """Layer i's decode step, its attention block then its FFN block (the _decode functions above): the
+    stream x (B T, C) -> the stream after it."""
+    prefix = f"layers.{i}."
+    x = attention_block_decode(config, w, prefix, x, state, i, rope, tree, precision)
+    return ffn_block_decode(config, w, prefix, x, precision)

@@ -8,11 +8,11 @@ DecodeState's preallocated device buffers and is updated in place; the step read
 host and has the same shapes at every step with the same attention window (the cache slots it may read,
 which the host picks from the step count alone: attention_window), so the same code runs eagerly (NumPy,
 or CuPy uncaptured) and captured as one CUDA graph per window (decode_graph.py; with the decode attention
-kernel, which reads each row's own slots, one window and one graph serve a generation). The blocks compute
-what the training blocks do (blocks.py), each product through ek.decode_linear_forward, which takes the
-norm in front of it and SwiGLU or the residual addition after it (one kernel on the GPU); attention is
-ek.decode_attention_forward, which applies RoPE at each row's own position, writes the new key and value
-into the static cache and attends over the row's slots.
+kernel, which reads each row's own slots, one window and one graph serve a generation). Each layer runs
+its blocks' decode step (blocks.layer_decode, beside their training forward and backward): each product
+through ek.decode_linear_forward, which takes the norm in front of it and SwiGLU or the residual addition
+after it (one kernel on the GPU); attention through ek.decode_attention_forward, which applies RoPE at each
+row's own position, writes the new key and value into the static cache and attends over the row's slots.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_model.blocks import layer_decode
 from euler_model.config import ModelConfig
 from euler_model.decode_state import DecodeState
 from euler_model.model import rope_for
@@ -89,41 +90,6 @@ def _bf16(w: dict) -> bool:
     return ek.is_bf16(w["heads.0"])
 
 
-def _attention_block(
-    config: ModelConfig,
-    w: dict,
-    prefix: str,
-    x: Any,
-    state: DecodeState,
-    layer: int,
-    rope: tuple,
-    tree: Any,
-    precision: ek.Precision,
-) -> Any:
-    """blocks.attention_block_forward for T new tokens per row: the stream x (B T, C) -> x + the block's
-    output; the norm rides in the q/k/v product and the addition in the output product. rope: the tables,
-    the window and whether attention writes bf16 (see decode_hidden)."""
-    eps = config.norm_eps
-    qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], w[prefix + "attn_norm"], eps, precision=precision)
-    b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
-    qkv = qkv if qkv.shape[0] == b else qkv.reshape(b, -1, qkv.shape[1])  # T > 1: (B, T, ...)
-    k, v = state.k[layer], state.v[layer]  # (B, Hkv, S, D): the new keys and values land at pos[b]..
-    cos, sin, window, bf16 = rope  # a: (B, [T,] Hq D), bf16 when the product after it takes bf16
-    a = ek.decode_attention_forward(qkv, k, v, state.pos, cos, sin, config.n_heads, window, bf16, tree)
-    a = a.reshape(x.shape[0], -1)  # (B T, Hq D)
-    return ek.decode_linear_forward(a, w[prefix + "wo"], residual=x, precision=precision)  # (B T, C)
-
-
-def _ffn_block(config: ModelConfig, w: dict, prefix: str, x: Any, precision: ek.Precision) -> Any:
-    """blocks.ffn_block_forward with the gate and up projections as one product, the norm and SwiGLU
-    fused around it: the stream x (B T, C) -> x + the block's output."""
-    norm = w[prefix + "ffn_norm"]
-    eps = config.norm_eps
-    gated = ek.decode_linear_forward(x, w[prefix + "w_gate_up"], norm, eps, swiglu=True, precision=precision)
-    # (B T, C), gated (B T, F)
-    return ek.decode_linear_forward(gated, w[prefix + "w_down"], residual=x, precision=precision)
-
-
 def decode_hidden(
     config: ModelConfig,
     weights: dict[str, Any],
@@ -142,9 +108,7 @@ def decode_hidden(
     ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,); ids are the model's own
     x = weights["embed"].take(ids, axis=0)  # (B T, C): the residual stream
     for i in range(config.n_layers):
-        prefix = f"layers.{i}."
-        x = _attention_block(config, weights, prefix, x, state, i, rope, tree, precision)
-        x = _ffn_block(config, weights, prefix, x, precision)
+        x = layer_decode(config, weights, i, x, state, rope, tree, precision)
     bf16_out = bf16 and not config.mtp_conditioned  # conditioned heads add to it: float32 (products round it)
     return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16_out)[0]
 
