@@ -11,6 +11,7 @@ from euler_data.errors import DataError
 from euler_data.folder_lock import LOCK_FILE, FolderBusy, FolderUnwritable, hold_folder, unwritable
 from euler_data.loaders import PretrainLoader, SFTLoader
 from euler_data.meta import read_meta, split_paths
+from euler_data.prefs import build_prefs, read_prefs
 from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
 from euler_data.sft import build_sft
 
@@ -36,6 +37,7 @@ __all__ = [
     "SourceSpec",
     "__version__",
     "alpaca_messages",
+    "build_prefs",
     "build_sft",
     "encode_chat",
     "folder_kind",
@@ -43,6 +45,7 @@ __all__ = [
     "load_recipe",
     "prepare",
     "read_meta",
+    "read_prefs",
     "render_chat",
     "replace_files",
     "split_paths",

@@ -1,11 +1,13 @@
-"""The ``euler-data`` command: ``prepare``, ``inspect`` and ``sft``.
+"""The ``euler-data`` command: ``prepare``, ``inspect``, ``sft`` and ``prefs``.
 
 euler-data prepare --source gutenberg:1342,84 --source web/c4.jsonl --out data/mix --vocab-size 4096
 euler-data inspect data/mix
 euler-data sft --source alpaca --out data/mix --mirror /path/to/mirror
+euler-data prefs --source hh-rlhf --out data/mix --mirror /path/to/mirror
 
 Exit codes: 0 done, 2 bad input (one line on stderr; the folder's dataset stays as it was), 130 Ctrl-C.
-``prepare`` and ``sft`` hold their --out folder's lock (one writer per folder); ``inspect`` reads only.
+``prepare``, ``sft`` and ``prefs`` hold their --out folder's lock (one writer per folder); ``inspect``
+reads only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -26,13 +28,15 @@ import duckdb
 from euler_bpe import vocab_note
 from euler_bpe.cli_parser import OneLineParser
 from euler_data.__about__ import __version__
-from euler_data.dataset_folder import SFT_META, check_out
+from euler_data.dataset_folder import PREFS_META, SFT_META, check_out
 from euler_data.errors import DataError
 from euler_data.filters import FIXES
 from euler_data.folder_lock import FolderBusy, FolderUnwritable, hold_folder, unwritable
 from euler_data.meta import META_NAME, read_meta
 from euler_data.network import resolve_mirror
 from euler_data.pipeline import prepare
+from euler_data.prefs import LOUD_SHARE as PREFS_LOUD_SHARE
+from euler_data.prefs import build_prefs
 from euler_data.recipe import BYTE_TOKENIZER, SPLIT_MODES, Recipe, SourceSpec, check_vocab_size, load_recipe
 from euler_data.report import inspect_folder
 from euler_data.sft import build_sft, check_sft_options
@@ -44,6 +48,7 @@ LOUD_SHARE = 0.25  # a filter dropping more of a source's documents than this is
 RECORDS = {
     "prepare": (META_NAME, "dataset", "the same command continues where this one stopped"),
     "sft": (SFT_META, "SFT set", "run the same command again"),
+    "prefs": (PREFS_META, "preference set", "run the same command again"),
 }
 # the Ctrl-Cs this process got: a library may turn the KeyboardInterrupt into its own error (DuckDB
 # raises "Query interrupted"), so the handler records them
@@ -204,10 +209,12 @@ def sft_context(out: Path) -> int:
     return int(hint) if isinstance(hint, int) and hint > 0 else Recipe().context_hint
 
 
-def cmd_sft(args: argparse.Namespace) -> None:
+def build_side_set(args: argparse.Namespace, command: str, build: Callable[..., dict]) -> tuple:
+    """(out, meta, context) of an ``sft`` or ``prefs`` command: --out held for it, its tokenizer (or
+    --tokenizer), the sources resolved (the mirror, else downloaded into OUT/downloads), the set built."""
     out = Path(args.out)
     check_sft_options(args.context, args.val_fraction)
-    with writing(out, "sft", args.overwrite):
+    with writing(out, command, args.overwrite):
         tok_path = args.tokenizer or out / "tokenizer.json"
         if tok_path != BYTE_TOKENIZER and not Path(tok_path).is_file():
             raise DataError(
@@ -218,7 +225,12 @@ def cmd_sft(args: argparse.Namespace) -> None:
         downloads = out / "downloads"
         paths = [Path(i.location) for s in args.source for i in resolve(SourceSpec(s), mirror, downloads)]
         context = args.context if args.context is not None else sft_context(out)
-        meta = build_sft(paths, out, tok, context=context, val_fraction=args.val_fraction, seed=args.seed)
+        meta = build(paths, out, tok, context=context, val_fraction=args.val_fraction, seed=args.seed)
+    return out, meta, context
+
+
+def cmd_sft(args: argparse.Namespace) -> None:
+    out, meta, context = build_side_set(args, "sft", build_sft)
     too_long = meta["dropped"].get("too_long", 0)
     if too_long:
         share = 100 * too_long / max(meta["examples_in"], 1)
@@ -231,6 +243,25 @@ def cmd_sft(args: argparse.Namespace) -> None:
     print(
         f"wrote {out}: {meta['examples_kept']}/{meta['examples_in']} examples kept, dropped {meta['dropped']}"
     )
+
+
+def cmd_prefs(args: argparse.Namespace) -> None:
+    out, meta, _ = build_side_set(args, "prefs", build_prefs)
+    n_in, dropped = meta["pairs_in"], meta["dropped"]
+    if sum(dropped.values()) > PREFS_LOUD_SHARE * n_in:
+        biggest = max(dropped, key=dropped.get)
+        fix = (
+            f"; --context N keeps more (the longest has {meta['longest_tokens']})"
+            if biggest == "too_long"
+            else ""
+        )
+        print(
+            f"euler-data prefs: warning: dropped {sum(dropped.values())} of {n_in} pairs "
+            f"({100 * sum(dropped.values()) / n_in:.0f}%), most as {biggest} ({dropped[biggest]}){fix}",
+            file=sys.stderr,
+        )
+    split = ", ".join(f"{s} {meta[s]['pairs']}" for s in ("train", "val"))
+    print(f"wrote {out}: {meta['pairs_kept']}/{n_in} pairs kept ({split}), dropped {dropped}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,6 +309,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true", help="replace the SFT set --out holds, or write "
                    "into a folder that is not euler-data's (refused without it)")  # fmt: skip
     s.set_defaults(func=cmd_sft)
+    r = sub.add_parser("prefs", help="build a preference set (prompt, chosen and rejected replies) for DPO")
+    r.add_argument("--source", action="append", required=True, help="hh-rlhf, or a .jsonl[.gz]/.json "
+                   "file: HH-RLHF {chosen, rejected} dialogues or {prompt, chosen, rejected}")  # fmt: skip
+    r.add_argument("--out", required=True)
+    r.add_argument("--tokenizer", help="tokenizer.json or bytes (default: OUT/tokenizer.json)")
+    r.add_argument("--context", type=int, help="drop pairs whose prompt and longer reply exceed this many "
+                   "tokens (default: the context_hint of OUT/meta.json, else 512)")  # fmt: skip
+    r.add_argument("--val-fraction", type=float, default=0.05, help="held-out pairs, split by prompt")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--mirror")
+    r.add_argument("--overwrite", action="store_true", help="replace the preference set --out holds, or "
+                   "write into a folder that is not euler-data's (refused without it)")  # fmt: skip
+    r.set_defaults(func=cmd_prefs)
     return parser
 
 

@@ -2,9 +2,9 @@
 there, and how its files are replaced.
 
 An euler-data folder is one whose ``meta.json`` says ``"format": "euler-data/..."`` (a finished
-``prepare``), or that holds an SFT set's ``sft_meta.json``, or an unfinished prepare's
-``pipeline.duckdb``. A writer refuses anything else that is not empty, ``prepare`` refuses a finished
-set too, and ``sft`` an SFT set, unless ``--overwrite``.
+``prepare``), or that holds an SFT set's ``sft_meta.json`` or a preference set's ``prefs_meta.json``, or
+an unfinished prepare's ``pipeline.duckdb``. A writer refuses anything else that is not empty, ``prepare``
+refuses a finished set too, and ``sft`` / ``prefs`` a set of their own kind, unless ``--overwrite``.
 
 New files are written into a staging folder beside the old ones and moved in by ``replace_files``: the
 old record file (``meta.json`` / ``sft_meta.json``) goes first, the new one comes last, and a Ctrl-C
@@ -36,9 +36,16 @@ from euler_data.meta import META_NAME
 
 SFT_META = "sft_meta.json"
 SFT_STAGING = "sft.new"  # a new SFT set until it replaces the folder's
+PREFS_META = "prefs_meta.json"
+PREFS_STAGING = "prefs.new"  # a new preference set until it replaces the folder's
 DB_NAME = "pipeline.duckdb"  # an unfinished prepare's work (euler_data.db)
-NOT_A_SET = (LOCK_FILE, "downloads", SFT_STAGING)  # what a writer leaves besides a set: its lock, the
-# downloaded sources, an interrupted sft's files
+NOT_A_SET = (LOCK_FILE, "downloads", SFT_STAGING, PREFS_STAGING)  # what a writer leaves besides a set:
+# its lock, the downloaded sources, an interrupted sft's or prefs' files
+# the sets built beside a dataset: command -> (record file, what the set is called, its count's key and name)
+SIDE_SETS = {
+    "sft": (SFT_META, "SFT set", "examples_kept", "examples"),
+    "prefs": (PREFS_META, "preference set", "pairs_kept", "pairs"),
+}
 SHOWN = 4  # names listed in an error, then "and N more"
 
 
@@ -51,7 +58,7 @@ def _json(path: Path) -> dict:
 
 
 def folder_kind(folder: Path) -> str:
-    """What a folder holds: "empty", "dataset" (a finished prepare), "sft" (an SFT set alone),
+    """What a folder holds: "empty", "dataset" (a finished prepare), "sft" (SFT or preference sets alone),
     "unfinished" (a prepare that has not finished) or "foreign" (anything else)."""
     names = {p.name for p in folder.iterdir()} - set(NOT_A_SET) if folder.is_dir() else set()
     if not names:
@@ -59,10 +66,18 @@ def folder_kind(folder: Path) -> str:
     if META_NAME in names:
         ours = str(_json(folder / META_NAME).get("format", "")).startswith("euler-data/")
         return "dataset" if ours else "foreign"
-    if SFT_META in names:
-        ours = {"examples_in", "tokenizer_fingerprint"} <= _json(folder / SFT_META).keys()
+    records = [record for record, _, _, _ in SIDE_SETS.values() if record in names]
+    if records:
+        ours = all("tokenizer_fingerprint" in _json(folder / record) for record in records)
         return "sft" if ours else "foreign"
     return "unfinished" if DB_NAME in names else "foreign"
+
+
+def side_set_files(folder: Path, command: str) -> list[Path]:
+    """The files of the folder's SFT or preference set (command "sft" / "prefs") that exist."""
+    record = SIDE_SETS[command][0]
+    splits = [f"{command}_{s}_{kind}.bin" for s in ("train", "val") for kind in ("tokens", "mask", "offsets")]
+    return [folder / name for name in (record, *splits) if (folder / name).exists()]
 
 
 def listing(folder: Path) -> str:
@@ -76,17 +91,19 @@ def check_out(folder: Path, command: str, overwrite: bool) -> None:
     """Refuse (DataError) to write into a folder that holds what is not euler-data's, or, for
     ``prepare``, a finished set, unless ``overwrite``."""
     kind = folder_kind(folder)
-    if command == "sft" and kind != "foreign" and (folder / SFT_META).is_file() and not overwrite:
-        held = _json(folder / SFT_META).get("examples_kept")
+    side = command in SIDE_SETS
+    if side and kind != "foreign" and (folder / SIDE_SETS[command][0]).is_file() and not overwrite:
+        record, what, key, unit = SIDE_SETS[command]
         raise DataError(
             str(folder),
-            f"already holds an euler-data SFT set ({held} examples); pass --overwrite to replace it, or "
-            "choose another --out",
+            f"already holds an euler-data {what} ({_json(folder / record).get(key)} {unit}); pass "
+            "--overwrite to replace it, or choose another --out",
         )
-    if overwrite or kind in ("empty", "unfinished") or (command == "sft" and kind != "foreign"):
+    if overwrite or kind in ("empty", "unfinished") or (side and kind != "foreign"):
         return
     if kind == "foreign":
-        record = next((name for name in (META_NAME, SFT_META) if (folder / name).exists()), None)
+        named = (META_NAME, *(record for record, _, _, _ in SIDE_SETS.values()))
+        record = next((name for name in named if (folder / name).exists()), None)
         why = f"its {record} was not written by euler-data" if record else f"it holds {listing(folder)}"
         raise DataError(
             str(folder),
@@ -99,8 +116,9 @@ def check_out(folder: Path, command: str, overwrite: bool) -> None:
         held = f"an euler-data dataset ({meta.get('documents_kept')} documents, {tokens} tokens)"
         fix = "replace it"
     else:
-        held = f"an euler-data SFT set ({_json(folder / SFT_META).get('examples_kept')} examples)"
-        fix = "prepare into it (the SFT set stays only if the tokenizer stays the same)"
+        sets = [(r, w, k, u) for r, w, k, u in SIDE_SETS.values() if (folder / r).is_file()]
+        held = " and ".join(f"an euler-data {w} ({_json(folder / r).get(k)} {u})" for r, w, k, u in sets)
+        fix = "prepare into it (the sets stay only if the tokenizer stays the same)"
     raise DataError(str(folder), f"already holds {held}; pass --overwrite to {fix}, or choose another --out")
 
 

@@ -30,14 +30,13 @@ from euler_bpe.progress import progress_stream
 from euler_data import clean, dedup, filters, ingest, mix, shards, split
 from euler_data import tokenizer as tokenizer_stage
 from euler_data.counts import build_meta, drop_counts
-from euler_data.dataset_folder import replace_files
+from euler_data.dataset_folder import SIDE_SETS, replace_files, side_set_files
 from euler_data.db import DB_NAME, TEMP_NAME, connect, remove_temp, rewrite, scalar
 from euler_data.errors import DataError
 from euler_data.meta import META_NAME, write_meta
 from euler_data.network import resolve_mirror
 from euler_data.raw_bytes import bytes_sql
 from euler_data.recipe import Recipe
-from euler_data.sft import SFT_META, sft_files
 from euler_data.sources import resolve
 
 TRAINED = "pipeline.tokenizer.json"  # the trained tokenizer while a run is unfinished
@@ -318,14 +317,17 @@ def _replaced_splits(folder: Path, meta: dict) -> list[Path]:
 
 
 def _stale_sft(folder: Path, fingerprint: str) -> list[Path]:
-    """The files of an SFT set built with another tokenizer than the new tokenizer.json (to remove)."""
-    meta = folder / SFT_META
-    if (
-        meta.is_file()
-        and json.loads(meta.read_text(encoding="utf-8")).get("tokenizer_fingerprint") != fingerprint
-    ):
-        return sft_files(folder)
-    return []
+    """The files of the SFT and preference sets built with another tokenizer than the new tokenizer.json
+    (to remove)."""
+    stale = []
+    for command, (record, _, _, _) in SIDE_SETS.items():
+        meta = folder / record
+        if (
+            meta.is_file()
+            and json.loads(meta.read_text(encoding="utf-8")).get("tokenizer_fingerprint") != fingerprint
+        ):
+            stale += side_set_files(folder, command)
+    return stale
 
 
 def set_aside_finished(out: Path) -> bool:

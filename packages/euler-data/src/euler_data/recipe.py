@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - Python 3.10: tomli if installed, else 
 
 # how a text file is cut into documents; "raw": each file whole, its bytes as they are (bytes mode)
 SPLIT_MODES = ("document", "line", "paragraph", "eot", "raw")
-NAMED = ("gutenberg", "fineweb-edu", "alpaca", "tinyshakespeare")
+NAMED = ("gutenberg", "fineweb-edu", "alpaca", "hh-rlhf", "tinyshakespeare")
 BYTE_TOKENIZER = "bytes"  # tokenizer = "bytes": ids 0-255 are the raw bytes, the chat special tokens follow
 
 

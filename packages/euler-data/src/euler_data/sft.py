@@ -10,10 +10,12 @@ so an interrupted or refused build leaves the previous set as it was.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from euler_data.workers import stop_workers
 TOKENIZER = "tokenizer.json"
 TEMPLATE = "<|user|>\\n{instruction}[\\n\\n{input}]<|end|>\\n<|assistant|>\\n{output}<|end|>"
 Example = tuple[list[dict] | None, str | None]  # (messages, drop reason)
+Taken = tuple[Any, str | None]  # (what a record made, None), or (None, the reason it was dropped)
 
 
 def to_messages(obj: object) -> Example:
@@ -51,25 +54,40 @@ def to_messages(obj: object) -> Example:
     return msgs, None
 
 
-def _parse_line(line: bytes) -> Example:
-    try:
-        return to_messages(json.loads(line.decode("utf-8")))
-    except UnicodeDecodeError:
-        return None, "not_utf8"
-    except ValueError:
-        return None, "malformed_json"
+def read_records(
+    path: Path, take: Callable[[object], tuple[Any, str | None]]
+) -> list[tuple[Any, str | None]]:
+    """take(record) for every record of a .json array or a JSON-lines file (either gzip-compressed or
+    not): (what it made, None) or (None, the reason it was dropped); a line that is not UTF-8 or not JSON
+    is dropped as such."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise DataError(str(path), f"not a readable gzip file: {err}") from err
+    if data.lstrip()[:1] == b"[":
+        try:
+            records = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise DataError(str(path), f"not a valid JSON array: {err}") from err
+        return [take(r) for r in records]
+    out = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            out.append(take(json.loads(line.decode("utf-8"))))
+        except UnicodeDecodeError:
+            out.append((None, "not_utf8"))
+        except ValueError:
+            out.append((None, "malformed_json"))
+    return out
 
 
 def read_examples(path: Path) -> list[Example]:
     """Every record of a .json array or a JSON-lines file, as (messages, drop reason)."""
-    data = path.read_bytes()
-    if data.lstrip()[:1] != b"[":
-        return [_parse_line(line) for line in data.split(b"\n") if line.strip()]
-    try:
-        records = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise DataError(str(path), f"not a valid JSON array: {err}") from err
-    return [to_messages(r) for r in records]
+    return read_records(path, to_messages)
 
 
 def encode_examples(tok, conversations: list[list[dict]], workers: int) -> list[tuple[list[int], list[int]]]:
@@ -95,15 +113,17 @@ def split_of(rendered: str, seed: int, val_fraction: float) -> str:
     return "val" if int.from_bytes(digest[:8], "big") / 2.0**64 < val_fraction else "train"
 
 
-def write_split(folder: Path, split: str, examples: list[tuple[list[int], list[int]]]) -> dict[str, int]:
-    """Write one split's three files; returns its counts."""
+def write_split(
+    folder: Path, split: str, examples: list[tuple[list[int], list[int]]], prefix: str = "sft"
+) -> dict[str, int]:
+    """Write one split's three files ({prefix}_{split}_tokens / _mask / _offsets.bin); returns its counts."""
     lengths = np.array([len(ids) for ids, _ in examples], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (n + 1,)
     tokens = np.array([t for ids, _ in examples for t in ids], dtype=np.uint16)
     mask = np.array([m for _, ms in examples for m in ms], dtype=np.uint8)
-    tokens.tofile(folder / f"sft_{split}_tokens.bin")
-    mask.tofile(folder / f"sft_{split}_mask.bin")
-    offsets.tofile(folder / f"sft_{split}_offsets.bin")
+    tokens.tofile(folder / f"{prefix}_{split}_tokens.bin")
+    mask.tofile(folder / f"{prefix}_{split}_mask.bin")
+    offsets.tofile(folder / f"{prefix}_{split}_offsets.bin")
     return {"examples": len(examples), "tokens": len(tokens), "response_tokens": int(mask.sum())}
 
 
@@ -137,21 +157,10 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
     """
     check_sft_options(context, val_fraction)
     folder = Path(folder)
-    for name in ("<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"):
-        if name not in tok.special_tokens:
-            raise DataError(
-                "tokenizer", f"no {name} special token: train it with euler_bpe.CHAT_SPECIAL_TOKENS"
-            )
+    check_chat_tokenizer(tok)
     examples = [e for p in paths for e in read_examples(p)]
-    dropped = Counter(reason for _, reason in examples if reason)
-    seen, keep = set(), []
-    for msgs, reason in examples:
-        if reason is None:
-            text = render_chat(msgs)
-            dropped["duplicate"] += text in seen
-            if text not in seen:
-                keep.append((msgs, text))
-            seen.add(text)
+    kept, dropped = first_of_each(examples, render_chat)
+    keep = [(msgs, render_chat(msgs)) for msgs in kept]
     splits: dict[str, list] = {"train": [], "val": []}
     encoded = encode_examples(tok, [m for m, _ in keep], workers)
     stop_workers(tok)
@@ -164,9 +173,7 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
     if not any(splits.values()):
         shortest = min((len(ids) for ids, _ in encoded), default=0)
         raise nothing_kept(len(examples), dropped, context, shortest)
-    staging = folder / SFT_STAGING
-    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted build left
-    staging.mkdir(parents=True)
+    staging = new_staging(folder / SFT_STAGING)
     counts = {split: write_split(staging, split, rows) for split, rows in splits.items()}
     meta = {
         "examples_in": len(examples),
@@ -180,29 +187,65 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
         "vocab_size": tok.vocab_size,
         "eot_id": tok.special_tokens["<|endoftext|>"],
     }
-    (staging / SFT_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    if not (folder / TOKENIZER).exists():
-        tok.save(staging / TOKENIZER)
-    replace_files(folder, staging, SFT_META)
+    move_in(folder, staging, SFT_META, meta, tok)
     return meta
 
 
-def sft_files(folder: Path) -> list[Path]:
-    """The files of an SFT set in `folder` that exist."""
-    names = [SFT_META] + [
-        f"sft_{s}_{kind}.bin" for s in ("train", "val") for kind in ("tokens", "mask", "offsets")
-    ]
-    return [folder / n for n in names if (folder / n).exists()]
+def first_of_each(records: list[Taken], key: Callable[[Any], str]) -> tuple[list[Any], Counter]:
+    """What the records made, the first of each key kept, and the drop reasons counted ("duplicate" for
+    a key seen before)."""
+    dropped = Counter(reason for _, reason in records if reason)
+    seen: set[str] = set()
+    keep = []
+    for item, reason in records:
+        if reason is None:
+            k = key(item)
+            dropped["duplicate"] += k in seen
+            if k not in seen:
+                keep.append(item)
+            seen.add(k)
+    return keep, dropped
+
+
+def check_chat_tokenizer(tok: Any) -> None:
+    """DataError unless the tokenizer has the chat template's special tokens."""
+    for name in ("<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"):
+        if name not in tok.special_tokens:
+            raise DataError(
+                "tokenizer", f"no {name} special token: train it with euler_bpe.CHAT_SPECIAL_TOKENS"
+            )
+
+
+def new_staging(staging: Path) -> Path:
+    """An empty staging folder for a new set (what an interrupted build left there removed)."""
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def move_in(folder: Path, staging: Path, record: str, meta: dict[str, Any], tok: Any) -> None:
+    """Write the set's record file (meta) and, for a folder without one, the tokenizer into staging, then
+    move the staged set into the folder whole (replace_files)."""
+    (staging / record).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    if not (folder / TOKENIZER).exists():
+        tok.save(staging / TOKENIZER)
+    replace_files(folder, staging, record)
 
 
 def read_sft(folder, split: str):
     """(tokens uint16 memmap, mask uint8 memmap, offsets int64, sft_meta) of one split."""
+    return read_split(folder, split, "sft", SFT_META)
+
+
+def read_split(folder, split: str, prefix: str, record: str):
+    """(tokens uint16 memmap, mask uint8 memmap, offsets int64, the record) of one split of a set that
+    ``euler-data {prefix}`` wrote (files {prefix}_{split}_tokens / _mask / _offsets.bin)."""
     folder = Path(folder)
-    meta_path = folder / SFT_META
+    meta_path = folder / record
     if not meta_path.is_file():
-        raise DataError(str(meta_path), "no sft_meta.json: build the set with `euler-data sft`")
+        raise DataError(str(meta_path), f"no {record}: build the set with `euler-data {prefix}`")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    offsets = np.fromfile(folder / f"sft_{split}_offsets.bin", dtype=np.int64)
-    tokens = open_bin(folder / f"sft_{split}_tokens.bin", np.uint16)
-    mask = open_bin(folder / f"sft_{split}_mask.bin", np.uint8)
+    offsets = np.fromfile(folder / f"{prefix}_{split}_offsets.bin", dtype=np.int64)
+    tokens = open_bin(folder / f"{prefix}_{split}_tokens.bin", np.uint16)
+    mask = open_bin(folder / f"{prefix}_{split}_mask.bin", np.uint8)
     return tokens, mask, offsets, meta

@@ -20,6 +20,8 @@ from euler_data.recipe import SourceSpec
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".gz": "json.gz"}
 GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/{id}/pg{id}.txt"
 ALPACA_URL = "https://raw.githubusercontent.com/tatsu-lab/stanford_alpaca/main/alpaca_data.json"
+# Anthropic's HH-RLHF preference pairs, the harmless-base test split (2,312 pairs; MIT)
+HH_RLHF_URL = "https://huggingface.co/datasets/Anthropic/hh-rlhf/resolve/main/harmless-base/test.jsonl.gz"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 FINEWEB_URL = "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/000_00000.parquet"
 # The same file over plain HTTPS: what is downloaded when EULER_DATA_URL_BASE names a stand-in server.
@@ -160,6 +162,9 @@ def resolve(source: SourceSpec, mirror: Path | None, cache: Path) -> list[Input]
     if kind == "alpaca":
         rel = "alpaca/alpaca_subset_2000_gumbelsoft.json"
         return [_mirror_or_url("alpaca", rel, ALPACA_URL, mirror, cache, "json")]
+    if kind == "hh-rlhf":
+        rel = "hh_rlhf/harmless-base-test.jsonl.gz"
+        return [_mirror_or_url("hh-rlhf", rel, HH_RLHF_URL, mirror, cache, "jsonl")]
     return [shakespeare_input(mirror, cache)]
 
 
