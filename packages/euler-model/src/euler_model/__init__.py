@@ -34,6 +34,7 @@ from euler_model.params import (
     param_shapes,
     product_params,
 )
+from euler_model.preference import PairBatch, dpo_loss, dpo_loss_and_grads, sequence_logprobs
 
 __all__ = [
     "FORMAT_VERSION",
@@ -42,6 +43,7 @@ __all__ = [
     "GenerationStats",
     "KVCache",
     "ModelConfig",
+    "PairBatch",
     "__version__",
     "bf16_path",
     "bf16_weight_groups",
@@ -49,6 +51,8 @@ __all__ = [
     "count_params",
     "default_draft_tree",
     "describe_params",
+    "dpo_loss",
+    "dpo_loss_and_grads",
     "forward_loss",
     "generate",
     "generate_batch",
@@ -65,5 +69,6 @@ __all__ = [
     "release_kept_decoders",
     "save_checkpoint",
     "save_hf",
+    "sequence_logprobs",
     "step_memory",
 ]
