@@ -1,7 +1,8 @@
 """`euler-train check`: float64 finite-difference gradient checks of every op and of the whole model.
 
 Like llm.c's `make check`: one table row per (op, input) with the worst relative error, then the whole
-`tiny` model's `loss_and_grads` against central differences of its loss, every parameter tensor.
+`tiny` model's `loss_and_grads` against central differences of its loss, every parameter tensor, and the
+same for the DPO loss's hand-written gradient (euler_model.preference).
 """
 
 from __future__ import annotations
@@ -48,11 +49,35 @@ def check_model(out: Any, max_samples: int = 16) -> bool:
     return report.ok(TOL)
 
 
+def check_dpo(out: Any, max_samples: int = 16) -> bool:
+    """The DPO loss's hand-written gradient through the tiny model, float64, every parameter tensor: two
+    pairs of replies, the reference log-probabilities those of a nearby model."""
+    cfg = euler_model.preset("tiny")
+    params = euler_model.gradcheck_params(cfg, seed=0)
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, cfg.vocab_size, size=(4, 6))
+    tokens[1::2, :3] = tokens[0::2, :3]  # each pair: one prompt, two replies
+    targets = rng.integers(0, cfg.vocab_size, size=(4, 6))
+    mask = np.zeros((4, 6))
+    mask[:, 2:] = 1.0  # the replies' tokens
+    nearby = {k: v + 0.05 * rng.standard_normal(v.shape) for k, v in params.items()}
+    batch = euler_model.PairBatch(
+        tokens, targets, mask, euler_model.sequence_logprobs(cfg, nearby, tokens, targets, mask)
+    )
+    _, grads, _ = euler_model.dpo_loss_and_grads(cfg, params, batch)
+    report = ek.gradcheck_scalar(
+        lambda p: euler_model.dpo_loss(cfg, p, batch), params, grads, max_samples=max_samples, eps=1e-5,
+        label="DPO loss (tiny)",
+    )  # fmt: skip
+    print("\n" + report.table(TOL), file=out)
+    return report.ok(TOL)
+
+
 def run_check(quick: bool = False, out: Any = None) -> int:
-    """Both checks; exit code 0 when every relative error is at most 1e-6, else 1."""
+    """The three checks; exit code 0 when every relative error is at most 1e-6, else 1."""
     out = out or sys.stdout
-    ok_ops = check_ops(out)
-    ok_model = check_model(out, max_samples=8 if quick else 32)
-    verdict = "all gradients OK" if ok_ops and ok_model else "FAILED"
+    samples = 8 if quick else 32
+    ok = [check_ops(out), check_model(out, max_samples=samples), check_dpo(out, max_samples=samples)]
+    verdict = "all gradients OK" if all(ok) else "FAILED"
     print(f"\neuler-train check: {verdict} ({ek.judged(TOL)})", file=out)
-    return 0 if ok_ops and ok_model else 1
+    return 0 if all(ok) else 1
