@@ -141,3 +141,43 @@ def test_bad_input_is_one_line_and_keeps_the_folder(tok, tmp_path):
     assert one_line_error(euler_data("prefs", *common, "--val-fraction", "1.5"), "--val-fraction")
     missing = euler_data("prefs", "--source", str(tmp_path / "nope.jsonl"), "--out", str(out))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_the_loader_gives_pairs_as_row_pairs_deterministically(tok, tmp_path):
+    from euler_data import PrefsLoader
+
+    records = [
+        {"prompt": f"Question {i}?", "chosen": f"Answer {i} " * (1 + i % 5), "rejected": "I will not."}
+        for i in range(12)
+    ]
+    src = tmp_path / "p.json"
+    src.write_text(json.dumps(records), encoding="utf-8")
+    build_prefs([src], tmp_path / "out", tok, context=128, val_fraction=0.0)
+    loader = PrefsLoader(tmp_path / "out", context=24, batch_size=3, seed=5)
+    tokens, targets, mask, ids = loader.batch(7)
+    assert tokens.shape == targets.shape == mask.shape == (6, 24) and ids.shape == (3,)
+    np.testing.assert_array_equal(targets[:, :-1], tokens[:, 1:])  # the next tokens
+    again = loader.batch(7)
+    assert all(np.array_equal(a, b) for a, b in zip((tokens, targets, mask, ids), again))
+    halves = [
+        PrefsLoader(tmp_path / "out", context=24, batch_size=3, seed=5, rank=r, world_size=2) for r in (0, 1)
+    ]
+    both = [h.batch(7)[3] for h in halves]
+    whole = PrefsLoader(tmp_path / "out", context=24, batch_size=6, seed=5).batch(7)[3]
+    np.testing.assert_array_equal(np.concatenate([both[0][:, None], both[1][:, None]], 1).reshape(-1), whole)
+    every = loader.pairs(0, 100)  # in order, all of them, each row pair sharing its prompt
+    assert every[3].tolist() == list(range(loader.n_pairs)) == list(range(12))
+    full = PrefsLoader(tmp_path / "out", context=127)
+    toks, tgts, m, _ = full.pairs(0, 12)
+    lengths = full.lengths()
+    for i in range(12):
+        chosen, rejected = 2 * i, 2 * i + 1
+        start = int(np.argmax(m[chosen]))
+        assert (
+            start == int(np.argmax(m[rejected]))
+            and (toks[chosen, : start + 1] == toks[rejected, : start + 1]).all()
+        )
+        n = int(lengths[chosen]) - 1  # targets of a sequence of n + 1 tokens
+        assert m[chosen, start:n].all() and not m[chosen, n:].any()  # the reply and <|end|>, then padding
+        reply = tok.decode(tgts[chosen, start:n].tolist())
+        assert reply == records[i]["chosen"] + "<|end|>"

@@ -14,6 +14,7 @@ import numpy as np
 from euler_data.device import to_device
 from euler_data.errors import DataError
 from euler_data.meta import open_split, read_meta, split_paths
+from euler_data.prefs import read_prefs
 from euler_data.sft import read_sft
 
 
@@ -119,3 +120,52 @@ class SFTLoader:
         mask = np.stack([r[1] for r in rows])  # (B, T+K)
         out = toks[:, : self.context], toks[:, 1:], mask[:, 1:]
         return tuple(to_device(a, self.device) for a in out)
+
+
+class PrefsLoader:
+    """Preference pairs (a preference set: euler-data prefs) as 2P rows of ``context`` tokens: row 2i pair
+    i's prompt and chosen reply, row 2i + 1 the same prompt and the rejected reply, each cut to the window
+    (context + 1 tokens: the last target) and padded with ``<|endoftext|>`` (mask 0).
+
+    ``batch(step)`` draws ``batch_size`` pairs a rank as the other loaders draw rows; ``pairs(first,
+    count)`` gives pairs in order (an evaluation over a whole split). Both return ``(tokens (2P, T) int64,
+    targets (2P, T) int64, mask (2P, T) float32, pair ids (P,) int64)``: the mask is 1 on the targets that
+    are a reply's tokens; the ids index the split's pairs (a run's reference log-probabilities by pair).
+    """
+
+    def __init__(self, folder, split="train", context=128, batch_size=8, seed=0, rank=0, world_size=1,
+                 device=None):  # fmt: skip
+        _check_args("PrefsLoader", split, context, 1, batch_size, rank, world_size)
+        self.tokens, self.mask, self.offsets, self.meta = read_prefs(folder, split)
+        self.n_pairs = (len(self.offsets) - 1) // 2
+        self.context, self.batch_size, self.seed = context, batch_size, seed
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.pad = int(self.meta["eot_id"])
+        if self.n_pairs < 1:
+            raise DataError(str(folder), f"preference split {split!r} has no pairs")
+
+    def lengths(self) -> np.ndarray:
+        """Each sequence's length in tokens (2 n_pairs,), row 2i chosen and 2i + 1 rejected."""
+        return np.diff(self.offsets)
+
+    def _rows(self, pair_ids: np.ndarray):
+        window = self.context + 1
+        toks = np.full((2 * len(pair_ids), window), self.pad, dtype=np.int64)
+        mask = np.zeros((2 * len(pair_ids), window), dtype=np.float32)
+        for row, seq in enumerate(np.stack([2 * pair_ids, 2 * pair_ids + 1], axis=1).reshape(-1)):
+            lo, hi = int(self.offsets[seq]), int(self.offsets[seq + 1])
+            take = min(hi - lo, window)
+            toks[row, :take] = self.tokens[lo : lo + take]
+            mask[row, :take] = self.mask[lo : lo + take]
+        out = toks[:, :-1], toks[:, 1:], mask[:, 1:], pair_ids.astype(np.int64)
+        return tuple(to_device(a, self.device) for a in out)
+
+    def batch(self, step: int):
+        """This rank's pairs of ``step``: (tokens, targets, mask, pair ids), see the class docstring."""
+        rng = np.random.default_rng([self.seed, step])
+        ids = rng.integers(0, self.n_pairs, size=self.batch_size * self.world_size)
+        return self._rows(ids[self.rank :: self.world_size])
+
+    def pairs(self, first: int, count: int):
+        """Pairs first .. first + count - 1 (fewer at the split's end), in order."""
+        return self._rows(np.arange(first, min(first + count, self.n_pairs)))
