@@ -50,6 +50,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 import euler_kernels as ek  # noqa: E402
 from euler_data.meta import open_split  # noqa: E402
+from euler_kernels.heap import keep_freed_memory  # noqa: E402
 from euler_model import (  # noqa: E402
     GenerationStats,
     generate,
@@ -192,6 +193,8 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     gpu = args.device == "gpu"
+    if not gpu:
+        keep_freed_memory()  # as euler-train does for its CPU runs (euler_kernels/heap.py)
     xp = ek.require_cuda() if gpu else np
     if args.checkpoint:
         cfg, host, _ = load_checkpoint(args.checkpoint)

@@ -39,6 +39,7 @@ import threadpoolctl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from euler_kernels.heap import keep_freed_memory  # noqa: E402
 from euler_kernels.ops.adamw import adamw_update  # noqa: E402
 from euler_kernels.ops.grad_norm import clip_grad_norm  # noqa: E402
 from euler_model import (  # noqa: E402
@@ -391,6 +392,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="training-step repetitions (default 15)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as euler-train does for its CPU runs: a step reuses the last one's freed pages
     reps = args.reps or (3 if args.quick else 15)
     results = {"machine": environment(args.threads)}
     print(json.dumps(results["machine"], indent=1), flush=True)

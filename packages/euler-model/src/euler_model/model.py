@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
-from euler_kernels.heap import keep_freed_memory
 from euler_model.blocks import (
     FP8_SCALES,
     FP8_SLOT_FORMATS,
@@ -76,8 +75,6 @@ def trunk_forward(
             f"exceed the context {config.context}"
         )
     rope = rope_for(config, params["embed"])
-    if ek.get_array_module(params["embed"]) is np:  # CPU: each step reuses the last one's freed memory
-        keep_freed_memory()
     b, t = tokens.shape
     bf16 = kv is None and bf16_path(params, precision)  # bf16 activations (training, GPU)
     keep = keep_activations and bf16  # the bf16 caches keep what the backward would re-make

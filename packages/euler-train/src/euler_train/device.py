@@ -13,6 +13,7 @@ from types import ModuleType
 import numpy as np
 
 import euler_kernels as ek
+from euler_kernels.heap import keep_freed_memory
 from euler_train.config import DeviceConfig, note
 
 # Dense peak FLOP/s of one GPU by precision, for MFU; matched against the device name.
@@ -79,6 +80,8 @@ def setup_device(run: DeviceConfig, local_rank: int = 0) -> Device:
     dev = resolve_device(run.device, local_rank)
     if dev.kind == "cpu" and run.precision != "fp32":
         raise ValueError(f"--precision {run.precision} needs a GPU; the CPU path is fp32")
+    if dev.kind == "cpu":  # a NumPy step then reuses the last one's freed pages (euler_kernels/heap.py)
+        keep_freed_memory()
     if run.precision == "fp8" and int(dev.xp.cuda.Device(local_rank).compute_capability) < 89:
         raise ValueError(
             f"--precision fp8 needs FP8 tensor cores (sm_89 or later: Ada, Hopper); {dev.name} has none: "
