@@ -9,7 +9,7 @@ import euler_kernels as ek
 from euler_kernels.ops.adamw import adamw_update
 from euler_model import GenerationStats, KVCache, generate, init_params, logits, loss_and_grads, preset
 from euler_model.model import trunk_forward
-from euler_model.sampling import choose_token
+from tests.model.host_sampling import choose_token
 
 
 def naive_greedy(cfg, params, prompt, n, penalty=1.0):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from euler_model import GenerationStats, generate, generate_batch, preset
-from euler_model.sampling import choose_token, filter_top_k, filter_top_p, top_k_rows, top_p_rows
+from euler_model.sampling import top_k_rows, top_p_rows
+from tests.model.host_sampling import choose_token, filter_top_k, filter_top_p
 from tests.model.test_generate import plain_reference, scaled_params, train_on_cycle
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from euler_model.sampling import apply_repetition_penalty, choose_token, filter_top_k, filter_top_p
+from tests.model.host_sampling import apply_repetition_penalty, choose_token, filter_top_k, filter_top_p
 
 
 def test_top_k_keeps_the_k_largest() -> None:
