@@ -1,10 +1,10 @@
 """The README's shell blocks, run as written, in order, in one folder, through the installed console scripts,
 so that the documented flow cannot drift from what the tools accept.
 
-The one change: `euler-train pretrain` and `sft` lines get `--steps 12 --no-progress` appended (argparse
-keeps the last value), so the flow takes a minute instead of a quarter of an hour. The quick start's block
-(hatch) is what `.ci/run` itself runs. Inputs the README calls the user's own (a folder of blobs, a
-HellaSwag file) are made here; the data mirror stands beside the folder as `../shared/data`.
+The one change: `euler-train pretrain`, `sft` and `dpo` lines get `--steps 12 --no-progress` appended
+(argparse keeps the last value), so the flow takes a minute instead of a quarter of an hour. The quick
+start's block (hatch) is what `.ci/run` itself runs. Inputs the README calls the user's own (a folder of
+blobs, a HellaSwag file) are made here; the data mirror stands beside the folder as `../shared/data`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def test_the_readme_commands_run_as_written(tmp_path, mirror) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", EULER_DATA_MIRROR=str(mirror))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     for argv in commands:
-        extra = QUICK if argv[:2] in (["euler-train", "pretrain"], ["euler-train", "sft"]) else []
+        training = (["euler-train", "pretrain"], ["euler-train", "sft"], ["euler-train", "dpo"])
+        extra = QUICK if argv[:2] in training else []
         proc = subprocess.run(
             [tool(argv[0]), *argv[1:], *extra],
             cwd=work,

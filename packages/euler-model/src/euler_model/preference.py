@@ -87,10 +87,12 @@ def dpo_loss_and_grads(
     batch: PairBatch,
     beta: float = 0.1,
     precision: ek.Precision = ek.EXACT,
+    grad_scale: Any = None,
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(loss, gradients keyed like params, statistics) of the DPO loss over a batch of pairs (see the
     module docstring). The loss is a 0-d array; statistics (each (P,) on the device): "margin" (m_i /
-    beta, the reward margin), "chosen_logp", "rejected_logp" (the policy's).
+    beta, the reward margin), "chosen_logp", "rejected_logp" (the policy's). grad_scale: a 0-d array
+    multiplying every gradient (not the loss), as loss_and_grads_on_device's.
     """
     tokens, targets, mask, ref_logps = batch
     _check_batch(config, tokens, targets, mask, "dpo_loss_and_grads")
@@ -108,6 +110,8 @@ def dpo_loss_and_grads(
     m = beta * (rewards[0::2] - rewards[1::2])  # (P,)
     loss = xp.logaddexp(0.0, -m).mean()  # softplus(-m): no overflow for any m
     dm = -1.0 / (1.0 + xp.exp(m)) / m.shape[0]  # -sigmoid(-m) / P
+    if grad_scale is not None:  # the backward is linear: scaling dloss/dm scales every gradient
+        dm = dm * xp.asarray(grad_scale, dtype=dm.dtype)
     dlogp = xp.empty_like(logps)
     dlogp[0::2], dlogp[1::2] = beta * dm, -beta * dm
     coef = xp.repeat(dlogp, t) * flat_mask  # (N,) dloss/dlogp of each token's row, where masked

@@ -16,7 +16,7 @@ from euler_train.__about__ import __version__
 from euler_train.config import PRESETS
 from euler_train.evals.args import add_eval_args
 
-DESCRIPTION = "pretrain, sft, chat, generate, check, export-hf, plot, eval, report, quickstart"
+DESCRIPTION = "pretrain, sft, dpo, chat, generate, check, export-hf, plot, eval, report, quickstart"
 EXIT_CONFIG = 2
 EXIT_CODES = (
     "exit codes: 0 done, 2 bad config/arguments/data/checkpoint, 3 non-finite loss, 4 another rank was lost, "
@@ -39,6 +39,7 @@ TRAIN_FLAGS = {
     "device": "run.device",
     "precision": "run.precision",
     "gpus": "run.gpus",
+    "beta": "train.dpo_beta",
 }
 
 
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_args(add("pretrain", "pretrain a model on a dataset folder"), sft=False)
     add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True)
+    dpo = add("dpo", "preference-tune an SFT checkpoint on a preference set (DPO)")
+    add_train_args(dpo, sft=True)
+    dpo.add_argument("--beta", type=float, help="the DPO loss's beta (default 0.1: train.dpo_beta)")
     chat = add(
         "chat",
         "chat REPL: /reset, /temp X, /quit; Ctrl-C stops a reply (at the prompt it ends the chat: exit 130), "

@@ -16,14 +16,19 @@ import numpy as np
 import euler_data
 from euler_train.config import ConfigError, RunConfig
 
+SETS = {"sft": ("sft_meta.json", "euler-data sft"), "dpo": ("prefs_meta.json", "euler-data prefs")}
+
 
 def check_kind(folder: Path, mode: str) -> None:
-    """ConfigError unless `folder` holds a pretrain set (train.bin, or the train shards meta.json lists) or
-    an SFT set (sft_meta.json) as asked."""
-    ok = (folder / "sft_meta.json").is_file() if mode == "sft" else bool(split_files(folder, "train"))
+    """ConfigError unless `folder` holds a pretrain set (train.bin, or the train shards meta.json lists), an
+    SFT set (sft_meta.json) or a preference set (prefs_meta.json), as the mode asks."""
+    if mode in SETS:
+        marker, made_by = SETS[mode]
+        ok = (folder / marker).is_file()
+    else:
+        marker, made_by = "train.bin (or train shards in meta.json)", "euler-data prepare"
+        ok = bool(split_files(folder, "train"))
     if not ok:
-        marker = "sft_meta.json" if mode == "sft" else "train.bin (or train shards in meta.json)"
-        made_by = "euler-data sft" if mode == "sft" else "euler-data prepare"
         raise ConfigError(f"data.dir {folder} has no {marker}: `{mode}` needs a folder made by `{made_by}`")
 
 
@@ -60,19 +65,33 @@ def bits_per_byte(loss_nats: float, bytes_per_tok: float | None) -> float | None
 
 @dataclass
 class Batches:
-    """Loader pair plus the counts needed for bits per byte."""
+    """Loader pair plus the counts needed for bits per byte; for dpo, the reference's log-probabilities."""
 
     train_loader: Any
     val_loader: Any | None
     grad_accum: int
     val_bytes_per_token: float | None
+    refs: dict[str, np.ndarray] | None = None  # dpo: split -> the reference's log-prob of each row (2 a pair)
 
-    def train(self, step: int, micro: int) -> tuple[Any, Any, Any]:
-        """Micro-batch `micro` of optimizer step `step`: (tokens, targets, loss_mask or None)."""
-        return _triple(self.train_loader.batch(step * self.grad_accum + micro))
+    def train(self, step: int, micro: int) -> tuple:
+        """Micro-batch `micro` of optimizer step `step`: (tokens, targets, loss_mask or None), and for dpo
+        the rows' reference log-probabilities (2P,) after them."""
+        return self._micro(self.train_loader.batch(step * self.grad_accum + micro), "train")
 
-    def val(self, index: int) -> tuple[Any, Any, Any]:
-        return _triple(self.val_loader.batch(index))
+    def val(self, index: int) -> tuple:
+        """Validation batch `index`: random rows, or for dpo the val pairs index * B .. in order (fewer
+        at the end, none past it)."""
+        if self.refs is None:
+            return _triple(self.val_loader.batch(index))
+        b = self.val_loader.batch_size
+        return self._micro(self.val_loader.pairs(index * b, b), "val")
+
+    def _micro(self, batch: tuple, split: str) -> tuple:
+        if self.refs is None:
+            return _triple(batch)
+        tokens, targets, mask, pairs = batch
+        rows = np.stack([2 * pairs, 2 * pairs + 1], axis=1).reshape(-1)  # chosen, rejected of each pair
+        return (*_triple((tokens, targets, mask)), self.refs[split][rows])
 
 
 def _triple(batch: tuple) -> tuple[Any, Any, Any]:
@@ -83,8 +102,14 @@ def _triple(batch: tuple) -> tuple[Any, Any, Any]:
 
 
 def make_batches(cfg: RunConfig, mcfg: Any, kind: str, rank: int, world_size: int) -> Batches:
-    """Build the train/val loaders of a pretrain or SFT set for this rank."""
+    """Build the train/val loaders of a pretrain, SFT or preference set for this rank."""
     folder = Path(cfg.data.dir)
+    if kind == "dpo":  # pairs: batch_size pairs a micro-batch, rows of the context (head 0 alone scores)
+        pairs = dict(context=mcfg.context, batch_size=cfg.train.batch_size, seed=cfg.train.seed, rank=rank,
+                     world_size=world_size)  # fmt: skip
+        train = euler_data.PrefsLoader(folder, split="train", **pairs)
+        val = euler_data.PrefsLoader(folder, split="val", **pairs) if cfg.eval.enabled else None
+        return Batches(train, val, cfg.train.grad_accum, None)
     common = dict(
         context=mcfg.context,
         extra_targets=mcfg.n_mtp_heads,  # windows of T + K tokens: targets (B, T + K - 1)

@@ -190,7 +190,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     """Run one parsed command (argv: the command line, which --gpus N hands to its processes)."""
     if not spawned():  # a --gpus worker's launcher said it already
         note_old_switches()
-    if args.command in ("pretrain", "sft"):
+    if args.command in ("pretrain", "sft", "dpo"):
         return run_training(args, argv)
     return COMMANDS[args.command](args)
 

@@ -80,6 +80,7 @@ class TrainConfig:
     # run.precision fp8: "current" casts each FP8 operand with its own maximum (a cast pass a tensor);
     # "delayed": SwiGLU writes its FP8 outputs directly, scaled from their last 16 steps' maxima
     fp8_scaling: str = "current"
+    dpo_beta: float = 0.1  # dpo: the loss's beta (the weight of the reward margins against the reference)
 
 
 @dataclass
@@ -295,14 +296,24 @@ def sft_overlay(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
+def dpo_overlay(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What `dpo` changes in a preset besides sft_overlay: a tenth of sft's learning rate (preference
+    tuning moves an SFT model less still)."""
+    lr = cfg["train"]["lr"] / 10
+    return {"train": {"lr": lr, "min_lr": lr / 10}}
+
+
 def preset_config(name: str, mode: str = "pretrain") -> dict[str, dict[str, Any]]:
-    """DEFAULTS with the named preset applied (and, for `sft`, sft_overlay on top)."""
+    """DEFAULTS with the named preset applied (and, for `sft` and `dpo`, sft_overlay on top; for `dpo`
+    dpo_overlay after it)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
     cfg = copy.deepcopy(DEFAULTS)
     merge(cfg, PRESETS[name], f"preset {name}")
-    if mode == "sft":
+    if mode in ("sft", "dpo"):
         merge(cfg, sft_overlay(cfg), "sft defaults")
+    if mode == "dpo":
+        merge(cfg, dpo_overlay(cfg), "dpo defaults")
     return cfg
 
 
@@ -394,6 +405,8 @@ def check_rules(cfg: RunConfig) -> None:
             raise ConfigError(f"train.{beta} must be in [0, 1), got {getattr(train, beta)!r}")
     if run.device == "cpu" and run.precision != "fp32":
         raise ConfigError(f"run.precision={run.precision!r} needs run.device=gpu (CPU is fp32)")
+    if not train.dpo_beta > 0:
+        raise ConfigError(f"train.dpo_beta must be > 0, got {train.dpo_beta!r}")
     if train.fp8_scaling == "delayed" and run.precision != "fp8":
         raise ConfigError(
             "train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "

@@ -59,10 +59,27 @@ def read_optimizer(folder: Path) -> dict[str, np.ndarray]:
 
 
 FP8_SCALES = "fp8_scales.safetensors"  # the delayed FP8 scales of an fp8 run (train.fp8_scaling = "delayed")
+REFERENCE = "reference_logps.safetensors"  # dpo: the reference model's log-probabilities of every row
 
 
 def write_fp8_scales(folder: Path, arrays: dict[str, Any]) -> None:
     save_file(to_host(arrays), str(folder / FP8_SCALES))
+
+
+def write_reference(folder: Path, refs: dict[str, np.ndarray]) -> None:
+    """A dpo run's reference log-probabilities (split -> one per row of the preference set)."""
+    save_file(
+        {split: np.ascontiguousarray(r, dtype=np.float64) for split, r in refs.items()},
+        str(folder / REFERENCE),
+    )
+
+
+def read_reference(folder: Path) -> dict[str, np.ndarray]:
+    """The reference log-probabilities a dpo checkpoint saved; CheckpointError when it has none."""
+    path = Path(folder) / REFERENCE
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no {REFERENCE}: not a checkpoint of a dpo run")
+    return load_file(str(path))
 
 
 def read_fp8_scales(folder: Path) -> dict[str, np.ndarray] | None:

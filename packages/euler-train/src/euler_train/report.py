@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from euler_data import read_meta
+from euler_data.dataset_folder import PREFS_META
 from euler_data.errors import DataError
 from euler_data.sft import SFT_META
 from euler_train.checkpoint import CheckpointError, read_state, write_file
@@ -72,10 +73,11 @@ def report_text(run: Path, device: str = "cpu") -> str:
         data_section(cfg),
         training_section(run, rows, state),
         loss_section(run, rows),
+        preference_section(rows),
         evals_section(run),
         samples_section(checkpoint, state, cfg, device),
     ]
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(part for part in parts if part) + "\n"
 
 
 def config_section(run: Path, history: list[dict[str, Any]]) -> str:
@@ -120,7 +122,11 @@ def data_section(cfg: dict[str, Any]) -> str:
         out.append(pretrain_data(folder))
     if (folder / SFT_META).is_file():
         out.append(sft_data(folder))
-    return "\n\n".join(out if len(out) > 1 else [*out, "No meta.json or sft_meta.json there."])
+    if (folder / PREFS_META).is_file():
+        out.append(prefs_data(folder))
+    return "\n\n".join(
+        out if len(out) > 1 else [*out, "No meta.json, sft_meta.json or prefs_meta.json there."]
+    )
 
 
 def pretrain_data(folder: Path) -> str:
@@ -168,6 +174,41 @@ def sft_data(folder: Path) -> str:
         f"{drops(meta.get('dropped', {}))}; longest {meta.get('longest_tokens')} tokens."
     )
     return head + "\n\n" + table(["split", "examples", "tokens", "response tokens"], splits)
+
+
+def prefs_data(folder: Path) -> str:
+    """prefs_meta.json: pairs kept and dropped, counts per split."""
+    meta = json.loads((folder / PREFS_META).read_text(encoding="utf-8"))
+    splits = [
+        [s, *(meta.get(s, {}).get(key) for key in ("pairs", "tokens", "response_tokens"))]
+        for s in ("train", "val")
+    ]
+    kept, seen = meta.get("pairs_kept", 0), meta.get("pairs_in", 0)
+    head = (
+        f"Preference set (prefs_meta.json): {kept:,} of {seen:,} pairs kept; dropped: "
+        f"{drops(meta.get('dropped', {}))}; longest {meta.get('longest_tokens')} tokens."
+    )
+    return head + "\n\n" + table(["split", "pairs", "tokens", "reply tokens"], splits)
+
+
+PREFERENCE_KEYS = ("reward_accuracy", "margin", "dpo_loss", "chosen_logp", "rejected_logp")
+
+
+def preference_section(rows: list[dict[str, Any]]) -> str:
+    """A dpo run's evaluations: on held-out (val) and training pairs, the reward accuracy (the share of
+    pairs whose implicit reward prefers the chosen reply), the mean margin, the DPO loss and the policy's
+    mean log-probabilities of the chosen and rejected replies; '' for other runs."""
+    evals = [r for r in rows if isinstance(r.get("val_reward_accuracy"), (int, float))]
+    if not evals:
+        return ""
+    keys = [f"{split}_{key}" for key in PREFERENCE_KEYS for split in ("val", "train")]
+    body = table(["step", *keys], [[r["step"], *(r.get(k, "") for k in keys)] for r in evals])
+    last = evals[-1]
+    return (
+        f"## Preferences\n\nAt step {last['step']}: held-out reward accuracy "
+        f"**{last['val_reward_accuracy']:.3f}** (train {last['train_reward_accuracy']:.3f}), mean margin "
+        f"{last['val_margin']:.3f}.\n\n{body}"
+    )
 
 
 def training_section(run: Path, rows: list[dict[str, Any]], state: dict[str, Any]) -> str:

@@ -39,11 +39,11 @@ class RunSpec:
 
     cfg: RunConfig
     run_dir: Path
-    mode: str  # "pretrain" | "sft"
+    mode: str  # "pretrain" | "sft" | "dpo"
     mcfg: Any  # euler_model.ModelConfig
     tokenizer_path: Path
     fingerprint: str | None
-    init: Path | None  # sft: the checkpoint folder to start from
+    init: Path | None  # sft, dpo: the checkpoint folder to start from
     resume_from: Path | None  # --resume: the newest valid checkpoint of this run
     overwrite: bool = False  # --overwrite: the run folder's old run is deleted before training starts
     history: list[dict[str, Any]] = dataclasses.field(
@@ -52,9 +52,13 @@ class RunSpec:
     changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # those this --resume makes
 
 
+SET_RECORDS = {"sft": "sft_meta.json", "dpo": "prefs_meta.json"}  # the record of the set a mode reads
+
+
 def dataset_fingerprint(folder: Path, mode: str) -> str | None:
-    """The tokenizer fingerprint recorded in meta.json / sft_meta.json, else computed from tokenizer.json."""
-    meta_path = folder / ("sft_meta.json" if mode == "sft" else "meta.json")
+    """The tokenizer fingerprint recorded in the set's record (meta.json / sft_meta.json /
+    prefs_meta.json), else computed from tokenizer.json."""
+    meta_path = folder / SET_RECORDS.get(mode, "meta.json")
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if isinstance(meta.get("tokenizer_fingerprint"), str):
@@ -111,10 +115,11 @@ def check_splits(cfg: RunConfig, mcfg: Any, folder: Path, mode: str) -> None:
     a pretrain row is a window of context + K tokens; an SFT split needs at least one example."""
     window = mcfg.context + mcfg.n_mtp_heads
     for split in ("train", "val") if cfg.eval.enabled else ("train",):
-        if mode == "sft":
-            meta = json.loads((folder / "sft_meta.json").read_text(encoding="utf-8"))
-            have = int(meta.get(split, {}).get("examples", 0))
-            short = f"{have} examples" if have < 1 else None
+        if mode in SET_RECORDS:
+            meta = json.loads((folder / SET_RECORDS[mode]).read_text(encoding="utf-8"))
+            unit = "pairs" if mode == "dpo" else "examples"
+            have = int(meta.get(split, {}).get(unit, 0))
+            short = f"{have} {unit}" if have < 1 else None
         else:
             have = split_tokens(folder, split)
             short = (
@@ -207,14 +212,14 @@ def plan_run(
     data_fp = dataset_fingerprint(folder, mode)
     vocab, _ = tokenizer_info(folder / "tokenizer.json")
     init = None
-    if mode == "sft":
-        init = _sft_init(cfg, data_fp)
+    if mode in ("sft", "dpo"):
+        init = _sft_init(cfg, data_fp, mode)
         mcfg = ModelConfig.from_dict(read_state(init)["model_config"])
         if vocab > mcfg.vocab_size:
             raise ConfigError(
                 f"tokenizer mismatch: data has {vocab} tokens, data.init's model {mcfg.vocab_size}"
             )
-        _sft_model_section(cfg, mcfg)
+        _sft_model_section(cfg, mcfg, mode)
     else:
         mcfg = build_model_config(cfg, vocab)
     check_splits(cfg, mcfg, folder, mode)
@@ -272,8 +277,9 @@ def _preset_value(recorded: dict, key: str) -> Any:
     return getattr(preset(name), key, None) if name in PRESETS else None
 
 
-def _sft_model_section(cfg: RunConfig, mcfg: Any) -> None:
-    """sft takes the model from data.init: [model] may only repeat it; it is recorded in config.toml."""
+def _sft_model_section(cfg: RunConfig, mcfg: Any, mode: str) -> None:
+    """sft and dpo take the model from data.init: [model] may only repeat it; it is recorded in
+    config.toml."""
     shape = mcfg.to_dict()
     diff = [
         f"model.{k}={v!r} (data.init has {shape[k]!r})"
@@ -281,15 +287,17 @@ def _sft_model_section(cfg: RunConfig, mcfg: Any) -> None:
         if shape[k] != v
     ]
     if diff:
-        raise ConfigError(f"sft takes the model shape from data.init; cannot change {', '.join(diff)}")
+        raise ConfigError(f"{mode} takes the model shape from data.init; cannot change {', '.join(diff)}")
     cfg.model.update(shape)
 
 
-def _sft_init(cfg: RunConfig, data_fp: str | None) -> Path:
-    """The sft starting checkpoint: data.init (a checkpoint or run folder), verified, same tokenizer."""
+def _sft_init(cfg: RunConfig, data_fp: str | None, mode: str) -> Path:
+    """The starting checkpoint of sft or dpo: data.init (a checkpoint or run folder), verified, same
+    tokenizer."""
     if not cfg.data.init:
+        what = "an SFT" if mode == "dpo" else "a pretrain"
         raise ConfigError(
-            "data.init is not set: sft needs --init CHECKPOINT (a pretrain checkpoint or run folder)"
+            f"data.init is not set: {mode} needs --init CHECKPOINT ({what} checkpoint or run folder)"
         )
     try:
         init = resolve_checkpoint(cfg.data.init)
@@ -325,7 +333,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         flags["eval.enabled"] = False
     if base is not None and args.preset is None:
         args.preset = base.get("model", {}).get("preset", "tiny") if base.get("model") else None
-    if args.preset is None and args.command == "sft" and args.init:
+    if args.preset is None and args.command in ("sft", "dpo") and args.init:
         args.preset = init_preset(Path(args.init))
     return resolve_config(args.preset or "tiny", base, args.set, flags, mode=args.command)
 

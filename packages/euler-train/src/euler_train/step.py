@@ -28,6 +28,7 @@ class StepBuffers:
     tokens: Any  # (A, B, T) int64: A micro-batches
     targets: Any  # (A, B, T + K - 1) int64
     masks: Any  # (A, B, T + K - 1) float32 loss masks (SFT), or None (every target counts)
+    refs: Any  # dpo: (A, B) float64, the reference's log-probability of each row; else None
     shares: Any  # (A,) float32: micro-batch i's share of the loss (its loss tokens / all ranks' total)
     hyper: Any  # (4,) float32 [lr, bc1, bc2, enable] from the optimizer (Muon appends its lr)
     grads: dict[str, Any]  # name -> gradient, summed over micro-batches (and ranks); see train_step
@@ -41,12 +42,13 @@ class StepBuffers:
         """Buffers shaped for these micro-batches [(tokens (B, T), targets, mask or None), ...] and an
         optimizer whose hyper has `hyper_size` entries."""
         a, (b, t) = len(micro), micro[0][0].shape
-        width = t + mcfg.n_mtp_heads - 1
+        width = micro[0][1].shape[1]  # T + K - 1 (a dpo batch: T, head 0 alone)
         masked = micro[0][2] is not None
         return cls(
             tokens=xp.zeros((a, b, t), dtype=xp.int64),
             targets=xp.zeros((a, b, width), dtype=xp.int64),
             masks=xp.zeros((a, b, width), dtype=xp.float32) if masked else None,
+            refs=xp.zeros((a, b), dtype=xp.float64) if len(micro[0]) > 3 else None,
             shares=xp.zeros((a,), dtype=xp.float32),
             hyper=xp.zeros((hyper_size,), dtype=xp.float32),
             grads={n: xp.zeros_like(p) for n, p in params.items()} if a > 1 else {},
@@ -61,6 +63,7 @@ class StepBuffers:
             same
             and micro[0][1].shape == self.targets.shape[1:]
             and (micro[0][2] is None) == (self.masks is None)
+            and (len(micro[0]) > 3) == (self.refs is not None)
         )
 
     def write(self, micro: list[tuple], shares: list[float], hyper: np.ndarray, stream: Any = None) -> None:
@@ -73,6 +76,8 @@ class StepBuffers:
         }
         if self.masks is not None:
             host["masks"] = np.stack([m[2] for m in micro]).astype(np.float32)
+        if self.refs is not None:
+            host["refs"] = np.stack([m[3] for m in micro]).astype(np.float64)
         for name, values in host.items():
             buf = getattr(self, name)
             if isinstance(buf, np.ndarray):
@@ -121,10 +126,14 @@ class StepOptions:
     keep_activations: bool = False  # the bf16 forward keeps what its backward would re-make
     bf16_grads: bool = False  # the matrices' gradients are bf16 (several micro-batches sum into float32)
     precision: ek.Precision = ek.EXACT  # how the products and attention are computed (the run's)
+    dpo_beta: float | None = None  # the DPO loss over pairs of rows with this beta; None: the MTP loss
 
     @classmethod
-    def from_train(cls, train: TrainConfig, precision: ek.Precision) -> StepOptions:
-        return cls(train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads, precision)
+    def from_train(cls, train: TrainConfig, precision: ek.Precision, mode: str = "pretrain") -> StepOptions:
+        beta = train.dpo_beta if mode == "dpo" else None
+        return cls(
+            train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads, precision, beta
+        )
 
 
 def train_step(
@@ -151,19 +160,26 @@ def train_step(
         mask = None if buf.masks is None else buf.masks[i]
         share = buf.shares[i]  # a 0-d array: no host value enters the step
         scale = share if count == 1 else None
-        loss, grads = euler_model.loss_and_grads_on_device(
-            mcfg,
-            {**params, **copies} if copies else params,
-            buf.tokens[i],
-            buf.targets[i],
-            mask,
-            options.recompute,
-            scale,
-            fp8_scales,
-            options.keep_activations,
-            options.bf16_grads,
-            options.precision,
-        )
+        weights = {**params, **copies} if copies else params
+        if options.dpo_beta is not None:  # pairs of rows (euler_model.preference)
+            pairs = euler_model.PairBatch(buf.tokens[i], buf.targets[i], mask, buf.refs[i])
+            loss, grads, _ = euler_model.dpo_loss_and_grads(
+                mcfg, weights, pairs, options.dpo_beta, options.precision, scale
+            )
+        else:
+            loss, grads = euler_model.loss_and_grads_on_device(
+                mcfg,
+                weights,
+                buf.tokens[i],
+                buf.targets[i],
+                mask,
+                options.recompute,
+                scale,
+                fp8_scales,
+                options.keep_activations,
+                options.bf16_grads,
+                options.precision,
+            )
         if count == 1:
             buf.grads = grads
         else:

@@ -93,6 +93,13 @@ class Trainer:
         )
         if self.spec.mode == "sft":
             self._check_sft_fits()
+        if self.spec.mode == "dpo":
+            self._check_pairs_fit()
+        if self.spec.mode == "dpo":  # the reference: the starting weights, scored once (kept in checkpoints)
+            resumed = self.spec.resume_from is not None
+            self.batches.refs = (
+                modelio.read_reference(self.spec.resume_from) if resumed else self._reference()
+            )
         cfg = self.spec.cfg
         self.ckpts = CheckpointManager(
             self.spec.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.keep_best
@@ -125,6 +132,41 @@ class Trainer:
                 f"sft: no response token fits in the context ({self.spec.mcfg.context} tokens) of the "
                 "first batch; pretrain with a longer context (--set model.context=N) or shorter examples"
             )
+
+    def _check_pairs_fit(self) -> None:
+        """Say how many training pairs have a reply that starts past the model's window (they weigh
+        nothing); ConfigError when none has a reply token inside it."""
+        loader, context = self.batches.train_loader, self.spec.mcfg.context
+        starts = [
+            int(np.argmax(loader.mask[lo:hi])) for lo, hi in zip(loader.offsets[:-1], loader.offsets[1:])
+        ]
+        outside = np.asarray(starts).reshape(-1, 2).max(axis=1) >= context  # (pairs,) a reply starts past it
+        if outside.all():
+            raise ConfigError(
+                f"dpo: no training pair has a reply token within the model's context of {context} tokens "
+                f"(the shortest prompt has {min(starts)}); start from a model with a longer context"
+            )
+        if outside.any() and self.comm.is_main:
+            print(
+                f"euler-train dpo: note: {int(outside.sum())} of {len(outside)} training pairs have a reply "
+                f"that starts past the model's context of {context} tokens; they weigh nothing",
+                file=sys.stderr,
+            )
+
+    def _reference(self) -> dict[str, np.ndarray]:
+        """The current (starting) weights' log-probability of each row of each split's pairs, in row order."""
+        xp, mcfg, precision = self.device.xp, self.spec.mcfg, self.device.precision
+        refs = {}
+        for split, loader in (("train", self.batches.train_loader), ("val", self.batches.val_loader)):
+            if loader is None:
+                continue
+            parts = []
+            for first in range(0, loader.n_pairs, loader.batch_size):
+                tokens, targets, mask, _ = loader.pairs(first, loader.batch_size)
+                rows = (xp.asarray(a) for a in (tokens, targets, mask))
+                parts.append(ek.to_numpy(euler_model.sequence_logprobs(mcfg, self.params, *rows, precision)))
+            refs[split] = np.concatenate(parts).astype(np.float64)
+        return refs
 
     def _restore(self, folder: Any) -> None:
         """Optimizer moments and the loop state of a checkpoint."""
@@ -169,7 +211,10 @@ class Trainer:
 
     # --- one step ------------------------------------------------------------------------------------
     def micro_weights(self, micro: list[tuple]) -> list[float]:
-        """Loss tokens per micro-batch: a masked (sft) batch weighs by its mask, a pretrain one by B*T."""
+        """Each micro-batch's weight in the loss: a dpo batch its pairs, a masked (sft) batch its loss
+        tokens, a pretrain one B*T."""
+        if self.spec.mode == "dpo":
+            return [t.shape[0] / 2 for t, *_ in micro]
         return [float(m[:, : t.shape[1]].sum()) if m is not None else float(t.size) for t, _, m in micro]
 
     def step_once(self, step: int, stop: StopFlag) -> tuple[dict[str, Any], bool]:
@@ -188,7 +233,7 @@ class Trainer:
                 self._nonfinite(step, loss, norm)
             row["skipped"] = True
         self.state.step = step + 1
-        self.state.tokens += sum(t.size for t, _, _ in micro) * self.comm.world_size
+        self.state.tokens += sum(t.size for t, *_ in micro) * self.comm.world_size
         return row, stop_votes > 0
 
     def _inputs(self, step: int) -> tuple[list[tuple], list[float], float]:
@@ -203,8 +248,9 @@ class Trainer:
         """This rank's share of step `step`'s loss and the all-reduced gradients, without updating anything:
         the same train_step with its update disabled."""
         micro, shares, _ = self._inputs(step)
-        recompute, precision = self.spec.cfg.train.recompute, self.device.precision
-        options = StepOptions(max_norm=0.0, recompute=recompute, precision=precision)
+        tcfg, precision = self.spec.cfg.train, self.device.precision
+        beta = tcfg.dpo_beta if self.spec.mode == "dpo" else None
+        options = StepOptions(max_norm=0.0, recompute=tcfg.recompute, precision=precision, dpo_beta=beta)
         eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, options)
         loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
         return loss, {n: g.copy() for n, g in eager.buf.grads.items()}
@@ -212,7 +258,7 @@ class Trainer:
     def _check_ids(self, step: int, micro: list[tuple]) -> None:
         """Token ids must index the embedding (the GPU kernels read them unchecked): checked on the host."""
         vocab = self.spec.mcfg.vocab_size
-        for tokens, targets, _ in micro:
+        for tokens, targets, *_ in micro:
             for name, ids in (("tokens", tokens), ("targets", targets)):
                 if ids.size and (ids.min() < 0 or ids.max() >= vocab):
                     raise ConfigError(
@@ -227,9 +273,10 @@ class Trainer:
         if self.stepper is not None:
             return self.stepper
         tcfg, args = self.spec.cfg.train, (self.spec.mcfg, self.params, self.opt, self.comm)
-        options = (StepOptions.from_train(tcfg, self.device.precision), self.fp8_scales)
+        options = (StepOptions.from_train(tcfg, self.device.precision, self.spec.mode), self.fp8_scales)
         self.stepper = EagerStep(*args, *options)
-        graphable = self.device.kind == "gpu" and self.comm.world_size == 1
+        # dpo's step is not captured yet (its GPU graph is untried): eager on every device
+        graphable = self.device.kind == "gpu" and self.comm.world_size == 1 and self.spec.mode != "dpo"
         if tcfg.cuda_graph and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
             graph = GraphStep(*args, *options)
             self.stepper = CapturedOrEager(graph, self.stepper)
@@ -259,6 +306,8 @@ class Trainer:
         """Validation loss (MTP mean, as trained) and next-token bits per byte over eval.batches batches."""
         if self.batches.val_loader is None:
             return {}
+        if self.spec.mode == "dpo":
+            return self._evaluate_pairs()
         sums = np.zeros(3)  # weighted MTP loss, weighted head-0 loss, weight
         for i in range(self.spec.cfg.eval.batches):
             tokens, targets, mask = self.batches.val(i)
@@ -271,6 +320,35 @@ class Trainer:
         bpb = bits_per_byte(next_loss, self.batches.val_bytes_per_token)
         if bpb is not None and self.spec.mode == "pretrain":
             out["val_bpb"] = bpb
+        return out
+
+    def _evaluate_pairs(self) -> dict[str, float]:
+        """DPO's statistics on the held-out pairs (val_*) and as many training pairs (train_*): the loss, the
+        reward accuracy (the share of pairs whose implicit reward prefers the chosen reply), the mean reward
+        margin and the policy's mean chosen / rejected log-probabilities."""
+        xp, mcfg, beta = self.device.xp, self.spec.mcfg, self.spec.cfg.train.dpo_beta
+        out = {}
+        for split in ("val", "train"):
+            sums = np.zeros(6)  # loss, correct, margin, chosen logp, rejected logp, pairs
+            for i in range(self.spec.cfg.eval.batches):
+                loader = self.batches.val_loader if split == "val" else self.batches.train_loader
+                tokens, targets, mask, pairs = loader.pairs(i * loader.batch_size, loader.batch_size)
+                if len(pairs) == 0:
+                    break
+                rows = np.stack([2 * pairs, 2 * pairs + 1], axis=1).reshape(-1)
+                batch = (xp.asarray(a) for a in (tokens, targets, mask))
+                logps = euler_model.sequence_logprobs(mcfg, self.params, *batch, self.device.precision)
+                logps = ek.to_numpy(logps).astype(np.float64)
+                reward = logps - self.batches.refs[split][rows]  # (2P,)
+                margin = reward[0::2] - reward[1::2]  # (P,)
+                sums += (np.logaddexp(0.0, -beta * margin).sum(), (margin > 0).sum(), margin.sum(),
+                         logps[0::2].sum(), logps[1::2].sum(), len(pairs))  # fmt: skip
+            loss, correct, margin, chosen, rejected, n = self.comm.allreduce_scalars(list(sums))
+            n = max(n, 1.0)
+            out |= {f"{split}_dpo_loss": loss / n, f"{split}_reward_accuracy": correct / n,
+                    f"{split}_margin": margin / n, f"{split}_chosen_logp": chosen / n,
+                    f"{split}_rejected_logp": rejected / n}  # fmt: skip
+        out["val_loss"] = out["val_dpo_loss"]  # what keep_best and the loss plot read
         return out
 
     def _eval_losses(self, tokens: Any, targets: Any, mask: Any) -> tuple[float, float]:
@@ -308,6 +386,8 @@ class Trainer:
             modelio.write_optimizer(folder, opt_state)
             if self.fp8_scales is not None:
                 modelio.write_fp8_scales(folder, ek.fp8_scale_arrays(self.fp8_scales))
+            if self.batches.refs is not None:
+                modelio.write_reference(folder, self.batches.refs)
 
         self.ckpts.save(self.state.step, write, state)
 
