@@ -191,7 +191,15 @@ def prefs_data(folder: Path) -> str:
     return head + "\n\n" + table(["split", "pairs", "tokens", "reply tokens"], splits)
 
 
-PREFERENCE_KEYS = ("reward_accuracy", "margin", "dpo_loss", "chosen_logp", "rejected_logp")
+PREFERENCE_KEYS = (
+    "reward_accuracy",
+    "preference",
+    "reference_preference",
+    "margin",
+    "dpo_loss",
+    "chosen_logp",
+    "rejected_logp",
+)
 
 
 def preference_section(rows: list[dict[str, Any]]) -> str:
@@ -207,7 +215,9 @@ def preference_section(rows: list[dict[str, Any]]) -> str:
     return (
         f"## Preferences\n\nAt step {last['step']}: held-out reward accuracy "
         f"**{last['val_reward_accuracy']:.3f}** (train {last['train_reward_accuracy']:.3f}), mean margin "
-        f"{last['val_margin']:.3f}.\n\n{body}"
+        f"{last['val_margin']:.3f}; the chosen reply more likely per token under the tuned model "
+        f"{last['val_preference']:.3f} of the time, under the starting one "
+        f"{last['val_reference_preference']:.3f}.\n\n{body}"
     )
 
 

@@ -325,11 +325,13 @@ class Trainer:
     def _evaluate_pairs(self) -> dict[str, float]:
         """DPO's statistics on the held-out pairs (val_*) and as many training pairs (train_*): the loss, the
         reward accuracy (the share of pairs whose implicit reward prefers the chosen reply), the mean reward
-        margin and the policy's mean chosen / rejected log-probabilities."""
+        margin, the policy's mean chosen / rejected log-probabilities, and how often the chosen reply has
+        the higher log-probability per reply token under the policy (preference) and under the starting
+        weights (reference_preference: what the SFT model alone prefers)."""
         xp, mcfg, beta = self.device.xp, self.spec.mcfg, self.spec.cfg.train.dpo_beta
         out = {}
         for split in ("val", "train"):
-            sums = np.zeros(6)  # loss, correct, margin, chosen logp, rejected logp, pairs
+            sums = np.zeros(8)  # loss, correct, margin, chosen, rejected logp, pairs, the two preferences
             for i in range(self.spec.cfg.eval.batches):
                 loader = self.batches.val_loader if split == "val" else self.batches.train_loader
                 tokens, targets, mask, pairs = loader.pairs(i * loader.batch_size, loader.batch_size)
@@ -339,15 +341,19 @@ class Trainer:
                 batch = (xp.asarray(a) for a in (tokens, targets, mask))
                 logps = euler_model.sequence_logprobs(mcfg, self.params, *batch, self.device.precision)
                 logps = ek.to_numpy(logps).astype(np.float64)
-                reward = logps - self.batches.refs[split][rows]  # (2P,)
+                ref = self.batches.refs[split][rows]  # (2P,)
+                reward = logps - ref
                 margin = reward[0::2] - reward[1::2]  # (P,)
+                length = np.maximum(np.asarray(mask).sum(axis=1), 1.0)  # (2P,) reply tokens in the window
                 sums += (np.logaddexp(0.0, -beta * margin).sum(), (margin > 0).sum(), margin.sum(),
-                         logps[0::2].sum(), logps[1::2].sum(), len(pairs))  # fmt: skip
-            loss, correct, margin, chosen, rejected, n = self.comm.allreduce_scalars(list(sums))
+                         logps[0::2].sum(), logps[1::2].sum(), len(pairs),
+                         prefers(logps / length).sum(), prefers(ref / length).sum())  # fmt: skip
+            loss, correct, margin, chosen, rejected, n, own, start = self.comm.allreduce_scalars(list(sums))
             n = max(n, 1.0)
             out |= {f"{split}_dpo_loss": loss / n, f"{split}_reward_accuracy": correct / n,
                     f"{split}_margin": margin / n, f"{split}_chosen_logp": chosen / n,
-                    f"{split}_rejected_logp": rejected / n}  # fmt: skip
+                    f"{split}_rejected_logp": rejected / n, f"{split}_preference": own / n,
+                    f"{split}_reference_preference": start / n}  # fmt: skip
         out["val_loss"] = out["val_dpo_loss"]  # what keep_best and the loss plot read
         return out
 
@@ -532,3 +538,8 @@ class Trainer:
         matmul_params = euler_model.count_params(m) - m.vocab_size * m.dim  # the embedding is a lookup
         per_tok = flops_per_token(matmul_params, m.n_layers, m.dim, m.context)
         return per_tok * tokens_per_s / (peak * self.comm.world_size)
+
+
+def prefers(per_token: np.ndarray) -> np.ndarray:
+    """(P,) bool: whether each pair's chosen row (2i) has the higher value than its rejected row (2i + 1)."""
+    return per_token[0::2] > per_token[1::2]
