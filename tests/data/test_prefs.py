@@ -80,6 +80,8 @@ def test_a_set_accounts_for_every_pair_and_splits_by_prompt(tok, tmp_path):
     ]
     records += [  # a second pair on prompt 0 must land in prompt 0's split
         {"chosen": hh("Question 0?", "Zero."), "rejected": hh("Question 0?", "Nothing.")},
+        # multi-turn: the earlier assistant turn is prompt, unmasked on both sides
+        {"chosen": hh("Hi?", "Hello.", "Age?", "Old."), "rejected": hh("Hi?", "Hello.", "Age?", "Go away.")},
         {"prompt": "Long " * 300, "chosen": "a", "rejected": "b"},  # too long
         {"chosen": hh("Same?", "Yes."), "rejected": hh("Same?", "Yes.")},  # identical
         {"chosen": hh("A?", "B."), "rejected": hh("C?", "D.")},  # prompts differ
@@ -94,7 +96,7 @@ def test_a_set_accounts_for_every_pair_and_splits_by_prompt(tok, tmp_path):
     dropped |= {"malformed_json": 2, "not_a_preference_record": 1}  # "\xff" alone is not JSON
     assert meta["dropped"] == dropped
     assert (
-        meta["pairs_kept"] == 31 == meta["train"]["pairs"] + meta["val"]["pairs"] and meta["val"]["pairs"] > 0
+        meta["pairs_kept"] == 32 == meta["train"]["pairs"] + meta["val"]["pairs"] and meta["val"]["pairs"] > 0
     )
     found = {split: sides(tok, tmp_path / "out", split) for split in ("train", "val")}
     prompts = {split: [tok.decode(p) for p, _, _ in pairs] for split, pairs in found.items()}
@@ -105,7 +107,7 @@ def test_a_set_accounts_for_every_pair_and_splits_by_prompt(tok, tmp_path):
     )
     assert not set(prompts["train"]) & set(prompts["val"])  # a prompt's pairs share its split
     replies = sorted(tok.decode(c) for pairs in found.values() for _, c, _ in pairs)
-    assert replies == sorted([f"Answer {i}.<|end|>" for i in range(30)] + ["Zero.<|end|>"])
+    assert replies == sorted([f"Answer {i}.<|end|>" for i in range(30)] + ["Zero.<|end|>", "Old.<|end|>"])
 
 
 @pytest.mark.data

@@ -15,7 +15,8 @@ reply), ``empty_response``, ``identical_responses``, ``duplicate`` (the same pro
 prompt, so a prompt's pairs all land in one split.
 
 Files per split (``train`` / ``val``): ``prefs_{split}_tokens.bin`` (uint16), ``prefs_{split}_mask.bin``
-(uint8, 1 on the reply's tokens and its ``<|end|>``), ``prefs_{split}_offsets.bin`` (int64): sequence
+(uint8, 1 on the last reply's tokens and its ``<|end|>``: a multi-turn prompt's earlier assistant turns
+are prompt), ``prefs_{split}_offsets.bin`` (int64): sequence
 2i is pair i's prompt and chosen reply, 2i + 1 the same prompt and the rejected one. Built in
 ``prefs.new/`` and moved in whole (``replace_files``), as an SFT set is.
 """
@@ -124,6 +125,18 @@ def read_pairs(path: Path) -> list[Pair]:
     return read_records(path, to_pair)
 
 
+def last_reply_only(mask: list[int]) -> list[int]:
+    """A conversation's loss mask (1 on every assistant turn, as SFT trains) cut to its last reply: a
+    multi-turn prompt's earlier assistant turns are prompt here, scored by neither side of the pair.
+
+    >>> last_reply_only([0, 1, 1, 0, 0, 1, 1])
+    [0, 0, 0, 0, 0, 1, 1]
+    """
+    starts = [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
+    last = starts[-1] if starts else len(mask)
+    return [0] * last + list(mask[last:])
+
+
 def nothing_kept(n_in: int, dropped: Counter, context: int, shortest_too_long: int) -> DataError:
     """The error of a set that keeps no pair, with the fix when the context is what dropped them."""
     counts = dict(sorted((k, v) for k, v in dropped.items() if v))
@@ -158,7 +171,7 @@ def build_prefs(
     conversations = [
         [*prompt, {"role": "assistant", "content": reply}] for prompt, *replies in keep for reply in replies
     ]  # chosen, then rejected, of each pair
-    encoded = encode_examples(tok, conversations, workers)
+    encoded = [(ids, last_reply_only(mask)) for ids, mask in encode_examples(tok, conversations, workers)]
     stop_workers(tok)
     splits: dict[str, list] = {"train": [], "val": []}
     lengths = []
