@@ -9,7 +9,7 @@ from euler_data.chat import CHAT_TEMPLATE, alpaca_messages, encode_chat, render_
 from euler_data.dataset_folder import folder_kind, replace_files
 from euler_data.errors import DataError
 from euler_data.folder_lock import LOCK_FILE, FolderBusy, FolderUnwritable, hold_folder, unwritable
-from euler_data.loaders import PrefsLoader, PretrainLoader, SFTLoader
+from euler_data.loaders import PrefsLoader, PretrainLoader, SFTLoader, pair_rows
 from euler_data.meta import read_meta, split_paths
 from euler_data.prefs import build_prefs, read_prefs
 from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
@@ -44,6 +44,7 @@ __all__ = [
     "folder_kind",
     "hold_folder",
     "load_recipe",
+    "pair_rows",
     "prepare",
     "read_meta",
     "read_prefs",

@@ -122,6 +122,15 @@ class SFTLoader:
         return tuple(to_device(a, self.device) for a in out)
 
 
+def pair_rows(pair_ids: np.ndarray) -> np.ndarray:
+    """The rows of a preference set's pairs, in pair order: 2i (chosen), then 2i + 1 (rejected).
+
+    >>> pair_rows(np.array([3, 0])).tolist()
+    [6, 7, 0, 1]
+    """
+    return np.stack([2 * pair_ids, 2 * pair_ids + 1], axis=1).reshape(-1)
+
+
 class PrefsLoader:
     """Preference pairs (a preference set: euler-data prefs) as 2P rows of ``context`` tokens: row 2i pair
     i's prompt and chosen reply, row 2i + 1 the same prompt and the rejected reply, each cut to the window
@@ -152,7 +161,7 @@ class PrefsLoader:
         window = self.context + 1
         toks = np.full((2 * len(pair_ids), window), self.pad, dtype=np.int64)
         mask = np.zeros((2 * len(pair_ids), window), dtype=np.float32)
-        for row, seq in enumerate(np.stack([2 * pair_ids, 2 * pair_ids + 1], axis=1).reshape(-1)):
+        for row, seq in enumerate(pair_rows(pair_ids)):
             lo, hi = int(self.offsets[seq]), int(self.offsets[seq + 1])
             take = min(hi - lo, window)
             toks[row, :take] = self.tokens[lo : lo + take]

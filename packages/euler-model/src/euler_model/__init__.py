@@ -34,7 +34,7 @@ from euler_model.params import (
     param_shapes,
     product_params,
 )
-from euler_model.preference import PairBatch, dpo_loss, dpo_loss_and_grads, sequence_logprobs
+from euler_model.preference import PairBatch, dpo_loss, dpo_loss_and_grads, reward_margins, sequence_logprobs
 
 __all__ = [
     "FORMAT_VERSION",
@@ -67,6 +67,7 @@ __all__ = [
     "preset",
     "product_params",
     "release_kept_decoders",
+    "reward_margins",
     "save_checkpoint",
     "save_hf",
     "sequence_logprobs",

@@ -81,6 +81,13 @@ class PairBatch(NamedTuple):
     ref_logps: Any  # (2P,): the reference model's sequence_logprobs of the rows
 
 
+def reward_margins(logps: Any, ref_logps: Any) -> Any:
+    """(P,) each pair's implicit reward margin over beta, from its 2P rows' log-probabilities:
+    (logp_2i - ref_2i) - (logp_2i+1 - ref_2i+1)."""
+    rewards = logps - ref_logps.astype(logps.dtype)  # (2P,)
+    return rewards[0::2] - rewards[1::2]
+
+
 def dpo_loss_and_grads(
     config: ModelConfig,
     params: dict[str, Any],
@@ -106,8 +113,7 @@ def dpo_loss_and_grads(
     flat_targets, flat_mask = targets.reshape(-1), mask.reshape(-1).astype(z.dtype)  # (N,)
     logp_tok, probs = _token_logprobs(z, flat_targets)  # (N,), (N, V)
     logps = (logp_tok * flat_mask).reshape(s, t).sum(axis=-1)  # (S,)
-    rewards = logps - ref_logps.astype(logps.dtype)  # (S,) the implicit rewards / beta
-    m = beta * (rewards[0::2] - rewards[1::2])  # (P,)
+    m = beta * reward_margins(logps, ref_logps)  # (P,)
     loss = xp.logaddexp(0.0, -m).mean()  # softplus(-m): no overflow for any m
     dm = -1.0 / (1.0 + xp.exp(m)) / m.shape[0]  # -sigmoid(-m) / P
     if grad_scale is not None:  # the backward is linear: scaling dloss/dm scales every gradient
@@ -136,7 +142,5 @@ def dpo_loss(
 ) -> float:
     """The same loss as dpo_loss_and_grads, as a host number, without gradients (the float64 checks')."""
     tokens, targets, mask, ref_logps = batch
-    logps = sequence_logprobs(config, params, tokens, targets, mask)
-    rewards = logps - ref_logps.astype(logps.dtype)
-    m = beta * (rewards[0::2] - rewards[1::2])
+    m = beta * reward_margins(sequence_logprobs(config, params, tokens, targets, mask), ref_logps)
     return float(np.logaddexp(0.0, -ek.to_numpy(m)).mean())

@@ -90,8 +90,7 @@ class Batches:
         if self.refs is None:
             return _triple(batch)
         tokens, targets, mask, pairs = batch
-        rows = np.stack([2 * pairs, 2 * pairs + 1], axis=1).reshape(-1)  # chosen, rejected of each pair
-        return (*_triple((tokens, targets, mask)), self.refs[split][rows])
+        return (*_triple((tokens, targets, mask)), self.refs[split][euler_data.pair_rows(pairs)])
 
 
 def _triple(batch: tuple) -> tuple[Any, Any, Any]:

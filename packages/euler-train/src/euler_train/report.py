@@ -121,9 +121,9 @@ def data_section(cfg: dict[str, Any]) -> str:
     if (folder / "meta.json").is_file():
         out.append(pretrain_data(folder))
     if (folder / SFT_META).is_file():
-        out.append(sft_data(folder))
+        out.append(side_set_data(folder, SFT_META, "SFT set", "examples", "response tokens"))
     if (folder / PREFS_META).is_file():
-        out.append(prefs_data(folder))
+        out.append(side_set_data(folder, PREFS_META, "Preference set", "pairs", "reply tokens"))
     return "\n\n".join(
         out if len(out) > 1 else [*out, "No meta.json, sft_meta.json or prefs_meta.json there."]
     )
@@ -161,34 +161,20 @@ def pretrain_data(folder: Path) -> str:
     return "\n\n".join([head, split_table, table(columns, sources)])
 
 
-def sft_data(folder: Path) -> str:
-    """sft_meta.json: examples kept and dropped, counts per split."""
-    meta = json.loads((folder / SFT_META).read_text(encoding="utf-8"))
+def side_set_data(folder: Path, record: str, title: str, unit: str, reply: str) -> str:
+    """An SFT or preference set's record (sft_meta.json, prefs_meta.json): its `unit`s (examples, pairs)
+    kept and dropped, counts per split."""
+    meta = json.loads((folder / record).read_text(encoding="utf-8"))
     splits = [
-        [s, *(meta.get(s, {}).get(key) for key in ("examples", "tokens", "response_tokens"))]
+        [s, *(meta.get(s, {}).get(key) for key in (unit, "tokens", "response_tokens"))]
         for s in ("train", "val")
     ]
-    kept, seen = meta.get("examples_kept", 0), meta.get("examples_in", 0)
+    kept, seen = meta.get(f"{unit}_kept", 0), meta.get(f"{unit}_in", 0)
     head = (
-        f"SFT set (sft_meta.json): {kept:,} of {seen:,} examples kept; dropped: "
+        f"{title} ({record}): {kept:,} of {seen:,} {unit} kept; dropped: "
         f"{drops(meta.get('dropped', {}))}; longest {meta.get('longest_tokens')} tokens."
     )
-    return head + "\n\n" + table(["split", "examples", "tokens", "response tokens"], splits)
-
-
-def prefs_data(folder: Path) -> str:
-    """prefs_meta.json: pairs kept and dropped, counts per split."""
-    meta = json.loads((folder / PREFS_META).read_text(encoding="utf-8"))
-    splits = [
-        [s, *(meta.get(s, {}).get(key) for key in ("pairs", "tokens", "response_tokens"))]
-        for s in ("train", "val")
-    ]
-    kept, seen = meta.get("pairs_kept", 0), meta.get("pairs_in", 0)
-    head = (
-        f"Preference set (prefs_meta.json): {kept:,} of {seen:,} pairs kept; dropped: "
-        f"{drops(meta.get('dropped', {}))}; longest {meta.get('longest_tokens')} tokens."
-    )
-    return head + "\n\n" + table(["split", "pairs", "tokens", "reply tokens"], splits)
+    return head + "\n\n" + table(["split", unit, "tokens", reply], splits)
 
 
 PREFERENCE_KEYS = (

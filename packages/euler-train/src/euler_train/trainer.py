@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+import euler_data
 import euler_kernels as ek
 import euler_model
 from euler_data import FolderUnwritable
@@ -93,9 +94,8 @@ class Trainer:
         )
         if self.spec.mode == "sft":
             self._check_sft_fits()
-        if self.spec.mode == "dpo":
-            self._check_pairs_fit()
         if self.spec.mode == "dpo":  # the reference: the starting weights, scored once (kept in checkpoints)
+            self._check_pairs_fit()
             resumed = self.spec.resume_from is not None
             self.batches.refs = (
                 modelio.read_reference(self.spec.resume_from) if resumed else self._reference()
@@ -155,18 +155,20 @@ class Trainer:
 
     def _reference(self) -> dict[str, np.ndarray]:
         """The current (starting) weights' log-probability of each row of each split's pairs, in row order."""
-        xp, mcfg, precision = self.device.xp, self.spec.mcfg, self.device.precision
         refs = {}
         for split, loader in (("train", self.batches.train_loader), ("val", self.batches.val_loader)):
-            if loader is None:
-                continue
-            parts = []
-            for first in range(0, loader.n_pairs, loader.batch_size):
-                tokens, targets, mask, _ = loader.pairs(first, loader.batch_size)
-                rows = (xp.asarray(a) for a in (tokens, targets, mask))
-                parts.append(ek.to_numpy(euler_model.sequence_logprobs(mcfg, self.params, *rows, precision)))
-            refs[split] = np.concatenate(parts).astype(np.float64)
+            if loader is not None:
+                starts = range(0, loader.n_pairs, loader.batch_size)
+                refs[split] = np.concatenate([self._pair_logprobs(loader, first)[0] for first in starts])
         return refs
+
+    def _pair_logprobs(self, loader: Any, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(each row's log-probability of its reply (2P,) float64, the rows' masks, the pair ids) of the
+        loader's pairs first .. first + batch_size - 1, under the current weights."""
+        tokens, targets, mask, pairs = loader.pairs(first, loader.batch_size)
+        batch = (self.device.xp.asarray(a) for a in (tokens, targets, mask))
+        logps = euler_model.sequence_logprobs(self.spec.mcfg, self.params, *batch, self.device.precision)
+        return ek.to_numpy(logps).astype(np.float64), np.asarray(mask), pairs
 
     def _restore(self, folder: Any) -> None:
         """Optimizer moments and the loop state of a checkpoint."""
@@ -328,23 +330,18 @@ class Trainer:
         margin, the policy's mean chosen / rejected log-probabilities, and how often the chosen reply has
         the higher log-probability per reply token under the policy (preference) and under the starting
         weights (reference_preference: what the SFT model alone prefers)."""
-        xp, mcfg, beta = self.device.xp, self.spec.mcfg, self.spec.cfg.train.dpo_beta
+        beta = self.spec.cfg.train.dpo_beta
         out = {}
         for split in ("val", "train"):
+            loader = self.batches.val_loader if split == "val" else self.batches.train_loader
             sums = np.zeros(8)  # loss, correct, margin, chosen, rejected logp, pairs, the two preferences
             for i in range(self.spec.cfg.eval.batches):
-                loader = self.batches.val_loader if split == "val" else self.batches.train_loader
-                tokens, targets, mask, pairs = loader.pairs(i * loader.batch_size, loader.batch_size)
-                if len(pairs) == 0:
+                if i * loader.batch_size >= loader.n_pairs:
                     break
-                rows = np.stack([2 * pairs, 2 * pairs + 1], axis=1).reshape(-1)
-                batch = (xp.asarray(a) for a in (tokens, targets, mask))
-                logps = euler_model.sequence_logprobs(mcfg, self.params, *batch, self.device.precision)
-                logps = ek.to_numpy(logps).astype(np.float64)
-                ref = self.batches.refs[split][rows]  # (2P,)
-                reward = logps - ref
-                margin = reward[0::2] - reward[1::2]  # (P,)
-                length = np.maximum(np.asarray(mask).sum(axis=1), 1.0)  # (2P,) reply tokens in the window
+                logps, mask, pairs = self._pair_logprobs(loader, i * loader.batch_size)
+                ref = self.batches.refs[split][euler_data.pair_rows(pairs)]  # (2P,)
+                margin = euler_model.reward_margins(logps, ref)  # (P,)
+                length = np.maximum(mask.sum(axis=1), 1.0)  # (2P,) reply tokens in the window
                 sums += (np.logaddexp(0.0, -beta * margin).sum(), (margin > 0).sum(), margin.sum(),
                          logps[0::2].sum(), logps[1::2].sum(), len(pairs),
                          prefers(logps / length).sum(), prefers(ref / length).sum())  # fmt: skip
