@@ -153,3 +153,26 @@ def test_a_few_dpo_steps_raise_the_margins_of_training_and_held_out_pairs() -> N
     _, _, held = dpo_loss_and_grads(cfg, params, held_out, beta=0.5)
     assert first == pytest.approx(np.log(2.0)) and float(last) < 0.5 * first
     assert (stats["margin"] > 0).all() and (held["margin"] > 0).mean() >= 0.75
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("matmul, tol", [("fp32", 1e-4), ("tf32", 1e-2), ("bf16", 3e-2)])
+def test_the_gpu_dpo_loss_and_gradient_equal_the_float64_ones(matmul, tol) -> None:
+    """The GPU path (float32 CuPy weights, the fused attention kernel at head_dim 64) against the float64
+    NumPy loss and gradient that the central differences above prove: every parameter tensor within the
+    precision's rounding (relative to the tensor's norm)."""
+    cp = pytest.importorskip("cupy")
+    cfg = preset("tiny", dim=128, n_heads=2, n_kv_heads=1, context=32)
+    params = gradcheck_params(cfg, seed=5)
+    batch = pair_batch(cfg, 4, 24, seed=6)
+    ref = reference(cfg, params, batch, seed=7)
+    want_loss, want, want_stats = dpo_loss_and_grads(cfg, params, PairBatch(*batch, ref), beta=0.5)
+    on_gpu = {k: cp.asarray(v, dtype=cp.float32) for k, v in params.items()}
+    gpu_batch = PairBatch(*(cp.asarray(a) for a in batch[:2]), cp.asarray(batch[2], dtype=cp.float32),
+                          cp.asarray(ref))  # fmt: skip
+    loss, grads, stats = dpo_loss_and_grads(cfg, on_gpu, gpu_batch, beta=0.5, precision=ek.Precision(matmul))
+    assert float(loss) == pytest.approx(float(want_loss), rel=tol)
+    np.testing.assert_allclose(stats["margin"].get(), want_stats["margin"], rtol=tol, atol=tol)
+    for name, w in want.items():
+        err = np.linalg.norm(grads[name].get().astype(np.float64) - w)
+        assert err <= tol * max(np.linalg.norm(w), 1e-12), (name, err / max(np.linalg.norm(w), 1e-12))

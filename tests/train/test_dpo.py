@@ -87,3 +87,85 @@ def test_bad_dpo_input_is_one_line(cli, tmp_path, dataset, prefs_data, tiny_run)
     assert no_init.returncode == 2 and "dpo needs --init" in no_init.stderr
     beta = dpo(cli, prefs_data, tiny_run, tmp_path / "c", "--beta", "0")
     assert beta.returncode == 2 and "train.dpo_beta must be > 0" in beta.stderr
+
+
+def test_the_report_holds_the_chat_evaluation_before_and_after(cli, tmp_path, prefs_data, tiny_run):
+    """A dpo run's report shows its own chat evaluation beside the starting run's, and greedy replies to
+    the preference set's held-out prompts."""
+    init = shutil.copytree(tiny_run, tmp_path / "init")
+    chat_eval = ("chat", "--data", str(prefs_data), "--max-items", "2", "--max-new-tokens", "4")
+    before = cli("eval", "--checkpoint", str(init), "--no-progress", *chat_eval)
+    assert before.returncode == 0, before.stderr
+    run = tmp_path / "dpo"
+    assert dpo(cli, prefs_data, init, run, "--steps", "2", "--eval-every", "2").returncode == 0
+    after = cli("eval", "--checkpoint", str(run), "--no-progress", *chat_eval)
+    assert after.returncode == 0, after.stderr
+    assert cli("report", str(run)).returncode == 0
+    report = (run / "report.md").read_text()
+    own, start = report.split("## Evaluations")[1].split("Before this run")
+    assert "| chat | 2 |" in own and "| chat | 30 |" in start and str(init) in start
+    assert f"(dpo from `{init}`)" in report
+    assert "held-out prompts of the preference set" in report
+
+
+# --- the GPU step (skipped without CUDA) -------------------------------------------------------------------
+# the captured step needs the fused attention kernel: head_dim 64 (dim 128, 2 query heads, 1 kv head)
+HEAD_DIM_64 = ("--set", "model.dim=128", "--set", "model.n_heads=2", "--set", "model.n_kv_heads=1")
+
+
+@pytest.fixture(scope="module")
+def gpu_init(tmp_path_factory, dataset, cli):
+    """A 20-step head-dim-64 pretrain on the GPU (context 64): what the captured dpo step starts from."""
+    run = tmp_path_factory.mktemp("gpu_init") / "run"
+    argv = ("pretrain", "--data", str(dataset), "--out", str(run), "--steps", "20", "--eval-every", "20",
+            "--no-progress", "--device", "gpu", "--set", "model.context=64")  # fmt: skip
+    done = cli(*argv, "--set", "train.lr=1e-2", *HEAD_DIM_64)
+    assert done.returncode == 0, done.stderr
+    return run
+
+
+def metric_rows(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.gpu
+def test_the_captured_dpo_step_equals_the_eager_one(cli, tmp_path, prefs_data, gpu_init):
+    """`dpo` on one GPU replays its step as a CUDA graph, and the graph computes what the eager step does:
+    the losses, norms, held-out statistics and final weights of six steps."""
+    common = ("--steps", "6", "--eval-every", "3", "--ckpt-every", "6", "--lr", "3e-3", "--beta", "0.5",
+              "--device", "gpu", "--precision", "fp32", "--set", "eval.batches=2")  # fmt: skip
+    graph = dpo(cli, prefs_data, gpu_init, tmp_path / "graph", *common)
+    assert graph.returncode == 0, graph.stderr
+    assert "captured as a CUDA graph" in graph.stderr
+    eager = dpo(cli, prefs_data, gpu_init, tmp_path / "eager", *common, "--set", "train.cuda_graph=false")
+    assert eager.returncode == 0 and "captured" not in eager.stderr, eager.stderr
+    a, b = metric_rows(tmp_path / "eager"), metric_rows(tmp_path / "graph")
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose([r[key] for r in b], [r[key] for r in a], rtol=1e-4, err_msg=key)
+    evals = [(x, y) for x, y in zip(a, b) if "val_margin" in x]
+    assert len(evals) == 2
+    for key in ("val_dpo_loss", "val_margin", "train_margin"):
+        got, want = [y[key] for _, y in evals], [x[key] for x, _ in evals]
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, err_msg=key)
+    final = "checkpoints/step_6/model.safetensors"
+    want, got = (load_file(str(tmp_path / r / final)) for r in ("eager", "graph"))
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.gpu
+def test_captured_bf16_dpo_follows_fp32_and_learns(cli, tmp_path, prefs_data, gpu_init):
+    """The bf16 step (bf16 products and weight copies, captured) follows the fp32 run's losses within bf16's
+    rounding, and its training pairs' reward accuracy rises as fp32's does."""
+    common = ("--steps", "30", "--eval-every", "30", "--lr", "3e-3", "--beta", "0.5", "--device", "gpu",
+              "--set", "eval.batches=4")  # fmt: skip
+    runs = {}
+    for precision in ("bf16", "fp32"):
+        done = dpo(cli, prefs_data, gpu_init, tmp_path / precision, *common, "--precision", precision)
+        assert done.returncode == 0, done.stderr
+        assert "captured as a CUDA graph" in done.stderr
+        runs[precision] = metric_rows(tmp_path / precision)
+    bf16, fp32 = runs["bf16"], runs["fp32"]
+    np.testing.assert_allclose([r["loss"] for r in bf16[:5]], [r["loss"] for r in fp32[:5]], rtol=3e-2)
+    assert bf16[1]["loss"] != fp32[1]["loss"]  # the bf16 path really rounded something
+    assert bf16[-1]["train_reward_accuracy"] >= 0.9 and fp32[-1]["train_reward_accuracy"] >= 0.9

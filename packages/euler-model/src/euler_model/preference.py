@@ -95,11 +95,16 @@ def dpo_loss_and_grads(
     beta: float = 0.1,
     precision: ek.Precision = ek.EXACT,
     grad_scale: Any = None,
+    recompute: bool = False,
+    fp8_scales: Any = None,
+    keep_activations: bool = False,
+    bf16_grads: bool = False,
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(loss, gradients keyed like params, statistics) of the DPO loss over a batch of pairs (see the
     module docstring). The loss is a 0-d array; statistics (each (P,) on the device): "margin" (m_i /
-    beta, the reward margin), "chosen_logp", "rejected_logp" (the policy's). grad_scale: a 0-d array
-    multiplying every gradient (not the loss), as loss_and_grads_on_device's.
+    beta, the reward margin), "chosen_logp", "rejected_logp" (the policy's). grad_scale, recompute,
+    fp8_scales, keep_activations, bf16_grads: as loss_and_grads_on_device's (nothing is read back to the
+    host, so the training step that calls this can be captured as a CUDA graph).
     """
     tokens, targets, mask, ref_logps = batch
     _check_batch(config, tokens, targets, mask, "dpo_loss_and_grads")
@@ -108,7 +113,11 @@ def dpo_loss_and_grads(
         shapes = f"got {s} rows and ref_logps {tuple(ref_logps.shape)}"
         raise ValueError(f"dpo_loss_and_grads: needs an even number of rows and ref_logps (rows,); {shapes}")
     xp = ek.get_array_module(params["embed"])
-    h, caches = trunk_forward(config, params, tokens, precision=precision)  # (S, T, C)
+    h, caches = trunk_forward(
+        config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations,
+        precision=precision,
+    )  # fmt: skip
+    # (S, T, C) -> (N, V) float32 logits (bf16 products where h is a bf16 activation)
     z, c_head = ek.linear_forward(h.reshape(-1, config.dim), params["heads.0"], precision=precision)
     flat_targets, flat_mask = targets.reshape(-1), mask.reshape(-1).astype(z.dtype)  # (N,)
     logp_tok, probs = _token_logprobs(z, flat_targets)  # (N,), (N, V)
@@ -123,8 +132,8 @@ def dpo_loss_and_grads(
     coef = xp.repeat(dlogp, t) * flat_mask  # (N,) dloss/dlogp of each token's row, where masked
     dz = -coef[:, None] * probs  # (N, V): coef * (onehot - softmax)
     dz[xp.arange(dz.shape[0]), flat_targets] += coef
-    dh, dhead = ek.linear_backward(dz, c_head)
-    grads = trunk_backward(config, dh.reshape(s, t, config.dim), caches)
+    dh, dhead = ek.linear_backward(dz, c_head, bf16_dweight=bf16_grads)
+    grads = trunk_backward(config, dh.reshape(s, t, config.dim), caches, bf16_grads)
     grads["heads.0"] = dhead
     for name in params:  # the other heads and their conditioning take no part
         if name not in grads:

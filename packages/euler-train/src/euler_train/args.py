@@ -43,11 +43,11 @@ TRAIN_FLAGS = {
 }
 
 
-def add_train_args(p: argparse.ArgumentParser, sft: bool) -> None:
-    p.add_argument(
-        "--data", metavar="DIR", help="dataset folder made by euler-data" + (" (SFT set)" if sft else "")
-    )
-    if sft:
+def add_train_args(p: argparse.ArgumentParser, stage: str) -> None:
+    """The arguments of a training stage: pretrain, sft (from --init) or dpo (from --init)."""
+    held = {"sft": " (SFT set: euler-data sft)", "dpo": " (preference set: euler-data prefs)"}.get(stage, "")
+    p.add_argument("--data", metavar="DIR", help="dataset folder made by euler-data" + held)
+    if stage != "pretrain":
         p.add_argument(
             "--init", metavar="CHECKPOINT", help="pretrained checkpoint or run folder to start from"
         )
@@ -131,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, epilog=EXIT_CODES)
 
-    add_train_args(add("pretrain", "pretrain a model on a dataset folder"), sft=False)
-    add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), sft=True)
+    add_train_args(add("pretrain", "pretrain a model on a dataset folder"), "pretrain")
+    add_train_args(add("sft", "fine-tune a checkpoint on an SFT set (loss on responses)"), "sft")
     dpo = add("dpo", "preference-tune an SFT checkpoint on a preference set (DPO)")
-    add_train_args(dpo, sft=True)
+    add_train_args(dpo, "dpo")
     dpo.add_argument("--beta", type=float, help="the DPO loss's beta (default 0.1: train.dpo_beta)")
     chat = add(
         "chat",

@@ -1,10 +1,14 @@
-"""`RUN/report.md`: one page on a run, written when `pretrain` or `sft` finishes and by `euler-train report`.
+"""`RUN/report.md`: one page on a run, written when `pretrain`, `sft` or `dpo` finishes and by
+`euler-train report`.
 
-Sections: the config (config.toml); the data (the dataset's meta.json and sft_meta.json: documents, bytes
-and tokens per split, drops by reason, sources); training (steps, tokens seen, wall time, tokens/s and MFU
-from metrics.jsonl); the loss (loss.png, the validation rows, the final val bpb); the evaluations that
-`euler-train eval` appended to RUN/evals.jsonl; samples from the newest checkpoint (a pretrained model: one
-greedy and two seeded continuations of a document start; an SFT model: greedy replies to held-out prompts).
+Sections: the config (config.toml); the data (the dataset's meta.json, sft_meta.json and
+prefs_meta.json: documents, bytes and tokens per split, drops by reason, sources); training (steps,
+tokens seen, wall time, tokens/s and MFU from metrics.jsonl); the loss (loss.png, the validation rows,
+the final val bpb); a dpo run's preference statistics; the evaluations that `euler-train eval` appended
+to RUN/evals.jsonl, and for a tuned run (sft, dpo) those of the run it started from, so that an
+evaluation before and after stand together; samples from the newest checkpoint (a pretrained model: one
+greedy and two seeded continuations of a document start; a tuned model: greedy replies to held-out
+prompts).
 
 >>> fence("a ``` b")
 '````'
@@ -23,6 +27,7 @@ from typing import Any
 from euler_data import read_meta
 from euler_data.dataset_folder import PREFS_META
 from euler_data.errors import DataError
+from euler_data.prefs import read_prefs
 from euler_data.sft import SFT_META
 from euler_train.checkpoint import CheckpointError, read_state, write_file
 from euler_train.config import ConfigError, recorded_config, run_section
@@ -70,11 +75,11 @@ def report_text(run: Path, device: str = "cpu") -> str:
         + (f"`{checkpoint.name}`" if checkpoint else f"none ({state['error']})")
         + f"; mode {state.get('mode', '?')}.",
         config_section(run, history),
-        data_section(cfg),
+        data_section(cfg, state.get("mode", "?")),
         training_section(run, rows, state),
         loss_section(run, rows),
         preference_section(rows),
-        evals_section(run),
+        evals_section(run, cfg),
         samples_section(checkpoint, state, cfg, device),
     ]
     return "\n\n".join(part for part in parts if part) + "\n"
@@ -110,12 +115,12 @@ def drops(dropped: dict[str, int]) -> str:
     return ", ".join(f"{reason} {n:,}" for reason, n in dropped.items()) or "none"
 
 
-def data_section(cfg: dict[str, Any]) -> str:
-    """The data accounting of data.dir: meta.json (pretrain set) and sft_meta.json (SFT set)."""
+def data_section(cfg: dict[str, Any], mode: str) -> str:
+    """The data accounting of data.dir: meta.json (pretrain set), sft_meta.json (SFT set) and
+    prefs_meta.json (preference set)."""
     folder = Path(cfg.get("data", {}).get("dir") or "")
-    out = [
-        f"## Data\n\n`{folder}`" + (f" (sft from `{cfg['data']['init']}`)" if cfg["data"].get("init") else "")
-    ]
+    init = cfg.get("data", {}).get("init")
+    out = [f"## Data\n\n`{folder}`" + (f" ({mode} from `{init}`)" if init else "")]
     if not folder.is_dir():
         return out[0] + f": not found from {Path.cwd()}; no data accounting."
     if (folder / "meta.json").is_file():
@@ -262,18 +267,44 @@ def loss_section(run: Path, rows: list[dict[str, Any]]) -> str:
     return f"## Loss\n\n{plot}\n\n{final}.\n\n{body}"
 
 
-def evals_section(run: Path) -> str:
-    """Every row of RUN/evals.jsonl (read like metrics.jsonl: a torn last line is skipped)."""
-    rows = read_metrics(run / EVALS)
-    if not rows:
-        return (
-            f"## Evaluations\n\nNone yet: `euler-train eval --checkpoint {run} TASK ...` appends to {EVALS}."
-        )
+def evals_table(rows: list[dict[str, Any]]) -> str:
     inputs = [r.get("file") or r.get("data") or ", ".join(r.get("files", [])) for r in rows]
     body = [
         [r.get("task"), r.get("step"), metrics_text(r), i, r.get("time", "")] for r, i in zip(rows, inputs)
     ]
-    return f"## Evaluations\n\nFrom {EVALS}:\n\n" + table(["task", "step", "result", "input", "time"], body)
+    return table(["task", "step", "result", "input", "time"], body)
+
+
+def starting_run(cfg: dict[str, Any]) -> Path | None:
+    """The run folder a tuned run started from (data.init: a run folder or one of its checkpoints), if it
+    is still there."""
+    init = cfg.get("data", {}).get("init")
+    if not init:
+        return None
+    path = Path(init)
+    for folder in (path, path.parent.parent):
+        if (folder / "config.toml").is_file():
+            return folder
+    return None
+
+
+def evals_section(run: Path, cfg: dict[str, Any]) -> str:
+    """Every row of RUN/evals.jsonl (read like metrics.jsonl: a torn last line is skipped), then those of
+    the run it started from (a tuned run's evaluation before tuning)."""
+    rows = read_metrics(run / EVALS)
+    text = (
+        f"## Evaluations\n\nFrom {EVALS}:\n\n" + evals_table(rows)
+        if rows
+        else (
+            f"## Evaluations\n\nNone yet: `euler-train eval --checkpoint {run} TASK ...` appends to {EVALS}."
+        )
+    )
+    start = starting_run(cfg)
+    before = read_metrics(start / EVALS) if start is not None else []
+    if before:
+        text += f"\n\nBefore this run: the evaluations of the run it started from, `{start}`:\n\n"
+        text += evals_table(before)
+    return text
 
 
 def fence(text: str) -> str:
@@ -292,7 +323,8 @@ def samples_section(checkpoint: Path | None, state: dict[str, Any], cfg: dict[st
         return "## Samples\n\nNo checkpoint to sample from."
     try:
         model = load_for_sampling(str(checkpoint), device, run_section(cfg))
-        text = chat_samples(model, cfg) if state.get("mode") == "sft" else document_samples(model)
+        mode = state.get("mode")
+        text = chat_samples(model, cfg, mode) if mode in ("sft", "dpo") else document_samples(model)
     except ValueError as err:  # e.g. a diverged run: logits overflow, the probabilities are NaN
         text = f"No samples: sampling from {checkpoint.name} failed ({err})."
     except MemoryError as err:  # a run sized to fill the GPU leaves no room for a second model (CuPy's too)
@@ -320,17 +352,32 @@ def document_samples(model: SamplingModel) -> str:
     return "\n\n".join(out)
 
 
-def chat_samples(model: SamplingModel, cfg: dict[str, Any]) -> str:
-    """Greedy replies to the first held-out prompts of data.dir's SFT set."""
+def held_out_prompts(folder: str | Path, mode: str) -> tuple[list[list[int]], str]:
+    """(the held-out prompts of a tuned run's set, which set): an sft run's SFT set, a dpo run's preference
+    set (each pair's shared prompt)."""
+    if mode == "dpo":
+        if not (Path(folder) / PREFS_META).is_file():
+            raise ConfigError(f"{folder} has no {PREFS_META}: make a preference set with `euler-data prefs`")
+        tokens, mask, offsets, _ = read_prefs(folder, "val")
+        chosen = zip(offsets[:-1:2], offsets[1::2])  # row 2i: pair i's prompt and chosen reply
+        return [tokens[a:b][: reply_start(mask[a:b])].tolist() for a, b in chosen], "preference set"
+    rows, _ = val_examples(folder)
+    return [row.ids[: reply_start(row.mask)].tolist() for row in rows], "SFT set"
+
+
+def chat_samples(model: SamplingModel, cfg: dict[str, Any], mode: str) -> str:
+    """Greedy replies to the first held-out prompts of data.dir's SFT set (a dpo run: its preference set)."""
     try:
-        rows, _ = val_examples(cfg["data"]["dir"])
+        prompts, kind = held_out_prompts(cfg["data"]["dir"], mode)
     except (ConfigError, DataError) as err:
         return f"No held-out prompts: {err}"
+    if not prompts:
+        return f"No held-out prompts: the {kind}'s val split is empty"
     limit = 2 * SAMPLE_TOKENS
     tok = model.tokenizer
-    out = [f"Greedy replies ({limit} new tokens at most) to the first held-out prompts of the SFT set:"]
-    for row in rows[: 1 + len(SEEDS)]:
-        prompt = row.ids[: reply_start(row.mask)].tolist()[-(model.mcfg.context - 1) :]
+    out = [f"Greedy replies ({limit} new tokens at most) to the first held-out prompts of the {kind}:"]
+    for ids in prompts[: 1 + len(SEEDS)]:
+        prompt = ids[-(model.mcfg.context - 1) :]
         reply, stopped = greedy_reply(model, prompt, min(limit, model.mcfg.context - len(prompt)))
         out.append(quoted("prompt:", tok.decode(prompt)))
         out.append(quoted(f"reply ({'ended with <|end|>' if stopped else 'no <|end|>'}):", tok.decode(reply)))

@@ -164,8 +164,9 @@ def train_step(
         if options.dpo_beta is not None:  # pairs of rows (euler_model.preference)
             pairs = euler_model.PairBatch(buf.tokens[i], buf.targets[i], mask, buf.refs[i])
             loss, grads, _ = euler_model.dpo_loss_and_grads(
-                mcfg, weights, pairs, options.dpo_beta, options.precision, scale
-            )
+                mcfg, weights, pairs, options.dpo_beta, options.precision, scale, options.recompute,
+                fp8_scales, options.keep_activations, options.bf16_grads,
+            )  # fmt: skip
         else:
             loss, grads = euler_model.loss_and_grads_on_device(
                 mcfg,

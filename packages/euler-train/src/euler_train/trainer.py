@@ -277,8 +277,7 @@ class Trainer:
         tcfg, args = self.spec.cfg.train, (self.spec.mcfg, self.params, self.opt, self.comm)
         options = (StepOptions.from_train(tcfg, self.device.precision, self.spec.mode), self.fp8_scales)
         self.stepper = EagerStep(*args, *options)
-        # dpo's step is not captured yet (its GPU graph is untried): eager on every device
-        graphable = self.device.kind == "gpu" and self.comm.world_size == 1 and self.spec.mode != "dpo"
+        graphable = self.device.kind == "gpu" and self.comm.world_size == 1
         if tcfg.cuda_graph and graphable and ek.flash_attention_supports(self.spec.mcfg.head_dim):
             graph = GraphStep(*args, *options)
             self.stepper = CapturedOrEager(graph, self.stepper)
@@ -466,14 +465,16 @@ class Trainer:
     def describe(self) -> str:
         """One line: what is trained, on what, from where."""
         m, t = self.spec.mcfg, self.spec.cfg.train
-        per_step = t.batch_size * t.grad_accum * self.comm.world_size * m.context
+        rows = 2 * t.batch_size if self.spec.mode == "dpo" else t.batch_size  # a dpo batch: pairs of rows
+        per_step = rows * t.grad_accum * self.comm.world_size * m.context
+        batch = f"{t.batch_size} pairs" if self.spec.mode == "dpo" else t.batch_size
         start = f"resuming at step {self.state.step}" if self.state.step else "from step 0"
         model = (
             f"the model of {self.spec.init}" if self.spec.init else f"{self.spec.cfg.model['preset']} model"
         )
         return (
             f"euler-train {self.spec.mode}: {model}, {euler_model.count_params(m):,} parameters, "
-            f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {t.batch_size} x "
+            f"vocab {m.vocab_size}, context {m.context}, {per_step:,} tokens/step (batch {batch} x "
             f"accum {t.grad_accum} x {self.comm.world_size} processes), {t.steps} steps on "
             f"{self.device.kind} ({self.spec.cfg.run.precision}), {start}"
         )
