@@ -1,4 +1,5 @@
-"""Generation: KV cache against full recomputation, sampling options, speculative decoding."""
+"""Generation: the prefill's keys in the decode layout, decoding against full recomputation, sampling
+options, speculative decoding."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 
 import euler_kernels as ek
 from euler_kernels.ops.adamw import adamw_update
-from euler_model import GenerationStats, KVCache, generate, init_params, logits, loss_and_grads, preset
-from euler_model.model import trunk_forward
+from euler_model import GenerationStats, generate, init_params, logits, loss_and_grads, preset
+from euler_model.decode_batch import prefill
+from euler_model.decode_state import DecodeState
+from euler_model.model import rope_for, trunk_forward
 from tests.model.host_sampling import choose_token
 
 
@@ -30,20 +33,31 @@ def scaled_params(cfg, seed, dtype=np.float64, scale=8.0):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_kv_cache_forward_equals_full_forward(dtype) -> None:
+def test_a_prefill_writes_each_prompts_keys_into_its_rows_of_the_decode_cache(dtype) -> None:
+    """Two prompt lengths in three rows: each row's first-layer keys and values are those of its prompt
+    alone (the norm, the projection and RoPE at positions 0..T-1), in the (Hkv, S, D) layout the decode
+    steps read; the slots after the prompt stay empty; the hidden states are the training forward's."""
     cfg = preset("tiny")
     params = scaled_params(cfg, 0, dtype)
-    seq = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, cfg.context))
-    full, _ = trunk_forward(cfg, params, seq)  # (B, T, C)
-    cache = KVCache(cfg, batch=2, dtype=dtype)
-    pieces = [(0, 5), (5, 6), (6, 9), (9, 16)]  # a prompt, then single tokens and chunks
-    for a, b in pieces:
-        h, _ = trunk_forward(cfg, params, seq[:, a:b], kv=cache)
-        tol = 1e-12 if dtype == np.float64 else 2e-5
-        np.testing.assert_allclose(h, full[:, a:b], rtol=tol, atol=tol)
-    assert cache.length == cfg.context
-    with pytest.raises(ValueError, match="exceed the context"):
-        trunk_forward(cfg, params, seq[:, :1], kv=cache)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (3, 5, 5)]
+    state = DecodeState.allocate(cfg, np, dtype, 3)
+    groups = [(slice(0, 1), np.asarray(prompts[:1])), (slice(1, 3), np.asarray(prompts[1:]))]
+    _, hidden = prefill(cfg, params, state, groups, ek.EXACT)
+    cos, sin = rope_for(cfg, params["embed"])
+    hkv, d = cfg.n_kv_heads, cfg.head_dim
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    for row, prompt in enumerate(prompts):
+        t = len(prompt)
+        x = params["embed"][prompt]  # (T, C): the first layer's input
+        h = ek.rmsnorm_forward(x, params["layers.0.attn_norm"], cfg.norm_eps)[0]
+        k = ek.rope_forward((h @ params["layers.0.wk"].T).reshape(1, t, hkv, d), cos, sin)[0][0]
+        v = (h @ params["layers.0.wv"].T).reshape(t, hkv, d)
+        np.testing.assert_allclose(state.k[0, row, :, :t], k.transpose(1, 0, 2), rtol=tol, atol=tol)
+        np.testing.assert_allclose(state.v[0, row, :, :t], v.transpose(1, 0, 2), rtol=tol, atol=tol)
+        assert not state.k[:, row, :, t:].any() and not state.v[:, row, :, t:].any()
+        full = trunk_forward(cfg, params, np.asarray([prompt]))[0][0, -1]
+        np.testing.assert_allclose(hidden[row], full, rtol=tol, atol=tol)
 
 
 def plain_reference(
@@ -58,9 +72,9 @@ def plain_reference(
     stop_tokens=(),
     seed=None,
 ) -> list[int]:
-    """The one-prompt generator as it was written before it streamed a batch of one: trunk_forward over a
-    KVCache, one forward per token, choose_token on the host with one rng draw per sampled token (the
-    oracle that generate and generate_batch must equal)."""
+    """One token at a time with no cache at all: the training forward over the whole sequence for each
+    token, choose_token on the host with one rng draw per sampled token (the oracle that generate and
+    generate_batch must equal)."""
     rng = np.random.default_rng(seed)
     kw = {
         "temperature": temperature,
@@ -68,16 +82,15 @@ def plain_reference(
         "top_p": top_p,
         "repetition_penalty": repetition_penalty,
     }
-    cache, history, out = KVCache(cfg, 1, dtype=params["embed"].dtype), list(prompt), []
-    h = trunk_forward(cfg, params, np.asarray([history]), kv=cache)[0][:, -1]  # (1, C)
+    history, out = list(prompt), []
     while len(out) < n and len(history) < cfg.context:
+        h = trunk_forward(cfg, params, np.asarray([history]))[0][:, -1]  # (1, C)
         z = ek.to_numpy(ek.linear_forward(h, params["heads.0"])[0])[0]
         token = choose_token(z, history, rng, **kw)
         if token in stop_tokens:
             break
         history.append(token)
         out.append(token)
-        h = trunk_forward(cfg, params, np.asarray([[token]]), kv=cache)[0][:, -1]
     return out
 
 

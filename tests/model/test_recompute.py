@@ -11,7 +11,6 @@ import pytest
 import euler_model.model
 from euler_kernels import Precision, gradcheck_scalar
 from euler_model import (
-    KVCache,
     forward_loss,
     gradcheck_params,
     init_params,
@@ -20,6 +19,7 @@ from euler_model import (
     preset,
     step_memory,
 )
+from euler_model.decode_state import DecodeState, PrefillRows
 from euler_model.model import trunk_forward
 
 
@@ -143,7 +143,7 @@ def test_the_estimate_with_recompute_keeps_streams_in_float32() -> None:
 def test_recompute_with_a_kv_cache_is_refused() -> None:
     cfg = preset("tiny")
     params = init_params(cfg, seed=0)
-    kv = KVCache(cfg, batch=1)
+    kv = PrefillRows(DecodeState.allocate(cfg, np, np.float32, 1), slice(0, 1))
     with pytest.raises(ValueError, match="recompute"):
         trunk_forward(cfg, params, np.zeros((1, 2), dtype=np.int64), kv=kv, recompute=True)
 

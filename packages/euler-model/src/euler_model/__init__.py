@@ -16,7 +16,6 @@ from euler_model.decode_speculative import checked_draft_tree, default_draft_tre
 from euler_model.generate import GenerationStats, generate
 from euler_model.generate_batch import Completion, generate_batch
 from euler_model.hf import load_hf, save_hf
-from euler_model.kv_cache import KVCache
 from euler_model.memory import step_memory
 from euler_model.model import (
     bf16_path,
@@ -41,7 +40,6 @@ __all__ = [
     "PRESETS",
     "Completion",
     "GenerationStats",
-    "KVCache",
     "ModelConfig",
     "PairBatch",
     "__version__",

@@ -115,15 +115,15 @@ def attention_block_forward(
     """stream (x, branch) of (N, C), N = B * T, bt = (B, T) -> (s, o): s = x + branch, h = rmsnorm(s),
     o = wo(attention(rope(wq h), rope(wk h), wv h)); the stream after the block is s + o.
 
-    kv: None for training, else a (KVCache, layer) pair: the new keys/values are written at the
-    cache's current position and the queries attend over everything cached so far (no backward).
+    kv: None for training, else a prefill's (decode_state.PrefillRows, layer) pair: the keys and values
+    (after RoPE) are also written into the decode state's rows (no backward).
     keep: the bf16 cache keeps h instead of re-making it in the backward (module docstring).
     precision: how the products and attention are computed (euler_kernels.Precision); bf16: whether the
     activations are bf16 (the GPU's bf16 path in training, see trunk_forward).
     """
     b, t = bt
     hq, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
-    offset = 0 if kv is None else kv[0].length
+    offset = 0  # a forward always starts at position 0 (a prefill included)
     s, h, c_norm = norm_in(config, p[prefix + "attn_norm"], stream, bf16)  # (N, C) each
     projections = [p[prefix + "wq"], p[prefix + "wk"], p[prefix + "wv"]]
     joint = ek.stacked_rows(projections) if bf16 and kv is None else None  # bf16 copies made together
@@ -138,8 +138,8 @@ def attention_block_forward(
         q, c_rq = ek.rope_forward(q.reshape(b, t, hq, d), rope[0], rope[1], offset)  # (B, T, Hq, D)
         k, c_rk = ek.rope_forward(k.reshape(b, t, hkv, d), rope[0], rope[1], offset)  # (B, T, Hkv, D)
         v = v.reshape(b, t, hkv, d)
-    if kv is not None:  # append to the cache, attend over the whole cached prefix
-        k, v = kv[0].append(kv[1], k, v)  # (B, S, Hkv, D) with S = offset + T
+    if kv is not None:  # a prefill: the decode steps that follow attend to these keys and values
+        kv[0].write(kv[1], k, v)  # (B, T, Hkv, D) each
     a, c_att = ek.attention_forward(q, k, v, causal=True, precision=precision)  # (B, T, Hq, D)
     o, c_o = ek.linear_forward(a.reshape(b * t, hq * d), p[prefix + "wo"], precision=precision)  # (N, C)
     # the stream gradient this block's backward hands to the FFN before it: its maximum too if FP8 (the

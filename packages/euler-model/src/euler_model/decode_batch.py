@@ -1,8 +1,9 @@
 """Starting the decoding of a batch: the static state, the prefill, the decode step and its runner; shared
 by generate_batch (every row to its end) and generate (one row, its tokens streamed as they come).
 
-The prompts are prefilled by the training kernels (trunk_forward into a KVCache, the prompts of one
-length together), their keys/values copied into their rows of the static cache; the rows then advance
+The prompts are prefilled by the training kernels (trunk_forward, the prompts of one length together in
+adjacent rows of the state), each layer writing its keys/values straight into those rows of the static
+cache (decode_state.PrefillRows); the rows then advance
 together, one step (decode_step, or speculative_step with its draft tree) for the whole batch at a time,
 captured as a CUDA graph on the GPU. All of it lives in a Decoder, which on the GPU is kept for the next
 call of the same model and batch shape (decode_keep.py): that call skips the setup, and a prompt-length
@@ -23,9 +24,8 @@ from euler_model.config import ModelConfig
 from euler_model.decode_graph import DecodeGraph, EagerDecode, decode_runner
 from euler_model.decode_keep import kept_decoder, kept_weights
 from euler_model.decode_speculative import draft, drafting_heads, speculative_step
-from euler_model.decode_state import DecodeState, copy_in
+from euler_model.decode_state import DecodeState, PrefillRows, copy_in
 from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
-from euler_model.kv_cache import KVCache
 from euler_model.model import trunk_forward
 
 PROMPT_PATTERNS = 16  # prompt-length patterns a decoder remembers (the oldest and its prefill graph dropped)
@@ -40,25 +40,22 @@ def prefill(
     config: ModelConfig,
     params: dict[str, Any],
     state: DecodeState,
-    groups: list[tuple[list[int], Any]],
+    groups: list[tuple[slice, Any]],
     precision: ek.Precision,
 ) -> tuple[Any, Any]:
-    """The prompts through the trunk, one group of a length at a time (rows, tokens (G, T): trunk_forward
-    into a KVCache of G rows and T slots), their keys/values copied into their rows; head 0's logits (B, V)
-    after each last token, and the hidden states (B, C) they came from."""
+    """The prompts through the trunk, one group of a length at a time (adjacent rows, their tokens (G, T)),
+    each layer's keys/values written into those rows of the state's caches; head 0's logits (B, V) after
+    each last token, and the hidden states (B, C) they came from."""
     xp = ek.get_array_module(params["embed"])
-    b = sum(len(rows) for rows, _ in groups)
+    b = sum(rows.stop - rows.start for rows, _ in groups)
     logits = hidden = None
     for rows, tokens in groups:
-        cache = KVCache(config, len(rows), dtype=params["embed"].dtype, xp=xp, slots=tokens.shape[1])
-        h = trunk_forward(config, params, tokens, kv=cache, precision=precision)[0]  # (G, T, C)
+        h = trunk_forward(config, params, tokens, kv=PrefillRows(state, rows), precision=precision)[0]
         z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
         if logits is None:
             logits = xp.empty((b, z.shape[1]), dtype=z.dtype)  # (B, V)
             hidden = xp.empty((b, h.shape[2]), dtype=h.dtype)  # (B, C)
-        for j, row in enumerate(rows):  # row copies, no index arrays (a CUDA graph can record them)
-            state.copy_prefill(row, cache, j)
-            logits[row], hidden[row] = z[j], h[j, -1]
+        logits[rows], hidden[rows] = z, h[:, -1]  # h (G, T, C)
     return logits, hidden
 
 
@@ -72,6 +69,7 @@ class Decoding:
     fed: int  # tokens a step feeds a row (T when speculative, else 1)
     longest: int  # the longest prompt
     kernel: bool  # the decode attention kernel serves (it reads each row's own slots)
+    order: list[int]  # row i of the state holds prompt order[i] (prompts of a length in adjacent rows)
     decoder: Any = None  # the Decoder it runs in, lent until `finish`
     steps: int = 0
 
@@ -89,6 +87,18 @@ class Decoding:
         with self.runner.ordered():
             left = int(xp.where(state.done, 0, state.limit - state.count).max())  # most tokens a row lacks
         return min(most, -(-left // self.fed))
+
+    def results(self) -> list[tuple[list[int], int | None]]:
+        """(tokens, the stop token that ended it or None) of each prompt, in the caller's order (a read
+        back to the host)."""
+        by_prompt: list[Any] = [None] * len(self.order)
+        for row, result in zip(self.order, self.state.results()):
+            by_prompt[row] = result
+        return by_prompt
+
+    def not_finite(self) -> list[int]:
+        """The prompts (the caller's indices) that sampled from probabilities that were not finite."""
+        return sorted(self.order[i] for i in np.flatnonzero(ek.to_numpy(self.state.bad)))
 
     def finish(self) -> None:
         """Give the decoder back (a kept one may then serve the next call); the state is read before."""
@@ -132,40 +142,46 @@ class Decoder:
             step = partial(decode_step, config, self.weights, self.state, picker, precision)
         self.runner = decode_runner(step, xp, cuda_graph)
         self.kernel = ek.decode_attention_kernel(self.state.k[0], config.n_heads, self.fed)  # own slots
-        self.prompt_tokens: dict[tuple[int, ...], list[tuple[list[int], Any]]] = {}  # lengths -> groups
+        self.prompt_tokens: dict[tuple[int, ...], list[tuple[slice, Any]]] = {}  # lengths -> groups
         self.busy = False  # lent to a decoding (decode_keep.py)
 
     def begin(
         self, rows: list[list[int]], limits: list[int], stops: list[set[int]], seeds: list[int | None]
     ) -> Decoding:
         """The call's state set, its prompts prefilled and their first tokens recorded (and drafted after),
-        the step ready to run."""
+        the step ready to run. The state's rows hold the prompts shortest first (Decoding.order), so that
+        the prompts of a length are adjacent rows, prefilled together."""
+        order = sorted(range(len(rows)), key=lambda b: len(rows[b]))
+        rows, limits, stops, seeds = ([values[b] for b in order] for values in (rows, limits, stops, seeds))
         lengths = tuple(len(p) for p in rows)
         seen = lengths in self.prompt_tokens
         with self.runner.ordered():
             self.state.reset(rows, limits, stops, uniforms(seeds, max(limits)))
             groups = self._prompt_tokens(lengths)
             for members, tokens in groups:
-                copy_in(tokens, np.asarray([rows[b] for b in members], dtype=np.int64))
+                copy_in(tokens, np.asarray(rows[members], dtype=np.int64))
         # a pattern's prefill is recorded the second time it comes (a one-off prompt length costs no capture)
         self.runner.call(("prefill", lengths), partial(self._prefill, groups), capture=seen and self.kept)
-        return Decoding(self.config, self.state, self.runner, self.fed, max(lengths), self.kernel, self)
+        return Decoding(self.config, self.state, self.runner, self.fed, lengths[-1], self.kernel, order, self)
 
-    def _prompt_tokens(self, lengths: tuple[int, ...]) -> list[tuple[list[int], Any]]:
-        """(rows, their tokens' device buffer (G, T)) for each prompt length, made once per pattern."""
+    def _prompt_tokens(self, lengths: tuple[int, ...]) -> list[tuple[slice, Any]]:
+        """(a run of adjacent rows, their tokens' device buffer (G, T)) for each prompt length of `lengths`
+        (ascending), made once per pattern."""
         if lengths not in self.prompt_tokens:
             xp = ek.get_array_module(self.params["embed"])
-            by_length: dict[int, list[int]] = {}
-            for b, n in enumerate(lengths):
-                by_length.setdefault(n, []).append(b)
-            groups = [(rows, xp.zeros((len(rows), n), dtype=xp.int64)) for n, rows in by_length.items()]
+            starts = [b for b in range(len(lengths)) if b == 0 or lengths[b] != lengths[b - 1]]
+            runs = [slice(a, z) for a, z in zip(starts, [*starts[1:], len(lengths)])]
+            groups = [
+                (rows, xp.zeros((rows.stop - rows.start, lengths[rows.start]), dtype=xp.int64))
+                for rows in runs
+            ]
             self.prompt_tokens[lengths] = groups
             if len(self.prompt_tokens) > PROMPT_PATTERNS:  # a chat's prompts grow: forget the oldest length
                 self.runner.forget(("prefill", next(iter(self.prompt_tokens))))
                 del self.prompt_tokens[next(iter(self.prompt_tokens))]
         return self.prompt_tokens[lengths]
 
-    def _prefill(self, groups: list[tuple[list[int], Any]]) -> None:
+    def _prefill(self, groups: list[tuple[slice, Any]]) -> None:
         """Device work only, so that it can be captured: the weights refreshed (a kept decoder's), the
         prompts prefilled, their first tokens picked and recorded, a speculative step's first drafts made."""
         config, params, state, precision = self.config, self.params, self.state, self.precision

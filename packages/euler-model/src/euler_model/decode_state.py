@@ -16,7 +16,6 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
-from euler_model.kv_cache import KVCache
 
 
 @dataclass
@@ -82,7 +81,7 @@ class DecodeState:
     ) -> None:
         """Start a call in these buffers: its prompts (one per row, each 1..context-1 ids), each row's limit
         and stop set, and the host uniforms (B, n + 1) of the call's longest limit n; every counter back
-        to zero, and the caches too (copy_prefill then writes each prompt's slots)."""
+        to zero, and the caches too (a prefill then writes each prompt's slots, see PrefillRows)."""
         b, v = len(prompts), self.stop.shape[1]
         stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
         for i, (prompt, row_stops) in enumerate(zip(prompts, stops)):
@@ -107,14 +106,6 @@ class DecodeState:
         self.stopped_by.fill(-1)
         self.bad.fill(False)
 
-    def copy_prefill(self, row: int, cache: KVCache, index: int = 0) -> None:
-        """Copy the keys/values of one prompt, row `index` of a prefilled KVCache, into this row's slots."""
-        n = cache.length
-        self.k[:, row, :, :n] = cache.k[:, index, :n].transpose(
-            0, 2, 1, 3
-        )  # (L, n, Hkv, D) -> (L, Hkv, n, D)
-        self.v[:, row, :, :n] = cache.v[:, index, :n].transpose(0, 2, 1, 3)
-
     def record(self, token: Any) -> None:
         """Take each row's next token (B,): emitted by the rows still going that did not draw a stop
         token; a stop token or the row's limit ends the row (ek.decode_record). Device work only."""
@@ -136,6 +127,22 @@ class DecodeState:
         """(tokens, the stop token that ended the row or None) of every row, read back to the host."""
         count, out, stopped = (ek.to_numpy(a) for a in (self.count, self.out, self.stopped_by))
         return [(out[b, : count[b]].tolist(), int(s) if s >= 0 else None) for b, s in enumerate(stopped)]
+
+
+@dataclass(frozen=True)
+class PrefillRows:
+    """Where a prefill writes the keys and values of a group of G prompts of one length T (trunk_forward's
+    kv): prompt j's into row rows.start + j of the state's caches, slots 0..T-1. The rows are adjacent, so
+    a layer's keys go in one copy (a slice: a CUDA graph records it as it is)."""
+
+    state: DecodeState
+    rows: slice  # G adjacent rows
+
+    def write(self, layer: int, k: Any, v: Any) -> None:
+        """Layer `layer`'s keys and values (G, T, Hkv, D) into the rows' slots, (G, Hkv, T, D)."""
+        t = k.shape[1]
+        self.state.k[layer, self.rows, :, :t] = k.transpose(0, 2, 1, 3)
+        self.state.v[layer, self.rows, :, :t] = v.transpose(0, 2, 1, 3)
 
 
 def copy_in(buffer: Any, value: np.ndarray) -> None:

@@ -115,10 +115,9 @@ def generate_batch(
                 for _ in range(ahead):
                     run.step()
             run.runner.synchronize()
-            state = run.state
-            bad = np.flatnonzero(ek.to_numpy(state.bad)).tolist() if temperature > 0 else []
-            results = [Completion(tokens, stop) for tokens, stop in state.results()]
-            drafted, accepted = int(state.drafted.sum()), int(state.accepted.sum())
+            bad = run.not_finite() if temperature > 0 else []
+            results = [Completion(tokens, stop) for tokens, stop in run.results()]
+            drafted, accepted = int(run.state.drafted.sum()), int(run.state.accepted.sum())
         finally:
             run.finish()  # the state is read: a kept decoder may serve the next call
     if bad:

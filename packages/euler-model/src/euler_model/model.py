@@ -59,7 +59,8 @@ def trunk_forward(
     On the GPU's bf16 path (see blocks.py) the hidden state is a bf16 activation: it only feeds the heads
     (float32 for conditioned heads, config.mtp_conditioned, which add to it; each product still rounds it).
 
-    kv: an optional KVCache (generation): keys/values are appended to it, no backward is possible.
+    kv: a prefill's decode_state.PrefillRows (generation): each layer's keys and values are written into
+    the decode state's rows for the decode steps that follow; no backward is possible.
     recompute: keep only the stream entering each layer, not its caches; trunk_backward re-runs the
     layer's forward from it (recompute.py). Also what a forward without backward uses (less memory).
     fp8_scales: delayed FP8 scales (ek.new_fp8_scales(blocks.fp8_scale_formats(config))) for the FFN's
@@ -69,11 +70,6 @@ def trunk_forward(
     """
     if kv is not None and recompute:
         raise ValueError("trunk_forward: recompute is for a forward without KV cache")
-    if kv is not None and kv.length + tokens.shape[1] > config.context:
-        raise ValueError(
-            f"trunk_forward: {kv.length} cached + {tokens.shape[1]} new positions "
-            f"exceed the context {config.context}"
-        )
     rope = rope_for(config, params["embed"])
     b, t = tokens.shape
     bf16 = kv is None and bf16_path(params, precision)  # bf16 activations (training, GPU)
@@ -99,8 +95,6 @@ def trunk_forward(
         del layer_params
         caches.append(cache if saved is None else saved)
         del cache  # with recompute the layer's caches are freed here
-    if kv is not None:
-        kv.advance(t)
     # (N, C): the last block's branch added; float32 for conditioned heads, which add P_k e to it
     _, h, c_norm = norm_in(config, params["norm"], stream, bf16 and not config.mtp_conditioned)
     caches.append((c_norm, (b, t), bf16, bool(fp8)))  # fp8: the last FFN takes the gradient's maximum
