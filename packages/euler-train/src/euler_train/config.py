@@ -181,13 +181,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "log": {"every": 10},
         "run": {"device": "gpu", "precision": "tf32"},
     },
-    # the two larger sizes of issue 18's table, bf16 on one GPU; peak learning rates from GPT-3's table for
-    # the nearest sizes (350M: 3e-4, 1.3B: 2e-4), not tuned here
-    # Both keep their bf16 activations: 350m 2.5% faster a step on an H200, 21.1 GiB held (re-made: 17.9;
-    # bf16 torch.compile: 21.9); 1b 2.6% faster on an H100, 21.57 GiB held with the captured step's planned
-    # memory (re-made: 19.15; compile: 21.71). Where that does not fit, the memory check says to set it
-    # false. Both take bf16 weight gradients (1b: +1.1% a step, 19.6 GiB held instead of 21.1; 300-step
-    # curve within the spread)
+    # the two larger sizes, bf16 on one GPU; peak learning rates from GPT-3's table for the nearest sizes
+    # (350M: 3e-4, 1.3B: 2e-4), not tuned here. Both keep their bf16 activations and take bf16 weight
+    # gradients (faster a step for little memory: docs/benchmarks/train_gpu.md); where that does not fit,
+    # the memory check says which to set false
     "350m": {
         "model": {"preset": "350m"},
         "train": {
