@@ -134,7 +134,7 @@ def test_the_captured_dpo_step_equals_the_eager_one(cli, tmp_path, prefs_data, g
     the losses, norms, held-out statistics and final weights of six steps."""
     common = ("--steps", "6", "--eval-every", "3", "--ckpt-every", "6", "--lr", "3e-3", "--beta", "0.5",
               "--device", "gpu", "--precision", "fp32", "--set", "eval.batches=2")  # fmt: skip
-    graph = dpo(cli, prefs_data, gpu_init, tmp_path / "graph", *common)
+    graph = dpo(cli, prefs_data, gpu_init, tmp_path / "graph", *common, "--set", "train.cuda_graph=true")
     assert graph.returncode == 0, graph.stderr
     assert "captured as a CUDA graph" in graph.stderr
     eager = dpo(cli, prefs_data, gpu_init, tmp_path / "eager", *common, "--set", "train.cuda_graph=false")
@@ -158,7 +158,7 @@ def test_captured_bf16_dpo_follows_fp32_and_learns(cli, tmp_path, prefs_data, gp
     """The bf16 step (bf16 products and weight copies, captured) follows the fp32 run's losses within bf16's
     rounding, and its training pairs' reward accuracy rises as fp32's does."""
     common = ("--steps", "30", "--eval-every", "30", "--lr", "3e-3", "--beta", "0.5", "--device", "gpu",
-              "--set", "eval.batches=4")  # fmt: skip
+              "--set", "eval.batches=4", "--set", "train.cuda_graph=true")  # fmt: skip
     runs = {}
     for precision in ("bf16", "fp32"):
         done = dpo(cli, prefs_data, gpu_init, tmp_path / precision, *common, "--precision", precision)

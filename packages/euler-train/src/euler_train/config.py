@@ -68,7 +68,7 @@ class TrainConfig:
     muon_momentum: float = 0.95  # Muon's Nesterov momentum
     seed: int = 0  # every random choice is a function of (seed, step)
     on_nonfinite: str = "stop"  # "stop" the run or "skip" the step on a NaN/inf loss or gradient
-    cuda_graph: bool = True  # pretraining on one GPU: capture the whole step once, replay it (graph_step.py)
+    cuda_graph: bool = True  # training on one GPU: capture the whole step once, replay it (graph_step.py)
     zero: int = 0  # 1: ZeRO stage 1, each process keeps its share of the optimizer state (zero.py)
     recompute: bool = False  # keep only each layer's input, re-run the layer in the backward (less memory)
     # bf16 / fp8: keep each norm's output and the SwiGLU product for the backward instead of re-making
@@ -295,9 +295,10 @@ def sft_overlay(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def dpo_overlay(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """What `dpo` changes in a preset besides sft_overlay: a tenth of sft's learning rate (preference
-    tuning moves an SFT model less still)."""
+    tuning moves an SFT model less still), and its GPU step eager unless train.cuda_graph is set true
+    (capturing the dpo step is opt-in until its GPU tests have run: euler-train's README)."""
     lr = cfg["train"]["lr"] / 10
-    return {"train": {"lr": lr, "min_lr": lr / 10}}
+    return {"train": {"lr": lr, "min_lr": lr / 10, "cuda_graph": False}}
 
 
 def preset_config(name: str, mode: str = "pretrain") -> dict[str, dict[str, Any]]:
