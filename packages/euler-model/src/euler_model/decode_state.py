@@ -106,6 +106,44 @@ class DecodeState:
         self.stopped_by.fill(-1)
         self.bad.fill(False)
 
+    def reset_row(
+        self, row: int, prompt: list[int], limit: int, stops: set[int], uniforms: np.ndarray
+    ) -> None:
+        """Start one row in these buffers while the others go on (a request joining a running batch between
+        steps): its prompt (1..context-1 ids), limit, stop set and host uniforms (n + 1,); its counters and
+        caches back to zero (a prefill of PrefillRows(self, slice(row, row + 1)) then writes its slots)."""
+        v = self.stop.shape[1]
+        stop, seen = np.zeros(v, dtype=bool), np.zeros(v, dtype=bool)
+        stop[[t for t in sorted(stops) if 0 <= t < v]] = True
+        seen[prompt] = True
+        draws = np.zeros(self.uniforms.shape[1])
+        draws[: len(uniforms)] = uniforms
+        one = slice(row, row + 1)
+        values = {
+            "last": [prompt[-1]],
+            "pos": [len(prompt) - 1],
+            "limit": [limit],
+            "done": [limit <= 0],
+            "stop": stop[None],
+            "seen": seen[None],
+            "uniforms": draws[None],
+            "stopped_by": [-1],
+        }
+        for name, value in values.items():
+            buffer = getattr(self, name)
+            copy_in(buffer[one], np.asarray(value, dtype=buffer.dtype))
+        for name in ("count", "out", "drafts", "drafted", "accepted", "bad"):
+            getattr(self, name)[one].fill(0)
+        self.k[:, row].fill(0)
+        self.v[:, row].fill(0)
+
+    def end_row(self, row: int) -> None:
+        """End a row where it is (a request that left: nothing of it changes any more), its position back to
+        the first slot so that it holds no later step's attention window open."""
+        one = slice(row, row + 1)
+        self.done[one].fill(True)
+        self.pos[one].fill(0)
+
     def record(self, token: Any) -> None:
         """Take each row's next token (B,): emitted by the rows still going that did not draw a stop
         token; a stop token or the row's limit ends the row (ek.decode_record). Device work only."""

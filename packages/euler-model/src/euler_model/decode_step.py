@@ -51,7 +51,7 @@ class Picker:
         (so row b's j-th sampled token uses its j-th draw, whatever the other rows do)."""
         if self.greedy:
             return z.argmax(axis=-1)  # in float64 the order, and so the first maximum, is the same
-        return self._choose(z, state.seen, state.uniforms[state.rows, state.count], state.bad)
+        return self.choose(z, state.seen, state.uniforms[state.rows, state.count], state.bad)
 
     def pick_fed(self, z: Any, state: DecodeState) -> Any:
         """Token ids (B, T) from the logits z (B, T, V) after each token a speculative step fed along a
@@ -68,11 +68,11 @@ class Picker:
             seen[state.rows[:, None], i:, state.drafts[:, i - 1 : i]] = True
         draws = state.uniforms[state.rows[:, None], at]  # (B, T)
         bad = xp.zeros(b * t, dtype=bool)
-        tokens = self._choose(z.reshape(b * t, v), seen.reshape(b * t, v), draws.reshape(-1), bad)
+        tokens = self.choose(z.reshape(b * t, v), seen.reshape(b * t, v), draws.reshape(-1), bad)
         state.bad |= bad.reshape(b, t).any(axis=1)
         return tokens.reshape(b, t)
 
-    def _choose(self, z: Any, seen: Any, draws: Any, bad: Any) -> Any:
+    def choose(self, z: Any, seen: Any, draws: Any, bad: Any) -> Any:
         """Token ids (N,) from logits z (N, V): penalised for the tokens seen (N, V), then greedy or sampled
         with draws (N,); bad (N,) |= the rows whose probabilities are not finite."""
         xp = ek.get_array_module(z)

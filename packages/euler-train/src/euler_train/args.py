@@ -165,6 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
         "two drafts; 0,1,0 head 1's two best guesses, head 2's after the first (default 0: one draft)",
     )
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    serve = add("serve", "an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)")
+    serve.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: this machine only)"
+    )
+    serve.add_argument("--port", type=number(int, 1, 65535), default=8000)
+    serve.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu")
+    serve.add_argument(
+        "--max-batch", type=number(int, 1, 128), default=16, metavar="N", help="requests decoded together"
+    )
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every /v1 request")
+    serve.add_argument(
+        "--max-tokens", type=number(int, 1), metavar="N", help="a request's max_tokens at most"
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=number(int, 1), default=1 << 20, metavar="N", help="largest request body"
+    )
     check = add("check", "gradient check of every op and of the whole model (float64)")
     check.add_argument("--quick", action="store_true", help="fewer cases")
     exp = add("export-hf", "write a Hugging Face LlamaForCausalLM folder")

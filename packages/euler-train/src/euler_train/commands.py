@@ -120,6 +120,12 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    from euler_train.serve import run_serve as serve  # the HTTP stack only for this command
+
+    return serve(args)
+
+
 def run_check(args: argparse.Namespace) -> int:
     return check(quick=args.quick)
 
@@ -183,6 +189,7 @@ COMMANDS = {
     "plot": run_plot,
     "eval": run_eval,
     "report": run_report,
+    "serve": run_serve,
 }
 
 

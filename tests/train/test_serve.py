@@ -1,0 +1,264 @@
+"""`euler-train serve` over a socket: the official `openai` client against a live server (a subprocess of
+the real CLI on 127.0.0.1), streamed and not, against `euler-train generate`; concurrent requests;
+bad requests; a client that leaves mid-stream; the API key."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+MODULES = "json re csv heapq bisect shutil enum pathlib string random difflib decimal calendar textwrap"
+QUESTIONS = [f"What does {name} do?" for name in [*MODULES.split(), "zipfile", "pydoc"]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(base: str, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of one request over a plain HTTP connection."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers={"content-type": "application/json"})
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read() or b"null")
+    finally:
+        conn.close()
+
+
+def health(base: str) -> dict:
+    return call(base, "GET", "/health")[1]
+
+
+def start(checkpoint, *flags: str) -> tuple[subprocess.Popen, str]:
+    """The server as a subprocess of the CLI; (process, its base URL) once /health answers."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "euler_train.cli",
+        "serve",
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen([*argv, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if call(base, "GET", "/health")[0] == 200:
+                return proc, base
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not come up")
+
+
+def stop(proc: subprocess.Popen) -> bool:
+    """SIGTERM; whether the server ended by it (uvicorn ends the process by the signal once drained)."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=30) in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def server(chat_run):
+    proc, base = start(chat_run, "--max-batch", "16")
+    yield base
+    assert stop(proc)
+
+
+def client(base: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def generate(cli, checkpoint, prompt: str, *flags: str) -> str:
+    done = cli("generate", "--checkpoint", str(checkpoint), "--chat", "--prompt", prompt, *flags)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.removesuffix("\n")
+
+
+def test_chat_streamed_and_not_equal_generate(server, chat_run, cli):
+    c = client(server)
+    assert [m.id for m in c.models.list().data] == [f"euler-{chat_run.name}"]
+    ask = {"model": "euler", "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 30}
+    whole = c.chat.completions.create(**ask, temperature=0)
+    text = whole.choices[0].message.content
+    chunks = c.chat.completions.create(**ask, temperature=0, stream=True)
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    assert text and streamed == text
+    assert text == generate(cli, chat_run, QUESTIONS[0], "--temperature", "0", "--max-new-tokens", "30")
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 5
+    # sampled with every filter and a seed: what generate samples with the same seed
+    sampled = {"temperature": 0.9, "top_p": 0.9, "seed": 3, "extra_body": {"top_k": 20}}
+    got = c.chat.completions.create(**ask, **sampled).choices[0].message.content
+    flags = (
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "20",
+        "--seed",
+        "3",
+        "--max-new-tokens",
+        "30",
+    )
+    assert got == generate(cli, chat_run, QUESTIONS[0], *flags)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_run):
+    """A server of the pretrained (not chat-tuned) model: plain completions run on."""
+    proc, base = start(tiny_run, "--max-batch", "4")
+    yield base
+    assert stop(proc)
+
+
+def test_completions_with_logprobs_and_stop_strings(pretrained, server):
+    c = client(pretrained)
+    ask = {"model": "euler", "prompt": "The json module", "max_tokens": 8, "temperature": 0}
+    done = c.completions.create(**ask, logprobs=3)
+    choice, lp = done.choices[0], done.choices[0].logprobs
+    assert "".join(lp.tokens) == choice.text and len(lp.tokens) == done.usage.completion_tokens == 8
+    assert choice.finish_reason == "length"
+    for logprob, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert (
+            logprob <= 0 and len(top) == 3 and max(top.values()) == pytest.approx(logprob)
+        )  # greedy: the top
+    parts = list(c.completions.create(**ask, stream=True, logprobs=3))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == choice.text
+    word = choice.text[len(choice.text) // 2 :][:3]  # a stop string from the middle of the text
+    cut = c.completions.create(**ask, stop=[word])
+    assert (
+        cut.choices[0].text == choice.text[: choice.text.find(word)]
+        and cut.choices[0].finish_reason == "stop"
+    )
+    streamed = c.completions.create(**ask, stop=[word], stream=True)
+    assert "".join(p.choices[0].text for p in streamed if p.choices) == cut.choices[0].text
+    chat = client(server).chat.completions.create(
+        model="euler", messages=[{"role": "user", "content": QUESTIONS[1]}], max_tokens=5, temperature=0,
+        logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) >= 1 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+
+
+def test_sixteen_concurrent_streams_each_equal_its_request_alone(server):
+    c = client(server)
+
+    def ask(question: str, stream: bool) -> str:
+        kw = {"model": "euler", "messages": [{"role": "user", "content": question}], "max_tokens": 24,
+              "temperature": 0}  # fmt: skip
+        if not stream:
+            return c.chat.completions.create(**kw).choices[0].message.content
+        return "".join(
+            ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**kw, stream=True)
+        )
+
+    alone = [ask(q, stream=False) for q in QUESTIONS]
+    together: list[str | None] = [None] * len(QUESTIONS)
+
+    def run(i: int) -> None:
+        together[i] = ask(QUESTIONS[i], stream=True)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(QUESTIONS))]
+    steps_before = health(server)["steps"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+    steps = health(server)["steps"] - steps_before
+    assert steps < sum(24 for _ in QUESTIONS) / 4  # the rows shared their decode steps
+
+
+BAD = [
+    (b"{not json", 400, None, "not valid JSON"),
+    (json.dumps([1, 2]).encode(), 400, None, "JSON object"),
+    ({"messages": "hi"}, 400, "messages", "non-empty list"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "role"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "string"),
+    ({"temperature": "hot"}, 400, "temperature", "number"),
+    ({"temperature": -1}, 400, "temperature", "[0.0, 2.0]"),
+    ({"top_p": 0}, 400, "top_p", "(0.0, 1.0]"),
+    ({"max_tokens": 0}, 400, "max_tokens", ">= 1"),
+    ({"max_tokens": 10_000}, 400, "max_tokens", "room"),
+    ({"n": 99}, 400, "n", "between 1 and 16"),
+    ({"stop": 7}, 400, "stop", "string"),
+    ({"stream": "yes"}, 400, "stream", "true or false"),
+    ({"presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
+    ({"top_logprobs": 50, "logprobs": True}, 400, "top_logprobs", "between 0 and 20"),
+    ({"messages": [{"role": "user", "content": "word " * 200}]}, 400, "messages", "context"),
+]
+
+
+@pytest.mark.parametrize("body, status, param, words", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_a_bad_request_gets_one_clear_error_and_the_server_stays_up(server, body, status, param, words):
+    if isinstance(body, dict):
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode()
+    got, reply = call(server, "POST", "/v1/chat/completions", body)
+    assert got == status, reply
+    error = reply["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and words in error["message"]
+    assert health(server)["status"] == "ok"
+    assert (
+        client(server)
+        .chat.completions.create(model="euler", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        .choices
+    )
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(server):
+    body = {"messages": [{"role": "user", "content": QUESTIONS[2]}], "max_tokens": 40, "stream": True,
+            "temperature": 1.0, "seed": 1}  # fmt: skip
+    host, port = server.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request(
+        "POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    reply = conn.getresponse()
+    assert reply.status == 200 and reply.readline().startswith(b"data: ")
+    conn.sock.shutdown(socket.SHUT_RDWR)  # the client leaves with the reply half read
+    conn.close()
+    deadline = time.monotonic() + 10
+    while health(server)["rows_busy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert health(server)["rows_busy"] == 0
+
+
+def test_an_api_key_is_asked_for_when_set_and_a_taken_port_is_one_line(chat_run, cli):
+    proc, base = start(chat_run, "--api-key", "sesame", "--max-batch", "2")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client(base, "wrong").models.list()
+        assert (
+            client(base, "sesame")
+            .chat.completions.create(
+                model="euler", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            .choices
+        )
+        port = base.rsplit(":", 1)[1]
+        taken = cli("serve", "--checkpoint", str(chat_run), "--port", port)
+        assert taken.returncode == 2 and len(taken.stderr.strip().splitlines()) == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in taken.stderr
+    finally:
+        assert stop(proc)
