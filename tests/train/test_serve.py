@@ -262,3 +262,71 @@ def test_an_api_key_is_asked_for_when_set_and_a_taken_port_is_one_line(chat_run,
         assert f"cannot listen on 127.0.0.1:{port}" in taken.stderr
     finally:
         assert stop(proc)
+
+
+def chromium() -> tuple[str, str] | None:
+    """(the Chromium binary, its driver) where Debian's chromium and chromium-driver are installed."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.mark.skipif(
+    chromium() is None, reason="needs Chromium and its driver (Debian: chromium chromium-driver)"
+)
+def test_the_page_streams_a_reply_and_shows_each_tokens_probability(server, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser, driver = chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(flag)
+    page = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver), options=options)
+    try:
+        page.get(f"{server}/")
+        wait = WebDriverWait(page, 60)
+        wait.until(lambda p: p.find_element(By.ID, "model").text.startswith("euler-"))
+        page.find_element(By.ID, "temperature").clear()
+        page.find_element(By.ID, "temperature").send_keys("0")
+        page.find_element(By.ID, "max_tokens").clear()
+        page.find_element(By.ID, "max_tokens").send_keys("12")
+        page.find_element(By.ID, "message").send_keys(QUESTIONS[0])
+        page.find_element(By.ID, "send").click()
+        wait.until(lambda p: p.find_elements(By.CSS_SELECTOR, ".turn.assistant[data-done='true']"))
+        reply = page.find_element(By.CSS_SELECTOR, ".turn.assistant")
+        tokens = reply.find_elements(By.CSS_SELECTOR, ".tok")
+        want = client(server).chat.completions.create(
+            model="euler", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=12, temperature=0
+        )
+        assert tokens and reply.find_element(By.CSS_SELECTOR, ".text").text == want.choices[0].message.content
+        assert "tokens/s" in reply.find_element(By.CSS_SELECTOR, ".stats").text
+        tokens[0].click()  # the inspector: the token's probability and the alternatives it beat
+        detail = page.find_element(By.ID, "detail").text
+        assert "probability" in detail and "alternatives" in detail
+        assert len(page.find_elements(By.CSS_SELECTOR, "#detail tr")) == 1 + 5  # header + top 5
+        page.save_screenshot(str(tmp_path / "chat_page.png"))
+        assert (tmp_path / "chat_page.png").stat().st_size > 10_000
+    finally:
+        page.quit()
+
+
+def test_sigterm_lets_the_request_in_flight_finish(tiny_run):
+    proc, base = start(tiny_run, "--max-batch", "2")
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"model": "euler", "prompt": "The json module", "max_tokens": 40, "temperature": 0, "stream": True}
+    conn.request(
+        "POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    reply = conn.getresponse()
+    assert reply.readline().startswith(b"data: ")
+    proc.send_signal(signal.SIGTERM)  # mid-stream
+    rest = reply.read().decode()
+    conn.close()
+    assert rest.rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in rest
+    assert proc.wait(timeout=30) in (-signal.SIGTERM, 128 + signal.SIGTERM)

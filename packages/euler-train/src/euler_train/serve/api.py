@@ -5,6 +5,9 @@
                                 the OpenAI chunk format) or not; n, logprobs / top_logprobs
     POST /v1/completions        a plain prompt continued; logprobs as the legacy API has them
     GET  /health                {"status", "rows_busy", "rows", "steps"}
+    GET  /                      the chat page (page/): replies streamed, each token coloured by the model's
+                                probability of it, the alternatives it beat on a click, time to first
+                                token and tokens/s, the settings, the conversation as JSON
 
 Starlette serves it (uvicorn runs it). Bad input gets a 400 in the OpenAI error shape
 ({"error": {"message", "type", "param", "code"}}) naming the field, before anything is queued: JSON that
@@ -23,17 +26,20 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from euler_model.decode_step import Picker
 from euler_train.sampling import END, EOT, SamplingModel, encode_prompt, prompt_ids, stop_ids
 from euler_train.serve.engine import Engine, Request
 
+PAGE = Path(__file__).parent / "page"  # the chat page's files
 MAX_STOPS = 4  # stop strings a request may give (the API's limit)
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs at most (completions' logprobs: 5)
 
@@ -310,6 +316,8 @@ class Server:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/", self.page, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=PAGE), name="static"),
         ]
         return Starlette(routes=routes, exception_handlers={BadRequest: self._bad}, lifespan=self._lifespan)
 
@@ -351,6 +359,10 @@ class Server:
         self._check_key(request)
         card = {"id": self.settings.model_id, "object": "model", "created": 0, "owned_by": "euler"}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def page(self, _: HttpRequest) -> Response:
+        """The chat page (page/: static files shipped in the package, nothing from the network)."""
+        return FileResponse(PAGE / "index.html")
 
     async def health(self, _: HttpRequest) -> Response:
         status = "ok" if self.engine.error is None and self.engine.thread.is_alive() else "failed"
