@@ -22,6 +22,7 @@ import asyncio
 import codecs
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -40,6 +41,7 @@ from euler_train.sampling import END, EOT, SamplingModel, encode_prompt, prompt_
 from euler_train.serve.engine import Engine, Request
 
 PAGE = Path(__file__).parent / "page"  # the chat page's files
+STREAM_INTERVAL_S = 0.02  # a stream's chunks at most this often: tokens that come faster share one
 MAX_STOPS = 4  # stop strings a request may give (the API's limit)
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs at most (completions' logprobs: 5)
 
@@ -162,6 +164,7 @@ class Job:
     stops: list[str]
     top_logprobs: int | None
     include_usage: bool = False
+    ignore_eos: bool = False  # an extension (vLLM's): <|end|> and <|endoftext|> do not end it (benchmarks)
 
 
 def read_job(body: Any, model: SamplingModel, settings: Settings, chat: bool, slots: int) -> Job:
@@ -223,9 +226,8 @@ def read_job(body: Any, model: SamplingModel, settings: Settings, chat: bool, sl
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
     picker = Picker(temperature, top_k or None, top_p if top_p < 1.0 else None, penalty)
-    return Job(
-        ids, limit or most, picker, seed, n, stream, _stops(body), top, bool(options.get("include_usage"))
-    )
+    usage, ignore_eos = bool(options.get("include_usage")), _flag(body, "ignore_eos")
+    return Job(ids, limit or most, picker, seed, n, stream, _stops(body), top, usage, ignore_eos)
 
 
 # --- one choice's text -------------------------------------------------------------------------------
@@ -309,6 +311,25 @@ class Server:
     def __init__(self, model: SamplingModel, engine: Engine, settings: Settings) -> None:
         self.model, self.engine, self.settings = model, engine, settings
         self.stop_tokens = set(stop_ids(model.tokenizer, (END, EOT)))
+        self.mail: list[tuple[asyncio.Queue, tuple]] = []  # engine events not yet handed to their requests
+        self.mail_lock = threading.Lock()
+        self.mail_due = False  # a delivery is scheduled on the event loop
+
+    def _post(self, loop: Any, events: asyncio.Queue, event: tuple) -> None:
+        """From the engine's thread: queue an event for a request; the event loop is woken once for all the
+        events of a step, not once for each."""
+        with self.mail_lock:
+            self.mail.append((events, event))
+            if self.mail_due:
+                return
+            self.mail_due = True
+        loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.mail_lock:
+            mail, self.mail, self.mail_due = self.mail, [], False
+        for events, event in mail:
+            events.put_nowait(event)
 
     def app(self) -> Starlette:
         routes = [
@@ -409,15 +430,14 @@ class Server:
             choice = Choice(self.model.tokenizer, job.stops)
 
             def on_token(token: int, logprob: float | None, top: list, i: int = i) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, ("token", i, token, logprob, top))
+                self._post(loop, events, ("token", i, token, logprob, top))
 
             def on_end(reason: str, i: int = i) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, ("end", i, reason, None, None))
+                self._post(loop, events, ("end", i, reason, None, None))
 
             seed = None if job.seed is None else job.seed + i
-            row = Request(
-                job.prompt, job.limit, job.picker, self.stop_tokens, seed, on_token, on_end, job.top_logprobs
-            )
+            stops = set() if job.ignore_eos else self.stop_tokens
+            row = Request(job.prompt, job.limit, job.picker, stops, seed, on_token, on_end, job.top_logprobs)
             choices.append(choice)
             rows.append(row)
             self.engine.submit(row)
@@ -503,18 +523,23 @@ class Server:
             if chat:
                 for i in range(len(choices)):
                     yield chunk(i, "", None, [], first=True)
-            ended, logged = 0, [0] * len(choices)
-            while ended < len(choices):
-                event = await events.get()
-                i = self._take(event, choices, rows)
-                c = choices[i]
-                final = event[0] == "end"
-                piece = c.ready(final)
-                entries = c.logprobs[logged[i] :]
-                logged[i] = len(c.logprobs)
-                if piece or entries or final:
-                    yield chunk(i, piece, c.finish if final else None, entries)
-                ended += final
+            ended, logged = [False] * len(choices), [0] * len(choices)
+            sent_at = [0.0] * len(choices)  # when each choice's last chunk went out (0: none yet)
+            while not all(ended):
+                batch = [await events.get()]
+                while not events.empty():  # what else came meanwhile goes out in the same chunks
+                    batch.append(events.get_nowait())
+                for event in batch:
+                    self._take(event, choices, rows)
+                    ended[event[1]] |= event[0] == "end"
+                now = time.monotonic()
+                for i, c in enumerate(choices):
+                    if not ended[i] and sent_at[i] and now - sent_at[i] < STREAM_INTERVAL_S:
+                        continue  # tokens that come faster than that go out together
+                    piece, entries = c.ready(ended[i]), c.logprobs[logged[i] :]
+                    if piece or entries or (ended[i] and sent_at[i] >= 0):
+                        logged[i], sent_at[i] = len(c.logprobs), now if not ended[i] else -1.0
+                        yield chunk(i, piece, c.finish if ended[i] else None, entries)
             if job.include_usage:
                 yield (
                     "data: "

@@ -4,7 +4,8 @@ The engine owns `slots` rows of one decode state (euler_model.DecodeState: per r
 counters, stop set, draws and its slots of the KV cache). A thread runs the loop:
 
     admit   each waiting request takes a free row: reset_row, its prompt prefilled straight into the row's
-            cache slots (trunk_forward with PrefillRows), its first token picked and recorded
+            cache slots (trunk_forward with PrefillRows; requests that arrived together with prompts of
+            one length in adjacent rows, together), its first token picked and recorded
     step    one decode step for every row (euler_model.decode_hidden, then head 0): the logits (B, V)
     pick    each going row's token by its own sampling settings and draw, then DecodeState.record
     emit    each request gets its new token (with its log-probability and the top alternatives when it
@@ -73,6 +74,13 @@ class Engine:
 
     # --- the caller's side ------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
+        """Queue a request (ValueError, at once, for one that cannot fit the context)."""
+        context = self.model.mcfg.context
+        if not 1 <= len(request.prompt) < context or not 0 <= request.limit <= context - len(request.prompt):
+            raise ValueError(
+                f"a request needs 1 to {context - 1} prompt tokens and at most the context's room after them "
+                f"as its limit; got {len(request.prompt)} and {request.limit}"
+            )
         request.stats["queued"] = time.monotonic()
         self.waiting.put(request)
 
@@ -105,33 +113,54 @@ class Engine:
             raise
 
     def _admit(self, block: bool) -> bool:
-        """Waiting requests into free rows (waiting for one when `block`); False once closed."""
-        while None in self.rows:
+        """Waiting requests into free rows (waiting for one when `block`); False once closed. Requests that
+        arrived together with prompts of one length are prefilled together, in adjacent rows."""
+        arrived, closing = [], False
+        while len(arrived) < self.rows.count(None):
             try:
-                request = self.waiting.get(block=block)
+                request = self.waiting.get(block=block and not arrived)
             except queue.Empty:
-                return True
+                break
             if request is None:
-                return False
-            block = False
+                closing = True
+                break
             if request.cancelled:
                 request.on_end("cancelled")
                 continue
-            self._start(self.rows.index(None), request)
-        return True
+            arrived.append(request)
+        by_length: dict[int, list[Request]] = {}
+        for request in arrived:
+            by_length.setdefault(len(request.prompt), []).append(request)
+        for group in by_length.values():
+            while group:
+                first, size = self._free_run(len(group))
+                self._start(first, group[:size])
+                group = group[size:]
+        return not closing
 
-    def _start(self, row: int, request: Request) -> None:
-        """The request's prompt prefilled into `row`, its first token picked and recorded."""
+    def _free_run(self, most: int) -> tuple[int, int]:
+        """(first row, length) of the longest run of adjacent free rows, at most `most` long."""
+        best, run = (0, 0), 0
+        for b, request in enumerate(self.rows):
+            run = run + 1 if request is None else 0
+            if run > best[1]:
+                best = (b - run + 1, run)
+        return best[0], min(best[1], most)
+
+    def _start(self, first: int, requests: list[Request]) -> None:
+        """The requests' prompts (of one length) prefilled together into rows first.., their first tokens
+        picked and recorded."""
         cfg, params, state, precision = self.model.mcfg, self.model.params, self.state, self.model.precision
-        draws = np.random.default_rng(request.seed).random(request.limit + 1)
-        state.reset_row(row, request.prompt, request.limit, request.stops, draws)
-        tokens = self.xp.asarray(np.asarray([request.prompt], dtype=np.int64))  # (1, T)
-        h = trunk_forward(
-            cfg, params, tokens, kv=PrefillRows(state, slice(row, row + 1)), precision=precision
-        )[0]
-        z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (1, V)
-        self.rows[row] = request
-        self._pick_and_emit(z, rows=[row])
+        rows = range(first, first + len(requests))
+        for row, request in zip(rows, requests):
+            draws = np.random.default_rng(request.seed).random(request.limit + 1)
+            state.reset_row(row, request.prompt, request.limit, request.stops, draws)
+            self.rows[row] = request
+        tokens = self.xp.asarray(np.asarray([r.prompt for r in requests], dtype=np.int64))  # (G, T)
+        kv = PrefillRows(state, slice(rows.start, rows.stop))
+        h = trunk_forward(cfg, params, tokens, kv=kv, precision=precision)[0]  # (G, T, C)
+        z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
+        self._pick_and_emit(z, rows=list(rows))
 
     def _drop_cancelled(self) -> None:
         for b, request in enumerate(self.rows):
