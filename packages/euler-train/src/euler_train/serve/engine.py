@@ -160,7 +160,7 @@ class Engine:
         kv = PrefillRows(state, slice(rows.start, rows.stop))
         h = trunk_forward(cfg, params, tokens, kv=kv, precision=precision)[0]  # (G, T, C)
         z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
-        self._pick_and_emit(z, rows=list(rows))
+        self._pick_and_emit(z, rows)
 
     def _drop_cancelled(self) -> None:
         for b, request in enumerate(self.rows):
@@ -175,40 +175,43 @@ class Engine:
         h = decode_hidden(cfg, self.weights, state, window, precision=self.model.precision)  # (B, C)
         z = ek.decode_linear_forward(h, self.weights["heads.0"], precision=self.model.precision)  # (B, V)
         self.steps += 1
-        self._pick_and_emit(z, rows=[b for b, r in enumerate(self.rows) if r is not None])
+        self._pick_and_emit(z, range(self.slots))  # free rows are done: they pick nothing that counts
 
-    def _pick_and_emit(self, z: Any, rows: list[int]) -> None:
-        """Pick each of `rows`' next token from its logits (z (B, V) of every row, or (len(rows), V) of
-        these), record it in the row's buffers, and tell each request what it got."""
-        state, every = self.state, z.shape[0] == self.slots
+    def _pick_and_emit(self, z: Any, rows: range) -> None:
+        """Pick the next token of each of `rows` (adjacent rows; z (len(rows), V) their logits), record it
+        in their buffers, and tell each request what it got. Rows with the same sampling settings are picked
+        together: each rule works row by row, so a row's token is the one it would get alone."""
+        state, xp = self.state, self.xp
         counts_before = ek.to_numpy(state.count).copy()  # (to_numpy hands a NumPy array itself back)
+        groups: dict[Picker, list[int]] = {}
         for i, b in enumerate(rows):
-            one = slice(b, b + 1)
-            zb = z[one] if every else z[i : i + 1]  # (1, V)
-            draw = state.uniforms[one, state.count[b]]  # (1,) the row's next draw
-            token = self.rows[b].picker.choose(zb, state.seen[one], draw, state.bad[one])  # (1,)
-            buffers = (
-                state.out,
-                state.last,
-                state.pos,
-                state.count,
-                state.stopped_by,
-                state.done,
-                state.seen,
-            )
-            ek.decode_record(token, *(a[one] for a in buffers), state.stop[one], state.limit[one])
+            if self.rows[b] is not None:  # a free row is done: it records nothing
+                groups.setdefault(self.rows[b].picker, []).append(i)
+        part = slice(rows.start, rows.stop)
+        tokens = xp.zeros(len(rows), dtype=xp.int64)
+        for picker, members in groups.items():
+            at = xp.asarray(np.asarray(members) + rows.start)  # the members' rows of the state
+            draws = state.uniforms[at, state.count[at]]  # (G,) each row's next draw
+            bad = xp.zeros(len(members), dtype=bool)
+            chosen = picker.choose(z[xp.asarray(members)], state.seen[at], draws, bad)
+            tokens[xp.asarray(members)] = chosen
+            state.bad[at] |= bad
+        buffers = (state.out, state.last, state.pos, state.count, state.stopped_by, state.done, state.seen)
+        ek.decode_record(tokens, *(a[part] for a in buffers), state.stop[part], state.limit[part])
         count, done, out = (ek.to_numpy(a) for a in (state.count, state.done, state.out))
         stopped, bad = ek.to_numpy(state.stopped_by), ek.to_numpy(state.bad)
-        wants = any(self.rows[b].top_logprobs is not None for b in rows)
+        wants = any(self.rows[b] is not None and self.rows[b].top_logprobs is not None for b in rows)
         host_z = ek.to_numpy(z).astype(np.float64) if wants else None
         for i, b in enumerate(rows):
             request = self.rows[b]
+            if request is None:
+                continue
             if bad[b]:
                 self._end(b, "error")
                 continue
             if count[b] > counts_before[b]:
                 token = int(out[b, count[b] - 1])
-                logprob, top = self._logprobs(host_z, b if every else i, token, request.top_logprobs)
+                logprob, top = self._logprobs(host_z, i, token, request.top_logprobs)
                 request.stats.setdefault("first_token", time.monotonic())
                 request.on_token(token, logprob, top)
             if done[b]:
