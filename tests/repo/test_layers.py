@@ -95,6 +95,8 @@ LAZY_FOR_STARTUP = {
     ("euler-data/src/euler_data/__init__.py", "euler_data.pipeline"): "prepare: DuckDB stays out of "
     "`import euler_data`, which the loaders and read_meta (and so euler-train's start-up) need",
     ("euler-train/src/euler_train/plot.py", "matplotlib"): "over a second to import; only drawing needs it",
+    ("euler-train/src/euler_train/commands.py", "euler_train.serve"): "the HTTP stack (Starlette, uvicorn) "
+    "only for `serve`",
     ("euler-train/src/euler_train/plot.py", "matplotlib.pyplot"): "the same, after matplotlib.use('Agg')",
 }
 

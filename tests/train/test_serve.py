@@ -334,3 +334,39 @@ def test_sigterm_lets_the_request_in_flight_finish(tiny_run):
     conn.close()
     assert whole.rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in whole
     assert proc.wait(timeout=30) in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def test_the_engine_ends_a_request_whose_probabilities_are_not_finite_and_goes_on():
+    """NaN logits: a sampled request ends as not_finite; a greedy one beside it still gets its tokens."""
+    import numpy as np
+
+    import euler_model
+    from euler_model.decode_step import Picker
+    from euler_train.sampling import SamplingModel
+    from euler_train.serve.engine import Engine, Request
+
+    cfg = euler_model.preset("tiny")
+    params = euler_model.init_params(cfg, seed=0)
+    params["heads.0"][5] = np.nan  # one row of the head: every logit vector has a NaN
+    engine = Engine(SamplingModel(cfg, params, tokenizer=None), slots=2)
+    ends: dict[str, str] = {}
+    got: dict[str, list[int]] = {"greedy": [], "sampled": []}
+    done = threading.Event()
+
+    def request(name: str, picker: Picker) -> Request:
+        def end(reason: str) -> None:
+            ends[name] = reason
+            if len(ends) == 2:
+                done.set()
+
+        return Request([1, 2, 3], 4, picker, set(), 0, lambda t, lp, top: got[name].append(t), end)
+
+    try:
+        engine.submit(request("sampled", Picker(temperature=1.0)))
+        engine.submit(request("greedy", Picker(temperature=0.0)))
+        assert done.wait(30)
+    finally:
+        engine.close()
+    assert ends == {"sampled": "not_finite", "greedy": "length"} and len(got["greedy"]) == 4
+    with pytest.raises(ValueError, match="prompt tokens"):
+        engine.submit(Request(list(range(cfg.context)), 1, Picker(), set(), 0, print, print))

@@ -10,6 +10,8 @@ import argparse
 import socket
 import sys
 
+import uvicorn
+
 from euler_train.config import ConfigError
 from euler_train.sampling import load_for_sampling
 from euler_train.serve.api import Server, Settings
@@ -26,8 +28,6 @@ def check_address(host: str, port: int) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     check_address(args.host, args.port)  # before the model is loaded
     model = load_for_sampling(args.checkpoint, args.device)
     engine = Engine(model, args.max_batch)

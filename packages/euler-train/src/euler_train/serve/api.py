@@ -422,6 +422,10 @@ class Server:
         finally:
             for row in rows:
                 row.cancelled = True  # a no-op for the rows that ended; frees those of a client that left
+        if any(c.finish == "not_finite" for c in choices):
+            raise BadRequest("the model's probabilities are not finite (NaN or inf logits)", status=500)
+        if any(c.finish == "error" for c in choices):
+            raise BadRequest(f"the decoding engine failed: {self.engine.error}", status=500)
         return JSONResponse(self._whole(job, chat, head, choices))
 
     def _submit(self, job: Job, events: asyncio.Queue, loop: Any) -> tuple[list[Choice], list[Request]]:

@@ -39,7 +39,8 @@ from euler_train.sampling import SamplingModel
 @dataclass
 class Request:
     """One sequence to decode, and what the engine tells its caller (`on_token(token, logprob, top)` for
-    each new token, then `on_end(reason)` once: "stop", "length" or "cancelled")."""
+    each new token, then `on_end(reason)` once: "stop", "length", "cancelled", "not_finite" (the
+    probabilities it sampled from were not) or "error" (the engine failed))."""
 
     prompt: list[int]
     limit: int  # most new tokens (the context's room already counted)
@@ -98,19 +99,29 @@ class Engine:
     # --- the loop ---------------------------------------------------------------------------------
     def _loop(self) -> None:
         try:
-            while True:
-                if not self._admit(block=self.busy_rows() == 0):
-                    return
+            while self._admit(block=self.busy_rows() == 0):
                 self._drop_cancelled()
                 if self.busy_rows():
                     self._step()
+            self._end_all("cancelled")  # closed: whatever is left ends now
         except BaseException as err:  # the server answers every request in flight with it
             self.error = err
-            for b, request in enumerate(self.rows):
-                if request is not None:
-                    self.rows[b] = None
-                    request.on_end("error")
+            self._end_all("error")
             raise
+
+    def _end_all(self, reason: str) -> None:
+        """End every request in a row or waiting for one."""
+        for b, request in enumerate(self.rows):
+            if request is not None:
+                self.rows[b] = None
+                request.on_end(reason)
+        while True:
+            try:
+                request = self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            if request is not None:
+                request.on_end(reason)
 
     def _admit(self, block: bool) -> bool:
         """Waiting requests into free rows (waiting for one when `block`); False once closed. Requests that
@@ -207,7 +218,7 @@ class Engine:
             if request is None:
                 continue
             if bad[b]:
-                self._end(b, "error")
+                self._end(b, "not_finite")
                 continue
             if count[b] > counts_before[b]:
                 token = int(out[b, count[b] - 1])
