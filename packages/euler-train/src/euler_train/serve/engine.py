@@ -3,10 +3,10 @@
 The engine owns `slots` rows of one decode state (euler_model.DecodeState: per row its tokens, position,
 counters, stop set, draws and its slots of the KV cache). A thread runs the loop:
 
-    admit   each waiting request takes a free row: reset_row, its prompt prefilled straight into the row's
-            cache slots (trunk_forward with PrefillRows; requests that arrived together with prompts of
-            one length in adjacent rows, together), its first token picked and recorded
-    step    one decode step for every row (euler_model.decode_hidden, then head 0): the logits (B, V)
+    admit   each waiting request takes a free row: reset_row, its prompt prefilled alone straight into the
+            row's cache slots (trunk_forward with PrefillRows), its first token picked and recorded
+    step    one decode step for every row (euler_model.decode_hidden, then head 0): the logits (B, V); on
+            the GPU this forward is one CUDA graph, replayed (decode_graph.py), the picks after it eager
     pick    each going row's token by its own sampling settings and draw, then DecodeState.record
     emit    each request gets its new token (with its log-probability and the top alternatives when it
             asked), and leaves when a stop token, its limit, a stop string or its client ends it: end_row,
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_model.decode_graph import decode_runner
 from euler_model.decode_state import DecodeState, PrefillRows
 from euler_model.decode_step import Picker, attention_window, decode_hidden, inference_weights
 from euler_model.model import trunk_forward
@@ -66,6 +67,10 @@ class Engine:
         self.state.done.fill(True)  # every row free
         self.weights = inference_weights(cfg, params, precision=model.precision)
         self.kernel = ek.decode_attention_kernel(self.state.k[0], cfg.n_heads, 1)  # it reads own slots
+        self.logits = xp.zeros((slots, cfg.vocab_size), dtype=params["embed"].dtype)  # (B, V) of a step
+        # the step's forward (device work only): on the GPU captured as a CUDA graph per attention window
+        # (with the decode attention kernel, one), replayed each step; the picks after it run eagerly
+        self.runner = decode_runner(self._forward, xp, cuda_graph=True)
         self.rows: list[Request | None] = [None] * slots
         self.waiting: queue.Queue[Request | None] = queue.Queue()
         self.steps = 0
@@ -124,54 +129,38 @@ class Engine:
                 request.on_end(reason)
 
     def _admit(self, block: bool) -> bool:
-        """Waiting requests into free rows (waiting for one when `block`); False once closed. Requests that
-        arrived together with prompts of one length are prefilled together, in adjacent rows."""
-        arrived, closing = [], False
-        while len(arrived) < self.rows.count(None):
+        """Waiting requests into free rows (waiting for one when `block`); False once closed. Each prompt
+        is prefilled alone: a batched product may round a row differently with other rows beside it, and
+        a request's tokens must not depend on who else is being served."""
+        while None in self.rows:
             try:
-                request = self.waiting.get(block=block and not arrived)
+                request = self.waiting.get(block=block)
             except queue.Empty:
-                break
+                return True
             if request is None:
-                closing = True
-                break
+                return False
+            block = False
             if request.cancelled:
                 request.on_end("cancelled")
                 continue
-            arrived.append(request)
-        by_length: dict[int, list[Request]] = {}
-        for request in arrived:
-            by_length.setdefault(len(request.prompt), []).append(request)
-        for group in by_length.values():
-            while group:
-                first, size = self._free_run(len(group))
-                self._start(first, group[:size])
-                group = group[size:]
-        return not closing
-
-    def _free_run(self, most: int) -> tuple[int, int]:
-        """(first row, length) of the longest run of adjacent free rows, at most `most` long."""
-        best, run = (0, 0), 0
-        for b, request in enumerate(self.rows):
-            run = run + 1 if request is None else 0
-            if run > best[1]:
-                best = (b - run + 1, run)
-        return best[0], min(best[1], most)
+            self._start(self.rows.index(None), [request])
+        return True
 
     def _start(self, first: int, requests: list[Request]) -> None:
-        """The requests' prompts (of one length) prefilled together into rows first.., their first tokens
-        picked and recorded."""
+        """The requests' prompts (of one length) prefilled together into rows first.. (the engine passes
+        one at a time), their first tokens picked and recorded."""
         cfg, params, state, precision = self.model.mcfg, self.model.params, self.state, self.model.precision
         rows = range(first, first + len(requests))
         for row, request in zip(rows, requests):
             draws = np.random.default_rng(request.seed).random(request.limit + 1)
             state.reset_row(row, request.prompt, request.limit, request.stops, draws)
             self.rows[row] = request
-        tokens = self.xp.asarray(np.asarray([r.prompt for r in requests], dtype=np.int64))  # (G, T)
-        kv = PrefillRows(state, slice(rows.start, rows.stop))
-        h = trunk_forward(cfg, params, tokens, kv=kv, precision=precision)[0]  # (G, T, C)
-        z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
-        self._pick_and_emit(z, rows)
+        with self.runner.ordered():  # on the GPU: after the steps queued before, on their stream
+            tokens = self.xp.asarray(np.asarray([r.prompt for r in requests], dtype=np.int64))  # (G, T)
+            kv = PrefillRows(state, slice(rows.start, rows.stop))
+            h = trunk_forward(cfg, params, tokens, kv=kv, precision=precision)[0]  # (G, T, C)
+            z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
+            self._pick_and_emit(z, rows)
 
     def _drop_cancelled(self) -> None:
         for b, request in enumerate(self.rows):
@@ -180,13 +169,19 @@ class Engine:
 
     def _step(self) -> None:
         """One decode step for every row, each going row's token picked by its own settings."""
-        cfg, state = self.model.mcfg, self.state
-        last = int(ek.to_numpy(state.pos).max())  # no row feeds a token past this slot
-        window = attention_window(cfg, last, self.kernel, slots=state.k.shape[3])
-        h = decode_hidden(cfg, self.weights, state, window, precision=self.model.precision)  # (B, C)
-        z = ek.decode_linear_forward(h, self.weights["heads.0"], precision=self.model.precision)  # (B, V)
+        state = self.state
+        with self.runner.ordered():
+            last = int(ek.to_numpy(state.pos).max())  # no row feeds a token past this slot
+        self.runner.run(attention_window(self.model.mcfg, last, self.kernel, slots=state.k.shape[3]))
         self.steps += 1
-        self._pick_and_emit(z, range(self.slots))  # free rows are done: they pick nothing that counts
+        with self.runner.ordered():
+            self._pick_and_emit(self.logits, range(self.slots))  # free rows are done: their picks count not
+
+    def _forward(self, window: int) -> None:
+        """Every row's last token through the model into self.logits (B, V): device work only."""
+        precision = self.model.precision
+        h = decode_hidden(self.model.mcfg, self.weights, self.state, window, precision=precision)  # (B, C)
+        self.logits[...] = ek.decode_linear_forward(h, self.weights["heads.0"], precision=precision)
 
     def _pick_and_emit(self, z: Any, rows: range) -> None:
         """Pick the next token of each of `rows` (adjacent rows; z (len(rows), V) their logits), record it
