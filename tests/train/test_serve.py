@@ -279,7 +279,9 @@ def chromium() -> tuple[str, str] | None:
 @pytest.mark.skipif(
     chromium() is None, reason="needs Chromium and its driver (Debian: chromium chromium-driver)"
 )
-def test_the_page_streams_a_reply_and_shows_each_tokens_probability(server, tmp_path):
+def test_the_page_streams_a_reply_and_shows_each_tokens_probability_and_the_drafts(
+    server, chat_run, tmp_path
+):
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -289,33 +291,39 @@ def test_the_page_streams_a_reply_and_shows_each_tokens_probability(server, tmp_
     options.binary_location = browser
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
         options.add_argument(flag)
+    proc, speculating = start(chat_run, "--speculative", "--max-batch", "2")
     page = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver), options=options)
     try:
-        page.get(f"{server}/")
+        page.get(f"{speculating}/")
         wait = WebDriverWait(page, 60)
         wait.until(lambda p: p.find_element(By.ID, "model").text.startswith("euler-"))
         page.find_element(By.ID, "temperature").clear()
         page.find_element(By.ID, "temperature").send_keys("0")
         page.find_element(By.ID, "max_tokens").clear()
-        page.find_element(By.ID, "max_tokens").send_keys("12")
+        page.find_element(By.ID, "max_tokens").send_keys("30")
         page.find_element(By.ID, "message").send_keys(QUESTIONS[0])
         page.find_element(By.ID, "send").click()
         wait.until(lambda p: p.find_elements(By.CSS_SELECTOR, ".turn.assistant[data-done='true']"))
         reply = page.find_element(By.CSS_SELECTOR, ".turn.assistant")
         tokens = reply.find_elements(By.CSS_SELECTOR, ".tok")
         want = client(server).chat.completions.create(
-            model="euler", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=12, temperature=0
-        )
+            model="euler", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=30, temperature=0
+        )  # the plain server's reply: the same text
         assert tokens and reply.find_element(By.CSS_SELECTOR, ".text").text == want.choices[0].message.content
         assert "tokens/s" in reply.find_element(By.CSS_SELECTOR, ".stats").text
         tokens[0].click()  # the inspector: the token's probability and the alternatives it beat
         detail = page.find_element(By.ID, "detail").text
         assert "probability" in detail and "alternatives" in detail
         assert len(page.find_elements(By.CSS_SELECTOR, "#detail tr")) == 1 + 5  # header + top 5
+        drafted = reply.find_elements(By.CSS_SELECTOR, ".tok.drafted")
+        assert drafted and "accepted" in reply.find_element(By.CSS_SELECTOR, ".stats").text
+        drafted[0].click()
+        assert "Drafted by the MTP heads and accepted" in page.find_element(By.ID, "detail").text
         page.save_screenshot(str(tmp_path / "chat_page.png"))
         assert (tmp_path / "chat_page.png").stat().st_size > 10_000
     finally:
         page.quit()
+        assert stop(proc)
 
 
 def test_sigterm_lets_the_request_in_flight_finish(tiny_run):
@@ -359,7 +367,7 @@ def test_the_engine_ends_a_request_whose_probabilities_are_not_finite_and_goes_o
             if len(ends) == 2:
                 done.set()
 
-        return Request([1, 2, 3], 4, picker, set(), 0, lambda t, lp, top: got[name].append(t), end)
+        return Request([1, 2, 3], 4, picker, set(), 0, lambda t, lp, top, spec: got[name].append(t), end)
 
     try:
         engine.submit(request("sampled", Picker(temperature=1.0)))
@@ -370,3 +378,33 @@ def test_the_engine_ends_a_request_whose_probabilities_are_not_finite_and_goes_o
     assert ends == {"sampled": "not_finite", "greedy": "length"} and len(got["greedy"]) == 4
     with pytest.raises(ValueError, match="prompt tokens"):
         engine.submit(Request(list(range(cfg.context)), 1, Picker(), set(), 0, print, print))
+
+
+def test_speculative_serving_gives_plain_decodings_tokens_and_marks_the_drafts(chat_run, server):
+    """--speculative: the MTP heads draft and each step verifies; greedy and seeded-sampled replies equal the
+    plain server's, and each token says whether it was an accepted draft."""
+    proc, base = start(chat_run, "--speculative", "--max-batch", "4")
+    try:
+        fast, plain = client(base), client(server)
+        drafted = 0
+        for question in QUESTIONS[:6]:
+            for sampled in ({"temperature": 0}, {"temperature": 0.8, "seed": 5, "top_p": 0.95}):
+                ask = {
+                    "model": "euler",
+                    "messages": [{"role": "user", "content": question}],
+                    "max_tokens": 30,
+                }
+                want = plain.chat.completions.create(**ask, **sampled).choices[0].message.content
+                reply = fast.chat.completions.create(**ask, **sampled, logprobs=True, top_logprobs=1)
+                assert reply.choices[0].message.content == want
+                entries = [t.model_dump() for t in reply.choices[0].logprobs.content]
+                assert all(isinstance(t["drafted"], bool) for t in entries)
+                drafted += sum(t["drafted"] for t in entries)
+        assert drafted > 0  # the heads' drafts were accepted: tokens came without a forward of their own
+        streamed = fast.chat.completions.create(**ask, temperature=0, stream=True)
+        assert (
+            "".join(ch.choices[0].delta.content or "" for ch in streamed)
+            == plain.chat.completions.create(**ask, temperature=0).choices[0].message.content
+        )
+    finally:
+        assert stop(proc)

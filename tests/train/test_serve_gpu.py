@@ -35,7 +35,7 @@ def test_the_engine_decodes_what_generate_batch_decodes_with_its_forward_capture
     finished = threading.Semaphore(0)
     try:
         for i, (prompt, picker) in enumerate(zip(prompts, pickers)):
-            request = Request(prompt, 20, picker, set(), 7, lambda t, lp, top, i=i: got[i].append(t),
+            request = Request(prompt, 20, picker, set(), 7, lambda t, lp, top, spec, i=i: got[i].append(t),
                               lambda reason: finished.release())  # fmt: skip
             engine.submit(request)
         for _ in prompts:

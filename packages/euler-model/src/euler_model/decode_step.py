@@ -60,17 +60,30 @@ class Picker:
         (the repetition penalty's). So the tokens a step accepts are the ones plain steps would emit."""
         if self.greedy:
             return z.argmax(axis=-1)
+        tokens, bad = self.pick_fed_rows(z, state.count, state.seen, state.drafts, state.uniforms, state.rows)
+        state.bad |= bad
+        return tokens
+
+    def pick_fed_rows(
+        self, z: Any, count: Any, seen: Any, drafts: Any, uniforms: Any, rows: Any, local: Any = None
+    ) -> tuple[Any, Any]:
+        """pick_fed for G rows of a state: z (G, T, V) their logits, count (G,), seen (G, V) and drafts
+        (G, T - 1) theirs, uniforms the state's (B, W), rows (G,) their rows in it, local (G,) arange(G)
+        (default: rows, when they are every row in order). Returns (tokens (G, T), bad (G,): rows whose
+        probabilities were not finite)."""
         xp = ek.get_array_module(z)
-        b, t, v = z.shape
-        at = state.count[:, None] + xp.arange(t)  # (B, T) the draw of each position
-        seen = xp.repeat(state.seen[:, None, :], t, axis=1)  # (B, T, V)
+        g, t, v = z.shape
+        if self.greedy:
+            return z.argmax(axis=-1), xp.zeros(g, dtype=bool)
+        local = rows if local is None else local
+        at = count[:, None] + xp.arange(t)  # (G, T) the draw of each position
+        fed_seen = xp.repeat(seen[:, None, :], t, axis=1)  # (G, T, V)
         for i in range(1, t):  # positions i.. have also seen draft i
-            seen[state.rows[:, None], i:, state.drafts[:, i - 1 : i]] = True
-        draws = state.uniforms[state.rows[:, None], at]  # (B, T)
-        bad = xp.zeros(b * t, dtype=bool)
-        tokens = self.choose(z.reshape(b * t, v), seen.reshape(b * t, v), draws.reshape(-1), bad)
-        state.bad |= bad.reshape(b, t).any(axis=1)
-        return tokens.reshape(b, t)
+            fed_seen[local[:, None], i:, drafts[:, i - 1 : i]] = True
+        draws = uniforms[rows[:, None], at]  # (G, T)
+        bad = xp.zeros(g * t, dtype=bool)
+        tokens = self.choose(z.reshape(g * t, v), fed_seen.reshape(g * t, v), draws.reshape(-1), bad)
+        return tokens.reshape(g, t), bad.reshape(g, t).any(axis=1)
 
     def choose(self, z: Any, seen: Any, draws: Any, bad: Any) -> Any:
         """Token ids (N,) from logits z (N, V): penalised for the tokens seen (N, V), then greedy or sampled

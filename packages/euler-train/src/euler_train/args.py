@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every /v1 request")
     serve.add_argument(
+        "--speculative", action="store_true", help="the MTP heads draft, each step verifies: the same tokens"
+    )
+    serve.add_argument(
         "--max-tokens", type=number(int, 1), metavar="N", help="a request's max_tokens at most"
     )
     serve.add_argument(

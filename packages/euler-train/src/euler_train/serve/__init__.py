@@ -30,13 +30,14 @@ def check_address(host: str, port: int) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     check_address(args.host, args.port)  # before the model is loaded
     model = load_for_sampling(args.checkpoint, args.device)
-    engine = Engine(model, args.max_batch)
+    engine = Engine(model, args.max_batch, args.speculative)
     name = model.folder.parent.parent.name if model.folder.parent.name == "checkpoints" else model.folder.name
     settings = Settings(f"euler-{name}", args.api_key, args.max_body_bytes, args.max_tokens)
     app = Server(model, engine, settings).app()
     print(
         f"euler-train serve: {settings.model_id} ({model.folder}) on http://{args.host}:{args.port}/v1, "
-        f"{args.max_batch} rows decoded together on {args.device}",
+        f"{args.max_batch} rows decoded together on {args.device}"
+        + (f", the MTP heads drafting {engine.fed - 1} a step" if engine.tree is not None else ""),
         file=sys.stderr,
     )
     # SIGINT / SIGTERM: uvicorn stops taking connections, lets the requests in flight finish (10 s at most),

@@ -246,12 +246,13 @@ class Choice:
     def __post_init__(self) -> None:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def add(self, token: int, logprob: float | None, top: list[tuple[int, float]]) -> bool:
-        """Take a new token; True when a stop string ended the text."""
+    def add(self, token: int, logprob: float | None, top: list[tuple[int, float]], spec: Any = None) -> bool:
+        """Take a new token (spec: the engine's (drafted, rejected) when it speculates); True when a stop
+        string ended the text."""
         self.tokens.append(token)
         self.text += self.decoder.decode(self.tok.token_bytes(token))
         if logprob is not None:
-            self.logprobs.append({"token": token, "logprob": logprob, "top": top})
+            self.logprobs.append({"token": token, "logprob": logprob, "top": top, "spec": spec})
         for stop in self.stops:
             at = self.text.find(stop)
             if at >= 0:
@@ -278,16 +279,23 @@ def token_text(tok: Any, token: int) -> tuple[str, list[int]]:
 
 
 def chat_logprobs(tok: Any, entries: list[dict]) -> dict:
+    """The chat API's logprobs of some tokens; where the server speculates, each entry also says whether
+    the token was an accepted draft of the MTP heads (`drafted`) and which draft head 0 turned down after
+    it (`rejected_draft`, or null): fields of this server's, beside the API's."""
+
     def one(token: int, logprob: float) -> dict:
         text, raw = token_text(tok, token)
         return {"token": text, "logprob": logprob, "bytes": raw}
 
-    return {
-        "content": [
-            {**one(e["token"], e["logprob"]), "top_logprobs": [one(t, lp) for t, lp in e["top"]]}
-            for e in entries
-        ]
-    }
+    content = []
+    for e in entries:
+        item = {**one(e["token"], e["logprob"]), "top_logprobs": [one(t, lp) for t, lp in e["top"]]}
+        if e.get("spec") is not None:
+            drafted, rejected = e["spec"]
+            item["drafted"] = drafted
+            item["rejected_draft"] = None if rejected is None else token_text(tok, rejected)[0]
+        content.append(item)
+    return {"content": content}
 
 
 def completion_logprobs(tok: Any, entries: list[dict], start: int = 0) -> dict:
@@ -433,11 +441,11 @@ class Server:
         for i in range(job.n):
             choice = Choice(self.model.tokenizer, job.stops)
 
-            def on_token(token: int, logprob: float | None, top: list, i: int = i) -> None:
-                self._post(loop, events, ("token", i, token, logprob, top))
+            def on_token(token: int, logprob: float | None, top: list, spec: Any, i: int = i) -> None:
+                self._post(loop, events, ("token", i, token, logprob, top, spec))
 
             def on_end(reason: str, i: int = i) -> None:
-                self._post(loop, events, ("end", i, reason, None, None))
+                self._post(loop, events, ("end", i, reason, None, None, None))
 
             seed = None if job.seed is None else job.seed + i
             stops = set() if job.ignore_eos else self.stop_tokens
@@ -450,9 +458,9 @@ class Server:
     @staticmethod
     def _take(event: tuple, choices: list[Choice], rows: list[Request]) -> int:
         """Apply one engine event to its choice; returns the choice's index."""
-        kind, i, a, b, c = event
+        kind, i, a, b, c, d = event
         if kind == "token" and choices[i].finish is None:
-            if choices[i].add(a, b, c):
+            if choices[i].add(a, b, c, d):
                 rows[i].cancelled = True  # a stop string: the row ends at the next step
         elif kind == "end":
             choices[i].end(a)

@@ -25,12 +25,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 import euler_kernels as ek
 from euler_model.decode_graph import decode_runner
+from euler_model.decode_speculative import draft, drafting_heads, speculation
 from euler_model.decode_state import DecodeState, PrefillRows
 from euler_model.decode_step import Picker, attention_window, decode_hidden, inference_weights
 from euler_model.model import trunk_forward
@@ -39,16 +41,18 @@ from euler_train.sampling import SamplingModel
 
 @dataclass
 class Request:
-    """One sequence to decode, and what the engine tells its caller (`on_token(token, logprob, top)` for
-    each new token, then `on_end(reason)` once: "stop", "length", "cancelled", "not_finite" (the
-    probabilities it sampled from were not) or "error" (the engine failed))."""
+    """One sequence to decode, and what the engine tells its caller: `on_token(token, logprob, top, spec)`
+    for each new token (spec (drafted, rejected) when the engine speculates, else None: whether the token
+    was a draft of the MTP heads that head 0 accepted, and on a step's last token the draft head 0 turned
+    down there, None when it took them all); then `on_end(reason)` once: "stop", "length", "cancelled",
+    "not_finite" (the probabilities it sampled from were not) or "error" (the engine failed)."""
 
     prompt: list[int]
     limit: int  # most new tokens (the context's room already counted)
     picker: Picker
     stops: set[int]
     seed: int | None
-    on_token: Callable[[int, float | None, list[tuple[int, float]]], None]
+    on_token: Callable[[int, float | None, list[tuple[int, float]], Any], None]
     on_end: Callable[[str], None]
     top_logprobs: int | None = None  # None: no log-probabilities; k: the token's and the k most likely
     cancelled: bool = False  # set by the caller (a client that left, a stop string): the row ends
@@ -58,16 +62,24 @@ class Request:
 class Engine:
     """The decoding thread of a server (module docstring): `submit` a Request, `close` to stop."""
 
-    def __init__(self, model: SamplingModel, slots: int) -> None:
+    def __init__(self, model: SamplingModel, slots: int, speculative: bool = False) -> None:
+        """speculative: each step feeds every row its last token and the MTP heads' drafts after it (a
+        chain: euler_model.default_draft_tree), and emits head 0's tokens along the drafts it agrees with
+        (decode_speculative.py): the same tokens in fewer steps, greedy or sampled; a model with one head
+        decodes plainly."""
         cfg, params = model.mcfg, model.params
         self.model, self.slots = model, slots
         xp = ek.get_array_module(params["embed"])
         self.xp = xp
-        self.state = DecodeState.allocate(cfg, xp, params["embed"].dtype, slots)
+        self.tree = speculation(cfg, None, speculative, 0.0, 1.0)  # a chain, or None: plain steps
+        self.fed = 1 if self.tree is None else len(self.tree) + 1  # tokens a step feeds a row: T
+        self.state = DecodeState.allocate(cfg, xp, params["embed"].dtype, slots, self.fed - 1)
         self.state.done.fill(True)  # every row free
-        self.weights = inference_weights(cfg, params, precision=model.precision)
-        self.kernel = ek.decode_attention_kernel(self.state.k[0], cfg.n_heads, 1)  # it reads own slots
-        self.logits = xp.zeros((slots, cfg.vocab_size), dtype=params["embed"].dtype)  # (B, V) of a step
+        self.weights = inference_weights(cfg, params, drafting_heads(self.tree), precision=model.precision)
+        self.kernel = ek.decode_attention_kernel(self.state.k[0], cfg.n_heads, self.fed)  # own slots
+        dtype = params["embed"].dtype
+        self.logits = xp.zeros((slots, self.fed, cfg.vocab_size), dtype=dtype)  # (B, T, V) of a step
+        self.hidden = xp.zeros((slots * self.fed, cfg.dim), dtype=dtype)  # (B T, C): the drafts' input
         # the step's forward (device work only): on the GPU captured as a CUDA graph per attention window
         # (with the decode attention kernel, one), replayed each step; the picks after it run eagerly
         self.runner = decode_runner(self._forward, xp, cuda_graph=True)
@@ -160,7 +172,13 @@ class Engine:
             kv = PrefillRows(state, slice(rows.start, rows.stop))
             h = trunk_forward(cfg, params, tokens, kv=kv, precision=precision)[0]  # (G, T, C)
             z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
-            self._pick_and_emit(z, rows)
+            before = ek.to_numpy(state.count).copy()  # (to_numpy hands a NumPy array itself back)
+            self._pick(z[:, None], rows)
+            if self.tree is not None:  # the rows' first drafts, after their first tokens
+                part = slice(rows.start, rows.stop)
+                own = SimpleNamespace(last=state.last[part], drafts=state.drafts[part])
+                draft(cfg, self.weights, own, h[:, -1], None, precision)
+            self._emit(rows, before, z[:, None])
 
     def _drop_cancelled(self) -> None:
         for b, request in enumerate(self.rows):
@@ -168,46 +186,76 @@ class Engine:
                 self._end(b, "cancelled")
 
     def _step(self) -> None:
-        """One decode step for every row, each going row's token picked by its own settings."""
-        state = self.state
+        """One decode step for every row, each going row's tokens picked by its own settings (free rows
+        are done: what they pick records nothing)."""
+        state, every = self.state, range(self.slots)
         with self.runner.ordered():
-            last = int(ek.to_numpy(state.pos).max())  # no row feeds a token past this slot
+            last = int(ek.to_numpy(state.pos).max()) + self.fed - 1  # no row feeds a token past this slot
         self.runner.run(attention_window(self.model.mcfg, last, self.kernel, slots=state.k.shape[3]))
         self.steps += 1
         with self.runner.ordered():
-            self._pick_and_emit(self.logits, range(self.slots))  # free rows are done: their picks count not
+            before = ek.to_numpy(state.count).copy()
+            if self.tree is None:
+                self._pick(self.logits, every)
+                self._emit(every, before, self.logits)
+                return
+            accepted, proposed = ek.to_numpy(state.accepted).copy(), ek.to_numpy(state.drafts).copy()
+            chosen = self._pick(self.logits, every)  # the drafts head 0 agrees with accepted, all recorded
+            picked_at = self.xp.take(self.hidden, state.first_fed + chosen, axis=0)  # (B, C)
+            draft(self.model.mcfg, self.weights, state, picked_at, None, self.model.precision)
+            self._emit(every, before, self.logits, (accepted, proposed))
 
     def _forward(self, window: int) -> None:
-        """Every row's last token through the model into self.logits (B, V): device work only."""
-        precision = self.model.precision
-        h = decode_hidden(self.model.mcfg, self.weights, self.state, window, precision=precision)  # (B, C)
-        self.logits[...] = ek.decode_linear_forward(h, self.weights["heads.0"], precision=precision)
+        """Every row's fed tokens (its last; when speculating, the drafts after it) through the model into
+        self.logits (B, T, V) and self.hidden (B T, C): device work only."""
+        cfg, state, precision = self.model.mcfg, self.state, self.model.precision
+        tokens = None
+        if self.tree is not None:  # (B, T): last, then the drafts (copies: no host arrays in a graph)
+            tokens = state.fed
+            tokens[:, 0], tokens[:, 1:] = state.last, state.drafts
+        h = decode_hidden(cfg, self.weights, state, window, tokens, None, precision)  # (B T, C)
+        self.hidden[...] = h
+        z = ek.decode_linear_forward(h, self.weights["heads.0"], precision=precision)  # (B T, V)
+        self.logits[...] = z.reshape(self.logits.shape)
 
-    def _pick_and_emit(self, z: Any, rows: range) -> None:
-        """Pick the next token of each of `rows` (adjacent rows; z (len(rows), V) their logits), record it
-        in their buffers, and tell each request what it got. Rows with the same sampling settings are picked
-        together: each rule works row by row, so a row's token is the one it would get alone."""
-        state, xp = self.state, self.xp
-        counts_before = ek.to_numpy(state.count).copy()  # (to_numpy hands a NumPy array itself back)
+    def _pick(self, z: Any, rows: range) -> Any:
+        """Pick and record the tokens of `rows` (adjacent rows; z (len(rows), T, V) their logits after each
+        fed token): T = 1 one token a row (decode_record), else head 0's along the drafts it agrees with
+        (DecodeState.accept; returns the accepted path's last fed token (B,)). Rows with the same sampling
+        settings are picked together: each rule works row by row, so a row's tokens are the ones it would
+        get alone."""
+        state, xp, t = self.state, self.xp, z.shape[1]
         groups: dict[Picker, list[int]] = {}
         for i, b in enumerate(rows):
             if self.rows[b] is not None:  # a free row is done: it records nothing
                 groups.setdefault(self.rows[b].picker, []).append(i)
-        part = slice(rows.start, rows.stop)
-        tokens = xp.zeros(len(rows), dtype=xp.int64)
+        tokens = xp.zeros((len(rows), t), dtype=xp.int64)
         for picker, members in groups.items():
-            at = xp.asarray(np.asarray(members) + rows.start)  # the members' rows of the state
-            draws = state.uniforms[at, state.count[at]]  # (G,) each row's next draw
-            bad = xp.zeros(len(members), dtype=bool)
-            chosen = picker.choose(z[xp.asarray(members)], state.seen[at], draws, bad)
-            tokens[xp.asarray(members)] = chosen
+            local = xp.asarray(np.asarray(members))
+            at = local + rows.start  # the members' rows of the state
+            count, seen, drafts = state.count[at], state.seen[at], state.drafts[at]
+            chosen, bad = picker.pick_fed_rows(
+                z[local], count, seen, drafts, state.uniforms, at, xp.arange(len(members))
+            )
+            tokens[local] = chosen
             state.bad[at] |= bad
+        if t > 1:
+            return state.accept(tokens, None)
+        part = slice(rows.start, rows.stop)
         buffers = (state.out, state.last, state.pos, state.count, state.stopped_by, state.done, state.seen)
-        ek.decode_record(tokens, *(a[part] for a in buffers), state.stop[part], state.limit[part])
+        ek.decode_record(tokens[:, 0], *(a[part] for a in buffers), state.stop[part], state.limit[part])
+        return None
+
+    def _emit(self, rows: range, before: np.ndarray, z: Any, speculated: tuple | None = None) -> None:
+        """Tell each request of `rows` its new tokens (those past before[b], the counts before the pick),
+        with their log-probabilities from z (len(rows), T, V) when asked for; end the rows that are done.
+        speculated: (accepted counts before, the drafts proposed (B, T - 1)) of a speculative step."""
+        state = self.state
         count, done, out = (ek.to_numpy(a) for a in (state.count, state.done, state.out))
         stopped, bad = ek.to_numpy(state.stopped_by), ek.to_numpy(state.bad)
         wants = any(self.rows[b] is not None and self.rows[b].top_logprobs is not None for b in rows)
         host_z = ek.to_numpy(z).astype(np.float64) if wants else None
+        accepted = ek.to_numpy(state.accepted) if speculated else None
         for i, b in enumerate(rows):
             request = self.rows[b]
             if request is None:
@@ -215,21 +263,30 @@ class Engine:
             if bad[b]:
                 self._end(b, "not_finite")
                 continue
-            if count[b] > counts_before[b]:
-                token = int(out[b, count[b] - 1])
-                logprob, top = self._logprobs(host_z, i, token, request.top_logprobs)
+            new = out[b, before[b] : count[b]].tolist()
+            took = int(accepted[b] - speculated[0][b]) if speculated else 0  # drafts accepted this step
+            for j, token in enumerate(new):
+                logprob, top = self._logprobs(host_z, (i, j), token, request.top_logprobs)
+                spec = None
+                if self.tree is not None:  # (a prefill's first token: head 0's own, no draft turned down)
+                    rejected = None
+                    if speculated and j == len(new) - 1 and took < speculated[1].shape[1]:
+                        rejected = int(speculated[1][b, took])
+                    spec = (j < took, rejected)
                 request.stats.setdefault("first_token", time.monotonic())
-                request.on_token(token, logprob, top)
+                request.on_token(token, logprob, top, spec)
             if done[b]:
                 self._end(b, "stop" if stopped[b] >= 0 else "length")
 
     @staticmethod
-    def _logprobs(z: Any, i: int, token: int, k: int | None) -> tuple[float | None, list[tuple[int, float]]]:
-        """The token's log-probability under the model (head 0's softmax, before any sampling filter) and
-        the k most likely tokens with theirs; (None, []) when not asked for."""
+    def _logprobs(
+        z: Any, at: tuple, token: int, k: int | None
+    ) -> tuple[float | None, list[tuple[int, float]]]:
+        """The token's log-probability under the model (head 0's softmax at z[at], before any sampling
+        filter) and the k most likely tokens with theirs; (None, []) when not asked for."""
         if k is None or z is None:
             return None, []
-        row = z[i] - z[i].max()
+        row = z[at] - z[at].max()
         logp = row - np.log(np.exp(row).sum())  # (V,)
         best = np.argsort(-logp, kind="stable")[:k]
         return float(logp[token]), [(int(t), float(logp[t])) for t in best]

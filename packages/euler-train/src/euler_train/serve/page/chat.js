@@ -39,14 +39,24 @@ function showToken(entry, span) {
     return `<tr${picked}><td>${JSON.stringify(alt.token)}</td><td>${p}%</td></tr>`;
   });
   const p = (100 * Math.exp(entry.logprob)).toFixed(2);
+  let drafting = "";
+  if (entry.drafted === true) {
+    drafting = "<p class=\"drafting\">Drafted by the MTP heads and accepted: head 0 agreed, so this token " +
+      "took no forward of its own.</p>";
+  } else if (entry.drafted === false && entry.rejected_draft !== null && entry.rejected_draft !== undefined) {
+    drafting = `<p class="drafting">Head 0's own choice; the heads had drafted ` +
+      `<code>${JSON.stringify(entry.rejected_draft)}</code> here, which it turned down.</p>`;
+  } else if (entry.drafted === false) {
+    drafting = "<p class=\"drafting\">Head 0's own choice.</p>";
+  }
   $("detail").innerHTML = `<p>token <code>${JSON.stringify(entry.token)}</code>: probability <b>${p}%</b></p>` +
-    `<table><tr><th>alternatives</th><th>p</th></tr>${rows.join("")}</table>`;
+    drafting + `<table><tr><th>alternatives</th><th>p</th></tr>${rows.join("")}</table>`;
   $("hint").hidden = true;
 }
 
 function addToken(text, entry, reply) {
   const span = document.createElement("span");
-  span.className = "tok";
+  span.className = entry.drafted ? "tok drafted" : "tok";
   span.textContent = entry.token;
   span.style.background = colour(entry.logprob);
   span.title = `${(100 * Math.exp(entry.logprob)).toFixed(1)}%`;
@@ -114,9 +124,12 @@ async function send(content) {
   const seconds = (performance.now() - start) / 1000;
   const after = seconds - (reply.ttft_s || 0);
   reply.tokens_per_s = reply.tokens.length > 1 && after > 0 ? (reply.tokens.length - 1) / after : null;
+  const drafted = reply.tokens.filter((e) => e.drafted).length;
+  const speculating = reply.tokens.some((e) => e.drafted !== undefined);
   turn.querySelector(".stats").textContent =
     `${reply.tokens.length} tokens, first after ${(reply.ttft_s || 0).toFixed(2)} s, ` +
-    `${reply.tokens_per_s ? reply.tokens_per_s.toFixed(1) : "–"} tokens/s, ended: ${reply.finish}`;
+    `${reply.tokens_per_s ? reply.tokens_per_s.toFixed(1) : "–"} tokens/s, ended: ${reply.finish}` +
+    (speculating ? `; ${drafted} were drafts of the MTP heads that head 0 accepted (underlined)` : "");
   turn.dataset.done = "true";
   messages.push({role: "assistant", content: answer});
 }
