@@ -52,19 +52,28 @@ def test_speculative_serving_on_the_gpu_gives_plain_decodings_tokens():
     cfg = euler_model.preset("tiny", dim=128, n_heads=2, n_kv_heads=1, context=64)
     params = {k: cp.asarray(v) for k, v in euler_model.init_params(cfg, seed=2).items()}
     model = SamplingModel(cfg, params, tokenizer=None, precision=ek.Precision("bf16"))
-    prompts, results = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], {}
-    for speculative in (False, True):
-        engine = Engine(model, slots=4, speculative=speculative)
-        got: list[list[int]] = [[] for _ in prompts]
-        finished = threading.Semaphore(0)
-        try:
-            for i, prompt in enumerate(prompts):
-                picker = Picker(0.8, top_p=0.9) if i == 1 else Picker(0.0)
-                engine.submit(Request(prompt, 24, picker, set(), 3, lambda t, lp, top, spec, i=i: got[i].append(t),
-                                      lambda reason: finished.release()))  # fmt: skip
-            for _ in prompts:
-                assert finished.acquire(timeout=120)
-        finally:
-            engine.close()
-        results[speculative] = got
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    pickers = [Picker(0.0), Picker(0.8, top_p=0.9), Picker(0.0)]
+    results = {speculative: decode(Engine(model, slots=4, speculative=speculative), prompts, pickers, 24)
+               for speculative in (False, True)}  # fmt: skip
     assert results[True] == results[False]
+
+
+def decode(engine: Engine, prompts: list[list[int]], pickers: list[Picker], limit: int) -> list[list[int]]:
+    """Every prompt through the engine (seed 3), each request's tokens; the engine closed after."""
+    got: list[list[int]] = [[] for _ in prompts]
+    finished = threading.Semaphore(0)
+
+    def collect(i: int):
+        return lambda token, logprob, top, spec: got[i].append(token)
+
+    try:
+        for i, (prompt, picker) in enumerate(zip(prompts, pickers)):
+            engine.submit(
+                Request(prompt, limit, picker, set(), 3, collect(i), lambda reason: finished.release())
+            )
+        for _ in prompts:
+            assert finished.acquire(timeout=120)
+    finally:
+        engine.close()
+    return got
