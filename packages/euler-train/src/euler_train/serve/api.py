@@ -268,9 +268,10 @@ class Choice:
         return piece
 
     def end(self, reason: str) -> None:
-        self.text += self.decoder.decode(b"", final=True)
+        """The row ended (the engine's reason); a stop string that ended the text first keeps "stop"."""
         if self.finish is None:
-            self.finish = {"stop": "stop", "length": "length"}.get(reason, reason)
+            self.text += self.decoder.decode(b"", final=True)  # a character left unfinished: U+FFFD
+            self.finish = reason
 
 
 def token_text(tok: Any, token: int) -> tuple[str, list[int]]:
