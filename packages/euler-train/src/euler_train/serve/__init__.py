@@ -13,7 +13,7 @@ import sys
 import uvicorn
 
 from euler_train.config import ConfigError
-from euler_train.sampling import load_for_sampling
+from euler_train.sampling import load_for_sampling, note_if_not_tuned
 from euler_train.serve.api import Server, Settings
 from euler_train.serve.engine import Engine
 
@@ -30,6 +30,7 @@ def check_address(host: str, port: int) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     check_address(args.host, args.port)  # before the model is loaded
     model = load_for_sampling(args.checkpoint, args.device)
+    note_if_not_tuned(model)  # chat completions on a model that never saw the chat format
     engine = Engine(model, args.max_batch, args.speculative)
     name = model.folder.parent.parent.name if model.folder.parent.name == "checkpoints" else model.folder.name
     settings = Settings(f"euler-{name}", args.api_key, args.max_body_bytes, args.max_tokens)
