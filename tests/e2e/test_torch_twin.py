@@ -101,3 +101,31 @@ def test_the_torch_twin_with_torch_optim_muon_follows_euler_muon(tmp_path, mirro
     rel = [abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b)]
     assert rel[0] < 1e-5 and max(rel) < 1e-2, rel
     assert a[-1]["loss"] < a[0]["loss"] - 0.5 and b[-1]["loss"] < b[0]["loss"] - 0.5
+
+
+def test_the_torch_twin_in_bf16_autocast_trains_like_its_fp32_run(tmp_path, mirror) -> None:
+    """--precision bf16 (torch.autocast to bfloat16, on the CPU here): the losses follow the fp32 twin's
+    within bf16's rounding, and differ from them (the products really were bf16)."""
+    pytest.importorskip("torch")
+    data = tmp_path / "data"
+    prepare = ["prepare", "--source", "tinyshakespeare", "--mirror", str(mirror), "--vocab-size", "512"]
+    run("euler-data", *prepare, "--out", str(data), "--quiet")
+    script = [
+        sys.executable,
+        str(REPO_ROOT / "benchmarks" / "torch_twin.py"),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ]
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        argv = [*script, "--precision", precision, "--data", str(data), "--out", str(out), *FLAGS]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        runs[precision] = rows(out)
+    fp32, bf16 = ([r["loss"] for r in runs[p]] for p in ("fp32", "bf16"))
+    assert max(abs(a - b) / a for a, b in zip(fp32, bf16)) < 3e-2
+    assert fp32 != bf16
+    assert bf16[-1] < bf16[0] - 0.5  # it trained
