@@ -1,5 +1,5 @@
-"""The `350m` and `1b` presets (issue 18's larger sizes), the memory check refusing them where they do not
-fit, and `train.recompute` / `--recompute` through the CLI."""
+"""The `350m`, `1b` and `3b` presets, the memory check refusing them where they do not fit, and
+`train.recompute` / `--recompute` through the CLI."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from euler_train.optimizer import make_optimizer
 from euler_train.runspec import config_from_args
 from euler_train.step import EagerStep, StepOptions
 
-# issue 18's table: dim, q / kv heads, head size, layers, ffn, vocab, K, context
+# dim, q / kv heads, head size, layers, ffn, vocab, K, context
 SHAPES = {
     "350m": (1024, 16, 4, 64, 24, 2816, 32768, 1, 1024),
     "1b": (2048, 16, 4, 128, 16, 5632, 32768, 1, 1024),
+    "3b": (3072, 24, 8, 128, 24, 8192, 32768, 1, 2048),
 }
 
 
@@ -45,8 +46,7 @@ def test_the_presets_have_the_issues_shapes_and_parameter_counts(name) -> None:
     assert (cfg.vocab_size, cfg.n_mtp_heads, cfg.context) == (vocab, k, context)
     count = euler_model.count_params(cfg)
     assert count == expected_params(dim, hq, hkv, d, layers, ffn, vocab, k)
-    # the issue names them by 338M and 856M
-    assert round(count / 1e6) == {"350m": 338, "1b": 856}[name]
+    assert round(count / 1e6) == {"350m": 338, "1b": 856, "3b": 2617}[name]
     run = resolve_config(name)
     assert run.model["preset"] == name
     assert (run.run.device, run.run.precision) == ("gpu", "bf16")
@@ -157,7 +157,7 @@ def test_the_refusal_suggests_the_setting_with_which_it_would_fit(key, monkeypat
 
 
 def test_the_large_presets_keep_their_activations_unless_told_not_to() -> None:
-    for name in ("350m", "1b"):
+    for name in ("350m", "1b", "3b"):
         assert resolve_config(name).train.keep_activations is True
         off = resolve_config(name, overrides=["train.keep_activations=false"])
         assert off.train.keep_activations is False
@@ -166,7 +166,7 @@ def test_the_large_presets_keep_their_activations_unless_told_not_to() -> None:
 
 
 def test_the_bf16_presets_take_bf16_weight_gradients_unless_told_not_to() -> None:
-    for name in ("350m", "1b"):
+    for name in ("350m", "1b", "3b"):
         assert resolve_config(name).train.bf16_grads is True
         assert resolve_config(name, overrides=["train.bf16_grads=false"]).train.bf16_grads is False
     assert resolve_config("gpu").train.bf16_grads is False  # TF32 products: float32 gradients
@@ -253,3 +253,26 @@ def test_the_captured_step_with_recompute_trains_like_the_one_without() -> None:
     print(f"weights moved {moved:.3e}; eager vs captured without {spread:.3e}; with vs without {apart:.3e}")
     assert apart <= 3 * spread + 1e-3 * moved, (apart, spread, moved)
     assert mem_rerun < 0.8 * mem_kept, (mem_rerun, mem_kept)
+
+
+def test_the_3b_step_fits_an_80_gib_gpu_at_its_batch_and_the_check_says_what_to_lower_below() -> None:
+    """The memory check's estimate of the `3b` step (bf16, kept activations, bf16 weight gradients, batch
+    4 x 2048): under an H100's 78 GiB; with 56 GiB it names the settings that make it fit."""
+
+    class Gpu:
+        kind, index, name = "gpu", 0, "fake"
+
+    cfg = resolve_config("3b")
+    mcfg = euler_model.preset("3b")
+    need = memory_check._estimate(mcfg, cfg.train.batch_size, cfg.train, "bf16")
+    assert 60 * 2**30 < need["total"] < 78 * 2**30
+    original = memory_check.available_bytes
+    try:
+        memory_check.available_bytes = lambda device: (56 * 2**30, "GPU 0 memory (fake)")
+        with pytest.raises(ConfigError) as refused:
+            memory_check.check_memory(cfg, mcfg, Gpu())
+        assert "set train.recompute=true (--recompute: it fits then) or lower train.batch_size to 2" in str(
+            refused.value
+        )
+    finally:
+        memory_check.available_bytes = original

@@ -123,6 +123,17 @@ PRESETS: dict[str, ModelConfig] = {
         vocab_size=32768,
         n_mtp_heads=1,
     ),
+    # 3b: 2,617.4M parameters (dim 3072, 24 q / 8 kv heads of 128, 24 layers), context 2048
+    "3b": ModelConfig(
+        dim=3072,
+        n_heads=24,
+        n_kv_heads=8,
+        n_layers=24,
+        ffn_dim=8192,
+        context=2048,
+        vocab_size=32768,
+        n_mtp_heads=1,
+    ),
 }
 
 
