@@ -33,12 +33,16 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_torch_twin_reproduces_an_euler_pretrain_run(tmp_path, mirror, capsys) -> None:
-    pytest.importorskip("torch")
-    data, ours, twin = tmp_path / "data", tmp_path / "euler", tmp_path / "torch"
+def shakespeare(tmp_path: Path, mirror: Path) -> Path:
+    """Tiny Shakespeare prepared with a 512-token vocabulary (the mirror's)."""
+    data = tmp_path / "data"
     prepare = ["prepare", "--source", "tinyshakespeare", "--mirror", str(mirror), "--vocab-size", "512"]
     run("euler-data", *prepare, "--out", str(data), "--quiet")
-    run("euler-train", "pretrain", "--data", str(data), "--out", str(ours), "--no-progress", *FLAGS)
+    return data
+
+
+def twin(data: Path, out: Path, precision: str, *extra: str) -> subprocess.CompletedProcess:
+    """The twin on one CPU thread, FLAGS' run (and `extra` flags) in `precision`; it must succeed."""
     script = [
         sys.executable,
         str(REPO_ROOT / "benchmarks" / "torch_twin.py"),
@@ -47,16 +51,20 @@ def test_the_torch_twin_reproduces_an_euler_pretrain_run(tmp_path, mirror, capsy
         "--threads",
         "1",
     ]
-    proc = subprocess.run(
-        [*script, "--precision", "fp32", "--data", str(data), "--out", str(twin), *FLAGS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [*script, "--precision", precision, "--data", str(data), "--out", str(out), *FLAGS, *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_the_torch_twin_reproduces_an_euler_pretrain_run(tmp_path, mirror, capsys) -> None:
+    pytest.importorskip("torch")
+    data, ours, twin_run = shakespeare(tmp_path, mirror), tmp_path / "euler", tmp_path / "torch"
+    run("euler-train", "pretrain", "--data", str(data), "--out", str(ours), "--no-progress", *FLAGS)
+    proc = twin(data, twin_run, "fp32")
     assert "torch_twin: done: 20 steps, 20,480 tokens" in proc.stdout
 
-    a, b = rows(ours), rows(twin)
+    a, b = rows(ours), rows(twin_run)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 21))
     assert [set(r) for r in a] == [set(r) for r in b]  # the same row format, evaluations at the same steps
     assert [r["lr"] for r in a] == [r["lr"] for r in b]  # the same schedule, to the bit
@@ -73,7 +81,7 @@ def test_the_torch_twin_reproduces_an_euler_pretrain_run(tmp_path, mirror, capsy
     assert all(abs(x - y) < 1e-4 for x, y in evals), evals  # issue 10 asks for 0.02 at the end of the GPU run
     assert abs(a[-1]["val_loss"] - b[-1]["val_loss"]) < 1e-5 * a[-1]["val_loss"]
 
-    assert main(["plot", str(ours), str(twin), "--labels", "euler,pytorch"]) == 0
+    assert main(["plot", str(ours), str(twin_run), "--labels", "euler,pytorch"]) == 0
     assert "val bpb at the end: pytorch - euler = " in capsys.readouterr().out
     assert (ours / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -84,20 +92,11 @@ def test_the_torch_twin_with_torch_optim_muon_follows_euler_muon(tmp_path, mirro
     torch = pytest.importorskip("torch")
     if not hasattr(torch.optim, "Muon"):
         pytest.skip("torch.optim.Muon needs PyTorch >= 2.9")
-    data, ours, twin = tmp_path / "data", tmp_path / "euler", tmp_path / "torch"
-    prepare = ["prepare", "--source", "tinyshakespeare", "--mirror", str(mirror), "--vocab-size", "512"]
-    run("euler-data", *prepare, "--out", str(data), "--quiet")
-    flags = [*FLAGS, "--optimizer", "muon"]
-    run("euler-train", "pretrain", "--data", str(data), "--out", str(ours), "--no-progress", *flags)
-    script = [sys.executable, str(REPO_ROOT / "benchmarks" / "torch_twin.py"), "--device", "cpu"]
-    proc = subprocess.run(
-        [*script, "--threads", "1", "--precision", "fp32", "--data", str(data), "--out", str(twin), *flags],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    a, b = rows(ours), rows(twin)
+    data, ours, twin_run = shakespeare(tmp_path, mirror), tmp_path / "euler", tmp_path / "torch"
+    run("euler-train", "pretrain", "--data", str(data), "--out", str(ours), "--no-progress", *FLAGS,
+        "--optimizer", "muon")  # fmt: skip
+    twin(data, twin_run, "fp32", "--optimizer", "muon")
+    a, b = rows(ours), rows(twin_run)
     rel = [abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b)]
     assert rel[0] < 1e-5 and max(rel) < 1e-2, rel
     assert a[-1]["loss"] < a[0]["loss"] - 0.5 and b[-1]["loss"] < b[0]["loss"] - 0.5
@@ -107,24 +106,11 @@ def test_the_torch_twin_in_bf16_autocast_trains_like_its_fp32_run(tmp_path, mirr
     """--precision bf16 (torch.autocast to bfloat16, on the CPU here): the losses follow the fp32 twin's
     within bf16's rounding, and differ from them (the products really were bf16)."""
     pytest.importorskip("torch")
-    data = tmp_path / "data"
-    prepare = ["prepare", "--source", "tinyshakespeare", "--mirror", str(mirror), "--vocab-size", "512"]
-    run("euler-data", *prepare, "--out", str(data), "--quiet")
-    script = [
-        sys.executable,
-        str(REPO_ROOT / "benchmarks" / "torch_twin.py"),
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-    ]
+    data = shakespeare(tmp_path, mirror)
     runs = {}
     for precision in ("fp32", "bf16"):
-        out = tmp_path / precision
-        argv = [*script, "--precision", precision, "--data", str(data), "--out", str(out), *FLAGS]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        runs[precision] = rows(out)
+        twin(data, tmp_path / precision, precision)
+        runs[precision] = rows(tmp_path / precision)
     fp32, bf16 = ([r["loss"] for r in runs[p]] for p in ("fp32", "bf16"))
     assert max(abs(a - b) / a for a, b in zip(fp32, bf16)) < 3e-2
     assert fp32 != bf16

@@ -163,7 +163,23 @@ class RunConfig:
 # Every key of a run config, with its default; the default's type is the key's type.
 DEFAULTS: dict[str, dict[str, Any]] = RunConfig().to_dict()
 
+
 # Presets: only what differs from DEFAULTS.
+def large_preset(model: str, batch_size: int, lr: float, min_lr: float) -> dict[str, dict[str, Any]]:
+    """A larger size's run preset: 5000 bf16 steps on one GPU, warmup 200 then cosine from lr to min_lr.
+    They keep their bf16 activations and take bf16 weight gradients (faster a step for little memory:
+    docs/benchmarks/train_gpu.md); where that does not fit, the memory check says which to set false."""
+    return {
+        "model": {"preset": model},
+        "train": {"steps": 5000, "batch_size": batch_size, "lr": lr, "min_lr": min_lr, "warmup_steps": 200,
+                  "keep_activations": True, "bf16_grads": True},
+        "eval": {"every": 250, "batches": 20},
+        "checkpoint": {"every": 500},
+        "log": {"every": 10},
+        "run": {"device": "gpu", "precision": "bf16"},
+    }  # fmt: skip
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {"model": {"preset": "tiny"}},
     "small": {
@@ -181,61 +197,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "log": {"every": 10},
         "run": {"device": "gpu", "precision": "tf32"},
     },
-    # the two larger sizes, bf16 on one GPU; peak learning rates from GPT-3's table for the nearest sizes
-    # (350M: 3e-4, 1.3B: 2e-4), not tuned here. Both keep their bf16 activations and take bf16 weight
-    # gradients (faster a step for little memory: docs/benchmarks/train_gpu.md); where that does not fit,
-    # the memory check says which to set false
-    "350m": {
-        "model": {"preset": "350m"},
-        "train": {
-            "steps": 5000,
-            "batch_size": 16,
-            "lr": 3e-4,
-            "min_lr": 3e-5,
-            "warmup_steps": 200,
-            "keep_activations": True,
-            "bf16_grads": True,
-        },
-        "eval": {"every": 250, "batches": 20},
-        "checkpoint": {"every": 500},
-        "log": {"every": 10},
-        "run": {"device": "gpu", "precision": "bf16"},
-    },
-    "1b": {
-        "model": {"preset": "1b"},
-        "train": {
-            "steps": 5000,
-            "batch_size": 8,
-            "lr": 2e-4,
-            "min_lr": 2e-5,
-            "warmup_steps": 200,
-            "keep_activations": True,
-            "bf16_grads": True,
-        },
-        "eval": {"every": 250, "batches": 20},
-        "checkpoint": {"every": 500},
-        "log": {"every": 10},
-        "run": {"device": "gpu", "precision": "bf16"},
-    },
-    # one GPU's largest preset: 4 x 2048 tokens a step; GPT-3's peak learning rate for its 2.7B model.
-    # Kept activations and bf16 weight gradients as 1b's; the memory check says what to set where the
-    # step does not fit (an 80 GiB card holds it at batch 4)
-    "3b": {
-        "model": {"preset": "3b"},
-        "train": {
-            "steps": 5000,
-            "batch_size": 4,
-            "lr": 1.6e-4,
-            "min_lr": 1.6e-5,
-            "warmup_steps": 200,
-            "keep_activations": True,
-            "bf16_grads": True,
-        },
-        "eval": {"every": 250, "batches": 20},
-        "checkpoint": {"every": 500},
-        "log": {"every": 10},
-        "run": {"device": "gpu", "precision": "bf16"},
-    },
+    # the larger sizes, bf16 on one GPU (large_preset); peak learning rates from GPT-3's table for the
+    # nearest sizes (350M: 3e-4, 1.3B: 2e-4, 2.7B: 1.6e-4), not tuned here
+    "350m": large_preset("350m", batch_size=16, lr=3e-4, min_lr=3e-5),
+    "1b": large_preset("1b", batch_size=8, lr=2e-4, min_lr=2e-5),
+    "3b": large_preset("3b", batch_size=4, lr=1.6e-4, min_lr=1.6e-5),  # 4 x 2048 tokens: fits 80 GiB
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
