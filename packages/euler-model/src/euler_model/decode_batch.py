@@ -190,7 +190,7 @@ class Decoder:
         logits, hidden = prefill(config, params, state, groups, precision)
         state.record(self.picker.pick(logits, state))
         if self.drafters:
-            draft(config, self.weights, state, hidden, self.tree, precision)
+            draft(config, self.weights, state.last, state.drafts, hidden, self.tree, precision)
 
 
 def start(

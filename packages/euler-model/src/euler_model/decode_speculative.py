@@ -90,27 +90,29 @@ def drafting_heads(tree: tuple[int, ...] | None) -> int:
 def draft(
     config: ModelConfig,
     weights: dict[str, Any],
-    state: DecodeState,
+    last: Any,
+    drafts: Any,
     h: Any,
     tree: tuple[int, ...] | None,
     precision: ek.Precision,
 ) -> None:
-    """Set state.drafts (B, T - 1) to the drafting heads' guesses at the hidden rows h (B, C), placed in the
-    draft tree (None: a chain, each head's best). Conditioned heads (config.mtp_conditioned) draft a chain
-    one head after the other: head k reads h + P_k e(the token before its guess), the row's newest token
-    for head 1, head k - 1's draft after it."""
+    """Set drafts (B, T - 1) (a DecodeState's, or some rows of it) to the drafting heads' guesses at the
+    hidden rows h (B, C), placed in the draft tree (None: a chain, each head's best); last (B,): the rows'
+    newest tokens. Conditioned heads (config.mtp_conditioned) draft a chain one head after the other: head
+    k reads h + P_k e(the token before its guess), the row's newest token for head 1, head k - 1's draft
+    after it."""
     if not config.mtp_conditioned:
         z = ek.decode_linear_forward(h, weights["drafters"], precision=precision)  # (B, M V)
-        ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), state.drafts, tree)
+        ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), drafts, tree)
         return
-    before = state.last  # (B,) the token head k's guess follows
-    for k in range(1, state.drafts.shape[1] + 1):
+    before = last  # (B,) the token head k's guess follows
+    for k in range(1, drafts.shape[1] + 1):
         e = weights["embed"].take(before, axis=0)  # (B, C)
         # (B, C): h + P_k e
         a = ek.decode_linear_forward(e, weights[f"heads_cond.{k}"], residual=h, precision=precision)
         z = ek.decode_linear_forward(a, weights[f"heads.{k}"], precision=precision)  # (B, V)
-        state.drafts[:, k - 1] = z.argmax(axis=-1)
-        before = state.drafts[:, k - 1]
+        drafts[:, k - 1] = z.argmax(axis=-1)
+        before = drafts[:, k - 1]
 
 
 def speculative_step(
@@ -134,4 +136,5 @@ def speculative_step(
     g = picker.pick_fed(z.reshape(b, t, -1), state)  # (B, T) head 0's token after each fed one
     chosen = state.accept(g, tree)  # (B,) the accepted path's last fed token; the path's tokens recorded
     # the hidden state whose head 0 gave the new last token: row b's fed token chosen[b], row b T + chosen[b]
-    draft(config, weights, state, xp.take(h, state.first_fed + chosen, axis=0), tree, precision)
+    picked_at = xp.take(h, state.first_fed + chosen, axis=0)  # (B, C)
+    draft(config, weights, state.last, state.drafts, picked_at, tree, precision)

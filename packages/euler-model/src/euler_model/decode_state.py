@@ -77,18 +77,25 @@ class DecodeState:
         )
 
     def reset(
-        self, prompts: list[list[int]], limits: list[int], stops: list[set[int]], uniforms: np.ndarray
+        self,
+        prompts: list[list[int]],
+        limits: list[int],
+        stops: list[set[int]],
+        uniforms: np.ndarray,
+        first: int = 0,
     ) -> None:
-        """Start a call in these buffers: its prompts (one per row, each 1..context-1 ids), each row's limit
-        and stop set, and the host uniforms (B, n + 1) of the call's longest limit n; every counter back
-        to zero, and the caches too (a prefill then writes each prompt's slots, see PrefillRows)."""
+        """Start rows first .. first + G - 1 in these buffers, G = len(prompts): a call's rows, or one
+        request joining a running batch between steps (the other rows go on). Each row's prompt (1..
+        context-1 ids), limit and stop set, and the host uniforms (G, n + 1) of the longest limit n; the
+        rows' counters back to zero, and their caches too (a prefill then writes each prompt's slots, see
+        PrefillRows)."""
         b, v = len(prompts), self.stop.shape[1]
         stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
         for i, (prompt, row_stops) in enumerate(zip(prompts, stops)):
             stop[i, [t for t in sorted(row_stops) if 0 <= t < v]] = True  # others can never come
             seen[i, prompt] = True
         limit = np.asarray(limits, dtype=np.int64)
-        draws = np.zeros(self.uniforms.shape)
+        draws = np.zeros((b, self.uniforms.shape[1]))
         draws[:, : uniforms.shape[1]] = uniforms
         values = {
             "last": np.asarray([p[-1] for p in prompts], dtype=np.int64),
@@ -99,43 +106,15 @@ class DecodeState:
             "seen": seen,
             "uniforms": draws,
         }
+        rows = slice(first, first + b)
         for name, value in values.items():
-            copy_in(getattr(self, name), value)
-        for name in ("k", "v", "count", "out", "drafts", "drafted", "accepted"):
-            getattr(self, name).fill(0)
-        self.stopped_by.fill(-1)
-        self.bad.fill(False)
-
-    def reset_row(
-        self, row: int, prompt: list[int], limit: int, stops: set[int], uniforms: np.ndarray
-    ) -> None:
-        """Start one row in these buffers while the others go on (a request joining a running batch between
-        steps): its prompt (1..context-1 ids), limit, stop set and host uniforms (n + 1,); its counters and
-        caches back to zero (a prefill of PrefillRows(self, slice(row, row + 1)) then writes its slots)."""
-        v = self.stop.shape[1]
-        stop, seen = np.zeros(v, dtype=bool), np.zeros(v, dtype=bool)
-        stop[[t for t in sorted(stops) if 0 <= t < v]] = True
-        seen[prompt] = True
-        draws = np.zeros(self.uniforms.shape[1])
-        draws[: len(uniforms)] = uniforms
-        one = slice(row, row + 1)
-        values = {
-            "last": [prompt[-1]],
-            "pos": [len(prompt) - 1],
-            "limit": [limit],
-            "done": [limit <= 0],
-            "stop": stop[None],
-            "seen": seen[None],
-            "uniforms": draws[None],
-            "stopped_by": [-1],
-        }
-        for name, value in values.items():
-            buffer = getattr(self, name)
-            copy_in(buffer[one], np.asarray(value, dtype=buffer.dtype))
-        for name in ("count", "out", "drafts", "drafted", "accepted", "bad"):
-            getattr(self, name)[one].fill(0)
-        self.k[:, row].fill(0)
-        self.v[:, row].fill(0)
+            copy_in(getattr(self, name)[rows], value)
+        for name in ("count", "out", "drafts", "drafted", "accepted"):
+            getattr(self, name)[rows].fill(0)
+        self.k[:, rows].fill(0)
+        self.v[:, rows].fill(0)
+        self.stopped_by[rows].fill(-1)
+        self.bad[rows].fill(False)
 
     def end_row(self, row: int) -> None:
         """End a row where it is (a request that left: nothing of it changes any more), its position back to

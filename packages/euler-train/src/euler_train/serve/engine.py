@@ -3,8 +3,9 @@
 The engine owns `slots` rows of one decode state (euler_model.DecodeState: per row its tokens, position,
 counters, stop set, draws and its slots of the KV cache). A thread runs the loop:
 
-    admit   each waiting request takes a free row: reset_row, its prompt prefilled alone straight into the
-            row's cache slots (trunk_forward with PrefillRows), its first token picked and recorded
+    admit   each waiting request takes a free row: DecodeState.reset of that row, its prompt prefilled
+            alone into the row's cache slots (trunk_forward with PrefillRows), its first token picked and
+            recorded
     step    one decode step for every row (euler_model.decode_hidden, then head 0): the logits (B, V); on
             the GPU this forward is one CUDA graph, replayed (decode_graph.py), the picks after it eager
     pick    each going row's token by its own sampling settings and draw, then DecodeState.record
@@ -22,10 +23,8 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,7 +55,6 @@ class Request:
     on_end: Callable[[str], None]
     top_logprobs: int | None = None  # None: no log-probabilities; k: the token's and the k most likely
     cancelled: bool = False  # set by the caller (a client that left, a stop string): the row ends
-    stats: dict[str, float] = field(default_factory=dict)  # "queued", "first_token" (time.monotonic)
 
 
 class Engine:
@@ -99,7 +97,6 @@ class Engine:
                 f"a request needs 1 to {context - 1} prompt tokens and at most the context's room after them "
                 f"as its limit; got {len(request.prompt)} and {request.limit}"
             )
-        request.stats["queued"] = time.monotonic()
         self.waiting.put(request)
 
     def busy_rows(self) -> int:
@@ -155,30 +152,26 @@ class Engine:
             if request.cancelled:
                 request.on_end("cancelled")
                 continue
-            self._start(self.rows.index(None), [request])
+            self._start(self.rows.index(None), request)
         return True
 
-    def _start(self, first: int, requests: list[Request]) -> None:
-        """The requests' prompts (of one length) prefilled together into rows first.. (the engine passes
-        one at a time), their first tokens picked and recorded."""
+    def _start(self, row: int, request: Request) -> None:
+        """The request's prompt prefilled into `row`, its first token picked and recorded (and drafted
+        after, when speculating)."""
         cfg, params, state, precision = self.model.mcfg, self.model.params, self.state, self.model.precision
-        rows = range(first, first + len(requests))
-        for row, request in zip(rows, requests):
-            draws = np.random.default_rng(request.seed).random(request.limit + 1)
-            state.reset_row(row, request.prompt, request.limit, request.stops, draws)
-            self.rows[row] = request
+        draws = np.random.default_rng(request.seed).random(request.limit + 1)
+        state.reset([request.prompt], [request.limit], [request.stops], draws[None], first=row)
+        self.rows[row] = request
+        one = slice(row, row + 1)
         with self.runner.ordered():  # on the GPU: after the steps queued before, on their stream
-            tokens = self.xp.asarray(np.asarray([r.prompt for r in requests], dtype=np.int64))  # (G, T)
-            kv = PrefillRows(state, slice(rows.start, rows.stop))
-            h = trunk_forward(cfg, params, tokens, kv=kv, precision=precision)[0]  # (G, T, C)
-            z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
+            tokens = self.xp.asarray(np.asarray([request.prompt], dtype=np.int64))  # (1, T)
+            h = trunk_forward(cfg, params, tokens, kv=PrefillRows(state, one), precision=precision)[0]
+            z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (1, V)
             before = ek.to_numpy(state.count).copy()  # (to_numpy hands a NumPy array itself back)
-            self._pick(z[:, None], rows)
-            if self.tree is not None:  # the rows' first drafts, after their first tokens
-                part = slice(rows.start, rows.stop)
-                own = SimpleNamespace(last=state.last[part], drafts=state.drafts[part])
-                draft(cfg, self.weights, own, h[:, -1], None, precision)
-            self._emit(rows, before, z[:, None])
+            self._pick(z[:, None], range(row, row + 1))
+            if self.tree is not None:  # the row's first drafts, after its first token
+                draft(cfg, self.weights, state.last[one], state.drafts[one], h[:, -1], None, precision)
+            self._emit(range(row, row + 1), before, z[:, None])
 
     def _drop_cancelled(self) -> None:
         for b, request in enumerate(self.rows):
@@ -202,7 +195,9 @@ class Engine:
             accepted, proposed = ek.to_numpy(state.accepted).copy(), ek.to_numpy(state.drafts).copy()
             chosen = self._pick(self.logits, every)  # the drafts head 0 agrees with accepted, all recorded
             picked_at = self.xp.take(self.hidden, state.first_fed + chosen, axis=0)  # (B, C)
-            draft(self.model.mcfg, self.weights, state, picked_at, None, self.model.precision)
+            draft(
+                self.model.mcfg, self.weights, state.last, state.drafts, picked_at, None, self.model.precision
+            )
             self._emit(every, before, self.logits, (accepted, proposed))
 
     def _forward(self, window: int) -> None:
@@ -273,7 +268,6 @@ class Engine:
                     if speculated and j == len(new) - 1 and took < speculated[1].shape[1]:
                         rejected = int(speculated[1][b, took])
                     spec = (j < took, rejected)
-                request.stats.setdefault("first_token", time.monotonic())
                 request.on_token(token, logprob, top, spec)
             if done[b]:
                 self._end(b, "stop" if stopped[b] >= 0 else "length")
