@@ -14,16 +14,31 @@ from typing import Any
 import numpy as np
 
 import euler_data
+from euler_data.dataset_folder import PREFS_META, SFT_META
 from euler_train.config import ConfigError, RunConfig
 
-SETS = {"sft": ("sft_meta.json", "euler-data sft"), "dpo": ("prefs_meta.json", "euler-data prefs")}
+
+@dataclass(frozen=True)
+class TuningSet:
+    """The set a tuning stage reads from its dataset folder: its record file, the command that makes it,
+    and what its splits count."""
+
+    record: str
+    made_by: str
+    unit: str
+
+
+TUNING_SETS = {
+    "sft": TuningSet(SFT_META, "euler-data sft", "examples"),
+    "dpo": TuningSet(PREFS_META, "euler-data prefs", "pairs"),
+}
 
 
 def check_kind(folder: Path, mode: str) -> None:
     """ConfigError unless `folder` holds a pretrain set (train.bin, or the train shards meta.json lists), an
     SFT set (sft_meta.json) or a preference set (prefs_meta.json), as the mode asks."""
-    if mode in SETS:
-        marker, made_by = SETS[mode]
+    if mode in TUNING_SETS:
+        marker, made_by = TUNING_SETS[mode].record, TUNING_SETS[mode].made_by
         ok = (folder / marker).is_file()
     else:
         marker, made_by = "train.bin (or train shards in meta.json)", "euler-data prepare"

@@ -18,7 +18,7 @@ from typing import Any
 from euler_bpe import Tokenizer
 from euler_model import ModelConfig, preset
 from euler_train.args import TRAIN_FLAGS
-from euler_train.batches import check_kind, split_tokens
+from euler_train.batches import TUNING_SETS, check_kind, split_tokens
 from euler_train.checkpoint import STATE, CheckpointError, CheckpointManager, read_state
 from euler_train.config import (
     PRESETS,
@@ -52,13 +52,10 @@ class RunSpec:
     changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # those this --resume makes
 
 
-SET_RECORDS = {"sft": "sft_meta.json", "dpo": "prefs_meta.json"}  # the record of the set a mode reads
-
-
 def dataset_fingerprint(folder: Path, mode: str) -> str | None:
     """The tokenizer fingerprint recorded in the set's record (meta.json / sft_meta.json /
     prefs_meta.json), else computed from tokenizer.json."""
-    meta_path = folder / SET_RECORDS.get(mode, "meta.json")
+    meta_path = folder / (TUNING_SETS[mode].record if mode in TUNING_SETS else "meta.json")
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if isinstance(meta.get("tokenizer_fingerprint"), str):
@@ -115,9 +112,9 @@ def check_splits(cfg: RunConfig, mcfg: Any, folder: Path, mode: str) -> None:
     a pretrain row is a window of context + K tokens; an SFT split needs at least one example."""
     window = mcfg.context + mcfg.n_mtp_heads
     for split in ("train", "val") if cfg.eval.enabled else ("train",):
-        if mode in SET_RECORDS:
-            meta = json.loads((folder / SET_RECORDS[mode]).read_text(encoding="utf-8"))
-            unit = "pairs" if mode == "dpo" else "examples"
+        if mode in TUNING_SETS:
+            record, unit = TUNING_SETS[mode].record, TUNING_SETS[mode].unit
+            meta = json.loads((folder / record).read_text(encoding="utf-8"))
             have = int(meta.get(split, {}).get(unit, 0))
             short = f"{have} {unit}" if have < 1 else None
         else:

@@ -130,10 +130,15 @@ class StepOptions:
 
     @classmethod
     def from_train(cls, train: TrainConfig, precision: ek.Precision, mode: str = "pretrain") -> StepOptions:
-        beta = train.dpo_beta if mode == "dpo" else None
+        beta = dpo_beta(train, mode)
         return cls(
             train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads, precision, beta
         )
+
+
+def dpo_beta(train: TrainConfig, mode: str) -> float | None:
+    """A `mode` run's step's DPO beta (StepOptions.dpo_beta): train.dpo_beta for dpo, else None."""
+    return train.dpo_beta if mode == "dpo" else None
 
 
 def train_step(

@@ -37,7 +37,7 @@ from euler_train.runfolder import clear_run
 from euler_train.runspec import RunSpec
 from euler_train.schedule import lr_at
 from euler_train.signals import StopFlag
-from euler_train.step import EagerStep, StepOptions
+from euler_train.step import EagerStep, StepOptions, dpo_beta
 from euler_train.zero import make_sharded_or_not
 
 EXIT_NONFINITE = 3
@@ -251,7 +251,7 @@ class Trainer:
         the same train_step with its update disabled."""
         micro, shares, _ = self._inputs(step)
         tcfg, precision = self.spec.cfg.train, self.device.precision
-        beta = tcfg.dpo_beta if self.spec.mode == "dpo" else None
+        beta = dpo_beta(tcfg, self.spec.mode)
         options = StepOptions(max_norm=0.0, recompute=tcfg.recompute, precision=precision, dpo_beta=beta)
         eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, options)
         loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
