@@ -424,7 +424,7 @@ class Server:
             "model": self.settings.model_id,
         }
         if job.stream:
-            stream = self._stream(request, job, chat, head, events, choices, rows)
+            stream = self._stream(job, chat, head, events, choices, rows)
             return StreamingResponse(stream, media_type="text/event-stream")
         try:
             await self._wait(request, events, choices, rows)
@@ -457,15 +457,14 @@ class Server:
         return choices, rows
 
     @staticmethod
-    def _take(event: tuple, choices: list[Choice], rows: list[Request]) -> int:
-        """Apply one engine event to its choice; returns the choice's index."""
+    def _take(event: tuple, choices: list[Choice], rows: list[Request]) -> None:
+        """Apply one engine event to its choice."""
         kind, i, a, b, c, d = event
         if kind == "token" and choices[i].finish is None:
             if choices[i].add(a, b, c, d):
                 rows[i].cancelled = True  # a stop string: the row ends at the next step
         elif kind == "end":
             choices[i].end(a)
-        return i
 
     async def _wait(self, request: HttpRequest, events: asyncio.Queue, choices: list, rows: list) -> None:
         """Until every choice has ended (a client that leaves cancels its rows)."""
@@ -506,7 +505,6 @@ class Server:
 
     async def _stream(
         self,
-        request: HttpRequest,
         job: Job,
         chat: bool,
         head: dict,
