@@ -144,6 +144,8 @@ def test_completions_with_logprobs_and_stop_strings(pretrained, server):
         )  # greedy: the top
     parts = list(c.completions.create(**ask, stream=True, logprobs=3))
     assert "".join(p.choices[0].text for p in parts if p.choices) == choice.text
+    streamed = [p.choices[0].logprobs for p in parts if p.choices and p.choices[0].logprobs]
+    assert [o for part in streamed for o in part.text_offset] == lp.text_offset  # offsets into the whole text
     word = choice.text[len(choice.text) // 2 :][:3]  # a stop string from the middle of the text
     cut = c.completions.create(**ask, stop=[word])
     assert (
@@ -408,3 +410,18 @@ def test_speculative_serving_gives_plain_decodings_tokens_and_marks_the_drafts(c
         )
     finally:
         assert stop(proc)
+
+
+def test_completion_logprobs_offsets_continue_from_the_text_before():
+    """A stream's later chunk: its tokens' text_offset count from the start of the whole completion."""
+    from euler_train.serve.api import completion_logprobs
+
+    class Bytes:
+        def token_bytes(self, token: int) -> bytes:
+            return {1: b"ab", 2: b"c", 3: b"def"}[token]
+
+    entries = [{"token": t, "logprob": -1.0, "top": [(t, -1.0)]} for t in (1, 2, 3)]
+    whole = completion_logprobs(Bytes(), entries)
+    assert whole["text_offset"] == [0, 2, 3] and whole["tokens"] == ["ab", "c", "def"]
+    first, rest = completion_logprobs(Bytes(), entries[:1]), completion_logprobs(Bytes(), entries[1:], 2)
+    assert first["text_offset"] + rest["text_offset"] == whole["text_offset"]

@@ -300,6 +300,8 @@ def chat_logprobs(tok: Any, entries: list[dict]) -> dict:
 
 
 def completion_logprobs(tok: Any, entries: list[dict], start: int = 0) -> dict:
+    """The completions API's logprobs of some tokens; `start`: the offset of the first one in the text (a
+    stream's later chunks)."""
     texts = [token_text(tok, e["token"])[0] for e in entries]
     offsets, at = [], start
     for text in texts:
@@ -515,10 +517,14 @@ class Server:
         kind = "chat.completion.chunk" if chat else "text_completion"
         tok = self.model.tokenizer
 
+        offsets = [0] * len(choices)  # completions: each choice's text before its next chunk's tokens
+
         def chunk(i: int, piece: str, finish: str | None, entries: list[dict], first: bool = False) -> str:
             lp = None
             if job.top_logprobs is not None and entries:
-                lp = chat_logprobs(tok, entries) if chat else completion_logprobs(tok, entries)
+                lp = chat_logprobs(tok, entries) if chat else completion_logprobs(tok, entries, offsets[i])
+                if not chat:  # the next chunk's tokens start where these end
+                    offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             if chat:
                 delta = (
                     {"role": "assistant", "content": piece}
