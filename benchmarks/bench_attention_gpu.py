@@ -28,8 +28,11 @@ import torch.nn.functional as F
 from bench_kernels_gpu import graph_ms, queued_ms, time_ms  # the CUDA-event medians of the GPU benchmarks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from euler_kernels.attention.flash_attention import (
+    flash_attention_backward_bf16,
+    flash_attention_forward_bf16,
+)
 from euler_kernels.cuda import cast
-from euler_kernels.cuda.flash_attention import flash_attention_backward_bf16, flash_attention_forward_bf16
 
 ROWS = [  # (head_dim, Hq, Hkv, B, T)
     (64, 12, 4, 32, 512),

@@ -21,9 +21,10 @@ import cupy as cp
 import numpy as np
 from bench_kernels_gpu import graph_ms  # the CUDA-graph median of the other GPU benchmarks
 
-from euler_kernels.cuda import cast, fp8
-from euler_kernels.cuda.gemm import gemm_bf16
-from euler_kernels.cuda.gemm_fp8 import gemm_fp8, transposed
+from euler_kernels.cuda import cast
+from euler_kernels.matmul import fp8
+from euler_kernels.matmul.gemm import gemm_bf16
+from euler_kernels.matmul.gemm_fp8 import gemm_fp8, transposed
 from euler_model.config import preset
 
 

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import euler_kernels as ek  # noqa: E402
-from euler_kernels.ops.residual import residual_backward, residual_forward  # noqa: E402
+from euler_kernels.residual.residual import residual_backward, residual_forward  # noqa: E402
 
 B, T, C, HQ, HKV, FFN, V = 16, 128, 128, 4, 2, 384, 512
 D = C // HQ

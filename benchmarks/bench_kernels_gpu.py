@@ -17,8 +17,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from euler_kernels.cuda import cast, cross_entropy, flash_attention, multi_tensor, rmsnorm, swiglu
-from euler_kernels.cuda.flash_attention import flash_attention_backward_bf16, flash_attention_forward_bf16
+from euler_kernels.attention import flash_attention
+from euler_kernels.attention.flash_attention import (
+    flash_attention_backward_bf16,
+    flash_attention_forward_bf16,
+)
+from euler_kernels.cross_entropy import cross_entropy_cuda as cross_entropy
+from euler_kernels.cuda import cast, multi_tensor
+from euler_kernels.rmsnorm import rmsnorm_cuda as rmsnorm
+from euler_kernels.swiglu import swiglu_cuda as swiglu
 
 
 def time_ms(fn, reps: int = 20, warmup: int = 3) -> float:

@@ -40,8 +40,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from euler_kernels.heap import keep_freed_memory  # noqa: E402
-from euler_kernels.ops.adamw import adamw_update  # noqa: E402
-from euler_kernels.ops.grad_norm import clip_grad_norm  # noqa: E402
+from euler_kernels.optim.adamw import adamw_update  # noqa: E402
+from euler_kernels.optim.grad_norm import clip_grad_norm  # noqa: E402
 from euler_model import (  # noqa: E402
     GenerationStats,
     count_params,

@@ -55,7 +55,7 @@ import torch
 
 import euler_kernels as ek
 import euler_model
-from euler_kernels.cuda import gemm_tuned
+from euler_kernels.matmul import gemm_tuned
 from euler_model import count_params, init_params, loss_and_grads
 from euler_model.blocks import fp8_scale_formats
 from euler_train.comm import Comm

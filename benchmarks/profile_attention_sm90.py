@@ -20,8 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from euler_kernels.attention.flash_attention import (
+    flash_attention_backward_bf16,
+    flash_attention_forward_bf16,
+)
 from euler_kernels.cuda import cast
-from euler_kernels.cuda.flash_attention import flash_attention_backward_bf16, flash_attention_forward_bf16
 
 
 def main() -> None:

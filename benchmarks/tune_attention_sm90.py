@@ -26,8 +26,9 @@ import cupy as cp
 import numpy as np
 from bench_kernels_gpu import queued_ms  # the same CUDA-event median as the other GPU benchmarks
 
-from euler_kernels.cuda import cast, flash_attention_sm90
-from euler_kernels.cuda.flash_attention import flash_attention_forward_bf16
+from euler_kernels.attention import flash_attention_sm90
+from euler_kernels.attention.flash_attention import flash_attention_forward_bf16
+from euler_kernels.cuda import cast
 from euler_kernels.testing import relative_error
 
 ROWS = [(64, 12, 4, 32, 512), (64, 12, 4, 8, 2048), (64, 12, 4, 2, 8192)]

@@ -27,8 +27,8 @@ import torch
 
 import euler_kernels as ek
 import euler_model
-from euler_kernels.cuda import gemm, gemm_tuned
-from euler_kernels.cuda.blas import CUDA_R_16BF
+from euler_kernels.matmul import gemm, gemm_tuned
+from euler_kernels.matmul.blas import CUDA_R_16BF
 
 BF16 = ek.Precision("bf16")  # the step's products: bf16, each kind tuned at its first call
 

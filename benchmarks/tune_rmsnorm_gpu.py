@@ -22,7 +22,7 @@ import functools
 import cupy as cp
 from bench_kernels_gpu import queued_ms
 
-from euler_kernels.cuda import rmsnorm
+from euler_kernels.rmsnorm import rmsnorm_cuda as rmsnorm
 
 WIDTHS = [(768, 16384), (1024, 16384), (1152, 8192), (2048, 8192)]  # (C, rows): gpu, 350m, -, 1b
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
-from euler_kernels.ops.adamw import adamw_update
-from euler_kernels.ops.grad_norm import clip_grad_norm
-from euler_kernels.ops.residual import residual_forward
-from euler_kernels.ops.rmsnorm import rmsnorm_backward_bf16_copy
+from euler_kernels.optim.adamw import adamw_update
+from euler_kernels.optim.grad_norm import clip_grad_norm
+from euler_kernels.residual.residual import residual_forward
+from euler_kernels.rmsnorm.rmsnorm import rmsnorm_backward_bf16_copy
 
 f32, f64 = np.float32, np.float64
 

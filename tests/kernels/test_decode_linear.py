@@ -12,7 +12,7 @@ import pytest
 
 import euler_kernels as ek
 from euler_kernels.cuda import cast
-from euler_kernels.cuda import decode_linear as decode_linear_cuda
+from euler_kernels.matmul import decode_linear_cuda
 
 EPS = 1e-5
 

@@ -31,8 +31,11 @@ from tests.conftest import cupy_with_a_device
 pytestmark = pytest.mark.gpu
 cp = cupy_with_a_device()
 
-from euler_kernels.cuda import flash_attention, flash_attention_sm90  # noqa: E402
-from euler_kernels.cuda.flash_attention import (  # noqa: E402
+from euler_kernels.attention import (  # noqa: E402
+    flash_attention,
+    flash_attention_sm90,
+)
+from euler_kernels.attention.flash_attention import (  # noqa: E402
     flash_attention_backward_bf16,
     flash_attention_forward_bf16,
 )

@@ -5,7 +5,7 @@ a kilobyte of the limit, and a layout change that outgrows it would otherwise fa
 
 import pytest
 
-from euler_kernels.cuda import flash_attention_sm90
+from euler_kernels.attention import flash_attention_sm90
 
 HOPPER_SMEM_PER_BLOCK = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from euler_kernels import fp8_format as fp8
+from euler_kernels.matmul import fp8_format as fp8
 
 torch = pytest.importorskip("torch")
 TORCH_TYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

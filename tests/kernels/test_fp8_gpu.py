@@ -10,13 +10,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from euler_kernels import fp8_format as ref
+from euler_kernels.matmul import fp8_format as ref
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from euler_kernels.cuda import cast, fp8  # noqa: E402
-from euler_kernels.cuda.gemm_fp8 import gemm_fp8, transposed  # noqa: E402
+from euler_kernels.cuda import cast  # noqa: E402
+from euler_kernels.matmul import fp8  # noqa: E402
+from euler_kernels.matmul.gemm_fp8 import gemm_fp8, transposed  # noqa: E402
 
 
 def decoded(bits, fmt) -> np.ndarray:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from euler_kernels import fp8_format as ref
+from euler_kernels.matmul import fp8_format as ref
 from tests.conftest import cupy_with_a_device
 
 pytestmark = pytest.mark.gpu
 cp = cupy_with_a_device()
 
-from euler_kernels.cuda import cast, fp8_scales, swiglu  # noqa: E402
+from euler_kernels.cuda import cast  # noqa: E402
+from euler_kernels.matmul import fp8_scales  # noqa: E402
+from euler_kernels.swiglu import swiglu_cuda as swiglu  # noqa: E402
 
 
 def bits_of(values) -> np.ndarray:

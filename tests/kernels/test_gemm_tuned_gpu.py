@@ -16,7 +16,12 @@ from tests.conftest import cupy_with_a_device
 pytestmark = pytest.mark.gpu
 cp = cupy_with_a_device()
 
-from euler_kernels.cuda import cast, cublaslt, gemm, gemm_tuned  # noqa: E402
+from euler_kernels.cuda import cast  # noqa: E402
+from euler_kernels.matmul import (  # noqa: E402
+    cublaslt,
+    gemm,
+    gemm_tuned,
+)
 
 
 def operands(rng, m, n, k, trans_a, trans_b):

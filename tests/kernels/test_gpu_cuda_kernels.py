@@ -12,27 +12,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import euler_kernels as ek
-from euler_kernels.ops.adamw import adamw_update, bias_corrections
-from euler_kernels.ops.grad_norm import global_grad_norm
-from euler_kernels.ops.newton_schulz import newton_schulz
-from euler_kernels.ops.rmsnorm import rmsnorm_backward_bf16_copy
+from euler_kernels.optim.adamw import adamw_update, bias_corrections
+from euler_kernels.optim.grad_norm import global_grad_norm
+from euler_kernels.optim.newton_schulz import newton_schulz
+from euler_kernels.rmsnorm.rmsnorm import rmsnorm_backward_bf16_copy
 from euler_kernels.testing import bf16_bits, bf16_values, relative_error
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 from euler_kernels import cuda as kc  # noqa: E402
-from euler_kernels.cuda import (  # noqa: E402
-    cast,
-    cross_entropy,
-    embedding,
-    flash_attention,
-    gemm,
-    multi_tensor,
-    rmsnorm,
-    rope,
-    swiglu,
-)
+from euler_kernels.attention import flash_attention  # noqa: E402
+from euler_kernels.cross_entropy import cross_entropy_cuda as cross_entropy  # noqa: E402
+from euler_kernels.cuda import cast, multi_tensor  # noqa: E402
+from euler_kernels.embedding import embedding_cuda as embedding  # noqa: E402
+from euler_kernels.matmul import gemm  # noqa: E402
+from euler_kernels.rmsnorm import rmsnorm_cuda as rmsnorm  # noqa: E402
+from euler_kernels.rope import rope_cuda as rope  # noqa: E402
+from euler_kernels.swiglu import swiglu_cuda as swiglu  # noqa: E402
 
 # Inputs are O(1) normals, so rounding is judged against the size of the terms summed: a result that
 # cancels to (nearly) zero in exact arithmetic (attention with T = S = 1, rmsnorm with C = 1) is measured

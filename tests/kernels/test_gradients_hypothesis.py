@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import euler_kernels as ek
 from euler_kernels.gradcheck import gradcheck, gradcheck_scalar
-from euler_kernels.ops.grad_norm import global_grad_norm
-from euler_kernels.ops.residual import residual_backward, residual_forward
+from euler_kernels.optim.grad_norm import global_grad_norm
+from euler_kernels.residual.residual import residual_backward, residual_forward
 from euler_kernels.testing import (
     attention_shapes,
     batch_sizes,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
-from euler_kernels import fp8_format as ref
+from euler_kernels.matmul import fp8_format as ref
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -109,7 +109,7 @@ def test_keep_input_false_with_x_made_again_gives_the_same_bits(n):
 
 def test_a_given_maximum_gives_the_same_bits_as_a_measured_one():
     """x_amax and dout_amax (from the kernel that made the tensor) replace the FP8 path's own pass."""
-    from euler_kernels.cuda import fp8
+    from euler_kernels.matmul import fp8
 
     rng = np.random.default_rng(9)
     x = cast.to_bf16(cp.asarray(rng.standard_normal((40, 64)).astype(np.float32)))

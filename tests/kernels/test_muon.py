@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
-from euler_kernels.ops.newton_schulz import NS_COEFFICIENTS, newton_schulz
+from euler_kernels.optim.newton_schulz import NS_COEFFICIENTS, newton_schulz
 
 
 def scalar_iteration(s: np.ndarray, steps: int = 5) -> np.ndarray:

@@ -7,9 +7,9 @@ import pytest
 
 import euler_kernels as ek
 from euler_kernels.gradcheck import gradcheck
-from euler_kernels.ops.adamw import adamw_update
-from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
-from euler_kernels.ops.residual import residual_backward, residual_forward
+from euler_kernels.optim.adamw import adamw_update
+from euler_kernels.optim.grad_norm import clip_grad_norm, global_grad_norm
+from euler_kernels.residual.residual import residual_backward, residual_forward
 
 pytestmark = pytest.mark.gpu
 

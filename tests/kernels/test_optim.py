@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
-from euler_kernels.ops.adamw import adamw_update
-from euler_kernels.ops.grad_norm import clip_grad_norm, global_grad_norm
+from euler_kernels.optim.adamw import adamw_update
+from euler_kernels.optim.grad_norm import clip_grad_norm, global_grad_norm
 
 
 def test_adamw_two_steps_by_hand() -> None:

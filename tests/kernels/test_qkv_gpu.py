@@ -15,11 +15,12 @@ from tests.conftest import cupy_with_a_device
 pytestmark = pytest.mark.gpu
 cp = cupy_with_a_device()
 
-from euler_kernels.cuda import cast, rope  # noqa: E402
-from euler_kernels.cuda.flash_attention import (  # noqa: E402
+from euler_kernels.attention.flash_attention import (  # noqa: E402
     flash_attention_backward_bf16,
     flash_attention_forward_bf16,
 )
+from euler_kernels.cuda import cast  # noqa: E402
+from euler_kernels.rope import rope_cuda as rope  # noqa: E402
 
 _HOPPER = cp.cuda.Device().compute_capability.startswith("9")
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from euler_kernels.cuda import tensor_map
+from euler_kernels.attention import tensor_map
 from euler_kernels.cuda._module import token_stride
 
 

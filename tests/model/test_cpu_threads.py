@@ -63,7 +63,7 @@ def test_worker_threads_give_the_one_thread_step(tmp_path) -> None:
 GENERATE_CHILD = """
 import json
 import threadpoolctl
-import euler_kernels.ops.linear as linear
+import euler_kernels.matmul.linear as linear
 from euler_model import generate, generate_batch, init_params, preset
 seen, forward = set(), linear.linear_forward
 def spy(*args, **kwargs):

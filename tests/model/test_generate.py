@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
-from euler_kernels.ops.adamw import adamw_update
+from euler_kernels.optim.adamw import adamw_update
 from euler_model import GenerationStats, generate, init_params, logits, loss_and_grads, preset
 from euler_model.decode_batch import prefill
 from euler_model.decode_state import DecodeState

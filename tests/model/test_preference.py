@@ -125,7 +125,7 @@ def test_dpo_equals_pytorch_autograd_on_the_exported_llama(tmp_path) -> None:
 def test_a_few_dpo_steps_raise_the_margins_of_training_and_held_out_pairs() -> None:
     """AdamW on the hand-written gradient: the loss falls and the chosen replies gain on the rejected ones,
     on the pairs trained and on held-out pairs that share their pattern (reply token 1 preferred to 2)."""
-    from euler_kernels.ops.adamw import adamw_update
+    from euler_kernels.optim.adamw import adamw_update
     from euler_model import init_params
 
     cfg = preset("tiny")

@@ -231,24 +231,15 @@ def test_the_allowed_lazy_imports_still_exist() -> None:
         assert name in {n for _, n in function_level_imports(PACKAGES / rel)}, f"stale entry {rel}: {name}"
 
 
-# --- euler-kernels: the route ops/X.py -> cuda/X.py -> cuda/X.cu (DESIGN.md, "Layout of an op") ---------
+# --- euler-kernels: a folder per op with its op module, launcher and .cu (DESIGN.md, "Layout of an op") ---
 KERNELS_SRC = PACKAGES / "euler-kernels" / "src" / "euler_kernels"
-CUDA_DIR = KERNELS_SRC / "cuda"
-SHARED_GPU = {"_module", "tables", "multi_tensor", "cast", "gemm", "fp8", "gemm_fp8"}  # GPU plumbing
-LAUNCHER_OF = {"attention": "flash_attention", "residual_rmsnorm": "rmsnorm"}  # else the op's own name
+CUDA_DIR = KERNELS_SRC / "cuda"  # shared: the loader, the shared headers and kernels (cast, multi-tensor)
+OP_DIRS = sorted(d for d in KERNELS_SRC.iterdir() if (d / "__init__.py").exists() and d != CUDA_DIR)
+CU_FILES = sorted(KERNELS_SRC.glob("*/*.cu"))
+# launchers of other folders that an op may use: the shared products and FP8 copies of matmul/
+SHARED_GPU = {"matmul.gemm", "matmul.gemm_fp8", "matmul.fp8", "matmul.fp8_scales"}
 KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(')
-
-
-def cuda_modules_imported(file: Path) -> set[str]:
-    """Names of the euler_kernels.cuda submodules a file imports (`from euler_kernels.cuda import x`, or
-    `from euler_kernels.cuda.x import ...`)."""
-    found = set()
-    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module == "euler_kernels.cuda":
-            found |= {alias.name for alias in node.names if (CUDA_DIR / f"{alias.name}.py").exists()}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("euler_kernels.cuda."):
-            found.add(node.module.split(".")[2])
-    return found
+INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
 
 
 def string_constants(file: Path) -> set[str]:
@@ -256,12 +247,74 @@ def string_constants(file: Path) -> set[str]:
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-def launcher_of_cu(cu: Path) -> str:
-    """The launcher module beside a .cu file: the longest module name that its name starts with
-    (flash_attention_bf16.cu -> flash_attention.py)."""
-    names = [p.stem for p in CUDA_DIR.glob("*.py") if cu.stem.startswith(p.stem)]
-    assert names, f"{cu.name} has no launcher module beside it (cuda/<name>.py)"
-    return max(names, key=len)
+def is_launcher(file: Path) -> bool:
+    """A launcher names a .cu file (it loads its kernels) or reaches for cuBLAS (blas.py's library)."""
+    return any(s.endswith(".cu") for s in string_constants(file)) or file.stem in {"gemm", "gemm_fp8", "blas"}
+
+
+def launchers_imported(file: Path) -> set[str]:
+    """ "<folder>.<module>" of every launcher of an op folder that a file imports."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("euler_kernels."):
+            parts = node.module.split(".")[1:]
+            modules = [parts] if len(parts) == 2 else [[*parts, a.name] for a in node.names]
+            for folder, *rest in modules:
+                path = KERNELS_SRC / folder / f"{rest[0]}.py" if rest else None
+                if folder != "cuda" and path is not None and path.exists() and is_launcher(path):
+                    found.add(f"{folder}.{rest[0]}")
+    return found
+
+
+def test_every_cu_file_the_loader_is_asked_for_exists_once() -> None:
+    """Each .cu name is unique across the op folders, and every .cu file a module names is one of them (the
+    loader finds a .cu by its name alone: cuda/_module.py's source_path)."""
+    names = [cu.name for cu in CU_FILES]
+    assert len(names) == len(set(names)), f"two .cu files of one name: {sorted(names)}"
+    asked = {s for p in KERNELS_SRC.rglob("*.py") for s in string_constants(p) if s.endswith(".cu")}
+    assert asked, "no .cu file named by any module"
+    assert not asked - set(names), f"named but not found: {sorted(asked - set(names))}"
+    assert not set(names) - asked, f"never loaded: {sorted(set(names) - asked)}"
+
+
+@pytest.mark.parametrize(
+    "source", [p.relative_to(KERNELS_SRC).as_posix() for p in sorted(KERNELS_SRC.glob("*/*.cu*"))]
+)
+def test_every_include_is_found_in_its_folder_or_the_shared_one(source: str) -> None:
+    """`#include "x"` resolves where the loader looks: the file's own folder, then cuda/ (include_dirs)."""
+    path = KERNELS_SRC / source
+    for header in INCLUDE.findall(path.read_text()):
+        assert (path.parent / header).exists() or (CUDA_DIR / header).exists(), (
+            f"{source}: {header} not found"
+        )
+
+
+@pytest.mark.parametrize("cu", [p.relative_to(KERNELS_SRC).as_posix() for p in CU_FILES])
+def test_every_kernel_is_named_literally_by_a_launcher_beside_it(cu: str) -> None:
+    """Each __global__ kernel of a .cu file appears as a string in a launcher of its own folder, and no
+    launcher of another folder names the file or its kernels: `grep -r <kernel name>` finds the .cu and its
+    launcher."""
+    path = KERNELS_SRC / cu
+    kernels = set(KERNEL.findall(path.read_text()))
+    assert kernels, f"no kernels found in {cu}"
+    beside = set().union(*(string_constants(p) for p in path.parent.glob("*.py")))
+    assert not kernels - beside, (
+        f"no launcher in {path.parent.name}/ names {sorted(kernels - beside)} of {cu}"
+    )
+    for other in KERNELS_SRC.rglob("*.py"):
+        if other.parent != path.parent and is_launcher(other):
+            assert not (string_constants(other) & (kernels | {path.name})), (
+                f"{other} names {cu} or its kernels"
+            )
+
+
+@pytest.mark.parametrize("folder", [d.name for d in OP_DIRS])
+def test_each_op_uses_the_launchers_of_its_own_folder(folder: str) -> None:
+    """Following an op's call into the GPU stays in its folder: the launchers a module imports are its own
+    folder's, or the shared products and FP8 copies of matmul/ (and anything of the shared cuda/)."""
+    for file in sorted((KERNELS_SRC / folder).glob("*.py")):
+        foreign = {m for m in launchers_imported(file) if not m.startswith(f"{folder}.")} - SHARED_GPU
+        assert not foreign, f"{folder}/{file.name} imports launchers of other folders: {sorted(foreign)}"
 
 
 def reaches_into_euler_kernels_cuda(node: ast.AST, aliases: set[str]) -> bool:
@@ -296,34 +349,3 @@ def test_no_package_imports_euler_kernels_cuda() -> None:
                 if reaches_into_euler_kernels_cuda(node, aliases)
             ]
     assert not offenders, f"euler_kernels.cuda used outside euler-kernels: {offenders}"
-
-
-OPS = sorted(p.stem for p in (KERNELS_SRC / "ops").glob("*.py") if p.stem != "__init__")
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_each_op_with_a_kernel_has_its_launcher_and_kernel_beside(op: str) -> None:
-    """An op that runs a kernel of its own imports exactly one launcher, cuda/X.py, and cuda/X*.cu exists;
-    anything else it imports from euler_kernels.cuda is shared plumbing."""
-    own = cuda_modules_imported(KERNELS_SRC / "ops" / f"{op}.py") - SHARED_GPU
-    if not own and op not in LAUNCHER_OF:
-        assert not list(CUDA_DIR.glob(f"{op}*.cu")), f"ops/{op}.py does not launch its cuda/{op}*.cu"
-        return
-    launcher = LAUNCHER_OF.get(op, op)
-    assert own == {launcher}, f"ops/{op}.py should import its launcher cuda/{launcher}.py only, got {own}"
-    assert (CUDA_DIR / f"{launcher}.py").exists() and list(CUDA_DIR.glob(f"{launcher}*.cu"))
-
-
-@pytest.mark.parametrize("cu", sorted(p.name for p in CUDA_DIR.glob("*.cu")))
-def test_every_kernel_is_named_literally_by_the_launcher_beside_it(cu: str) -> None:
-    """Each __global__ kernel of X*.cu appears as a string in cuda/X.py and in no other launcher, and no
-    other launcher loads X*.cu: `grep -r <kernel name>` finds the .cu and its launcher."""
-    kernels = set(KERNEL.findall((CUDA_DIR / cu).read_text()))
-    assert kernels, f"no kernels found in {cu}"
-    launcher = launcher_of_cu(CUDA_DIR / cu)
-    strings = {p.stem: string_constants(p) for p in CUDA_DIR.glob("*.py")}
-    missing = kernels - strings[launcher]
-    assert not missing, f"cuda/{launcher}.py does not name {sorted(missing)} of {cu} literally"
-    for other, consts in strings.items():
-        if other != launcher:
-            assert not (consts & (kernels | {cu})), f"cuda/{other}.py names {cu} or its kernels"

@@ -11,48 +11,58 @@ from its module.
 """
 
 from euler_kernels.__about__ import __version__
+from euler_kernels.attention.attention import attention_backward, attention_forward
+from euler_kernels.attention.decode_attention import decode_attention_forward, decode_attention_kernel
+from euler_kernels.attention.flash_attention import flash_attention_supports
+from euler_kernels.attention.qkv import qkv_backward, qkv_forward
 from euler_kernels.backend import get_array_module, is_bf16, require_cuda, synchronize, to_device, to_numpy
-from euler_kernels.cuda import float32_on_gpu
-from euler_kernels.cuda.cast import stacked_rows, to_bf16_many
-from euler_kernels.cuda.flash_attention import flash_attention_supports
-from euler_kernels.cuda.fp8_scales import Fp8Scales
-from euler_kernels.cuda.fp8_scales import new_scales as new_fp8_scales
-from euler_kernels.cuda.fp8_scales import restore_scales as restore_fp8_scales
-from euler_kernels.cuda.fp8_scales import scale_arrays as fp8_scale_arrays
-from euler_kernels.cuda.fp8_scales import scales_from_arrays as fp8_scales_from_arrays
-from euler_kernels.cuda.fp8_scales import update_scales as update_fp8_scales
-from euler_kernels.cuda.multi_tensor import keep_tables
-from euler_kernels.gradcheck import gradcheck, gradcheck_scalar, judged
-from euler_kernels.op_checks import gradcheck_ops
-from euler_kernels.ops.adamw import adamw_hyper, adamw_update_ctl, adamw_update_many
-from euler_kernels.ops.attention import attention_backward, attention_forward
-from euler_kernels.ops.cross_entropy import (
+from euler_kernels.cross_entropy.cross_entropy import (
     cross_entropy_backward,
     cross_entropy_forward,
     cross_entropy_weights,
 )
-from euler_kernels.ops.decode_accept import decode_accept
-from euler_kernels.ops.decode_attention import decode_attention_forward, decode_attention_kernel
-from euler_kernels.ops.decode_draft import decode_draft
-from euler_kernels.ops.decode_linear import decode_linear_forward
-from euler_kernels.ops.decode_record import decode_record
-from euler_kernels.ops.embedding import embedding_backward, embedding_forward
-from euler_kernels.ops.grad_accumulate import accumulate_scaled_many
-from euler_kernels.ops.grad_norm import sum_squares_many
-from euler_kernels.ops.linear import linear_backward, linear_forward, linear_forward_many, linear_weight_grad
-from euler_kernels.ops.linear_fp8 import fp8_amax, fp8_fits, fp8_weights, is_fp8
-from euler_kernels.ops.muon import muon_scratch, muon_update
-from euler_kernels.ops.qkv import qkv_backward, qkv_forward
-from euler_kernels.ops.residual_rmsnorm import (
+from euler_kernels.cuda import float32_on_gpu
+from euler_kernels.cuda.cast import stacked_rows, to_bf16_many
+from euler_kernels.cuda.multi_tensor import keep_tables
+from euler_kernels.decode.decode_accept import decode_accept
+from euler_kernels.decode.decode_draft import decode_draft
+from euler_kernels.decode.decode_record import decode_record
+from euler_kernels.embedding.embedding import embedding_backward, embedding_forward
+from euler_kernels.gradcheck import gradcheck, gradcheck_scalar, judged
+from euler_kernels.matmul.decode_linear import decode_linear_forward
+from euler_kernels.matmul.fp8_scales import Fp8Scales
+from euler_kernels.matmul.fp8_scales import new_scales as new_fp8_scales
+from euler_kernels.matmul.fp8_scales import restore_scales as restore_fp8_scales
+from euler_kernels.matmul.fp8_scales import scale_arrays as fp8_scale_arrays
+from euler_kernels.matmul.fp8_scales import scales_from_arrays as fp8_scales_from_arrays
+from euler_kernels.matmul.fp8_scales import update_scales as update_fp8_scales
+from euler_kernels.matmul.linear import (
+    linear_backward,
+    linear_forward,
+    linear_forward_many,
+    linear_weight_grad,
+)
+from euler_kernels.matmul.linear_fp8 import fp8_amax, fp8_fits, fp8_weights, is_fp8
+from euler_kernels.op_checks import gradcheck_ops
+from euler_kernels.optim.adamw import adamw_hyper, adamw_update_ctl, adamw_update_many
+from euler_kernels.optim.grad_accumulate import accumulate_scaled_many
+from euler_kernels.optim.grad_norm import sum_squares_many
+from euler_kernels.optim.muon import muon_scratch, muon_update
+from euler_kernels.optim.step_control import step_control
+from euler_kernels.precision import EXACT, Precision
+from euler_kernels.rmsnorm.residual_rmsnorm import (
     residual_rmsnorm_backward,
     residual_rmsnorm_backward_bf16_copy,
     residual_rmsnorm_forward,
 )
-from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
-from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
-from euler_kernels.ops.step_control import step_control
-from euler_kernels.ops.swiglu import swiglu_backward, swiglu_backward_fp8, swiglu_forward, swiglu_forward_fp8
-from euler_kernels.precision import EXACT, Precision
+from euler_kernels.rmsnorm.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from euler_kernels.rope.rope import rope_backward, rope_forward, rope_tables
+from euler_kernels.swiglu.swiglu import (
+    swiglu_backward,
+    swiglu_backward_fp8,
+    swiglu_forward,
+    swiglu_forward_fp8,
+)
 
 __all__ = [
     "EXACT",

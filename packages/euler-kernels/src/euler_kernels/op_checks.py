@@ -11,16 +11,16 @@ from collections.abc import Callable
 
 import numpy as np
 
+from euler_kernels.attention.attention import attention_backward, attention_forward
+from euler_kernels.attention.qkv import qkv_backward, qkv_forward
+from euler_kernels.cross_entropy.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from euler_kernels.embedding.embedding import embedding_backward, embedding_forward
 from euler_kernels.gradcheck import GradcheckReport, gradcheck
-from euler_kernels.ops.attention import attention_backward, attention_forward
-from euler_kernels.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
-from euler_kernels.ops.embedding import embedding_backward, embedding_forward
-from euler_kernels.ops.linear import linear_backward, linear_forward
-from euler_kernels.ops.qkv import qkv_backward, qkv_forward
-from euler_kernels.ops.residual import residual_backward, residual_forward
-from euler_kernels.ops.rmsnorm import rmsnorm_backward, rmsnorm_forward
-from euler_kernels.ops.rope import rope_backward, rope_forward, rope_tables
-from euler_kernels.ops.swiglu import swiglu_backward, swiglu_forward
+from euler_kernels.matmul.linear import linear_backward, linear_forward
+from euler_kernels.residual.residual import residual_backward, residual_forward
+from euler_kernels.rmsnorm.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from euler_kernels.rope.rope import rope_backward, rope_forward, rope_tables
+from euler_kernels.swiglu.swiglu import swiglu_backward, swiglu_forward
 
 Case = tuple[str, Callable, Callable, dict, list[str] | None]
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+
+import euler_kernels as ek
 
 # bytes: every block starts on this boundary, as CuPy's pool's do (kernels choose paths by alignment)
 ALIGN = 512
@@ -234,12 +237,21 @@ def alive_at_peak(sizes: list[int], starts: list[int], ends: list[int | None]) -
     return [i for i, (s, e) in enumerate(zip(starts, ends)) if s <= tick and (e is None or tick < e)]
 
 
+# The files of euler_kernels' ops: where its public functions are defined, in its op folders (not its
+# shared plumbing: the package root and cuda/).
+OP_FILES = frozenset(
+    path
+    for path in (inspect.getfile(f) for f in map(ek.__dict__.get, ek.__all__) if inspect.isfunction(f))
+    if os.path.basename(os.path.dirname(path)) not in ("euler_kernels", "cuda")
+)
+
+
 def call_site() -> str:
     """Where in euler's packages the current allocation was asked for: the two innermost frames of
-    euler_model / euler_train / euler_kernels.ops (file:line function), innermost first."""
+    euler_model / euler_train / euler_kernels' ops (file:line function), innermost first."""
     frames = [
         f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
         for f in reversed(traceback.extract_stack(limit=24))
-        if any(part in f.filename for part in ("euler_model", "euler_train/step", "euler_kernels/ops"))
+        if f.filename in OP_FILES or any(part in f.filename for part in ("euler_model", "euler_train/step"))
     ]
     return " < ".join(frames[:2]) or "?"

@@ -1,8 +1,10 @@
-"""Compile and cache the `.cu` files beside this module with `cupy.RawModule`, and the launch sizes that
-every launcher shares, with the device's own facts they depend on (its SM count: `sm_count`).
+"""Compile and cache the `.cu` files of euler_kernels' op folders with `cupy.RawModule`, and the launch sizes
+that every launcher shares, with the device's own facts they depend on (its SM count: `sm_count`).
 
-Each file is compiled once per set of `-D` defines; a `#line` directive makes compiler errors
-name the real file and line.
+A `.cu` file is named by its file name alone: each lies in its op's folder beside its launcher
+(euler_kernels/<op>/<name>.cu, names unique across the folders), and includes headers of that folder or
+the shared ones of this folder (common.cuh, fp8.cuh). Each file is compiled once per set of `-D` defines;
+a `#line` directive makes compiler errors name the real file and line.
 """
 
 from __future__ import annotations
@@ -15,22 +17,38 @@ from typing import Any
 
 from euler_kernels.backend import require_cuda
 
-CUDA_DIR = Path(__file__).resolve().parent
+CUDA_DIR = Path(__file__).resolve().parent  # the shared headers
+KERNELS_DIR = CUDA_DIR.parent  # euler_kernels: a folder per op
 THREADS = 256  # threads per block of the elementwise and row kernels
 GRID_BLOCKS_PER_SM = 32  # a grid-stride kernel's blocks an SM at most: enough to keep every SM full
 
 
+@functools.cache
+def source_path(filename: str) -> Path:
+    """The one `.cu` file named `filename` in the folders of euler_kernels (FileNotFoundError if not one)."""
+    found = sorted(KERNELS_DIR.glob(f"*/{filename}"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{filename}: {len(found)} files of that name under {KERNELS_DIR}, not one")
+    return found[0]
+
+
+def include_dirs(filename: str) -> tuple[Path, ...]:
+    """Where the headers of `filename` are found: its own folder, then the shared headers of this folder."""
+    return tuple(dict.fromkeys((source_path(filename).parent, CUDA_DIR)))
+
+
 def _source_and_options(filename: str, defines: tuple[tuple[str, int], ...]) -> tuple[str, tuple[str, ...]]:
-    """The text of `filename` (in this folder), its errors naming the real file, and the compiler options
-    every build takes: C++17, this folder for the headers, the `-D` defines."""
-    path = CUDA_DIR / filename
+    """The text of `filename`, its errors naming the real file, and the compiler options every build takes:
+    C++17, the folders of its headers, the `-D` defines."""
+    path = source_path(filename)
     source = f'#line 1 "{path}"\n' + path.read_text()
-    return source, ("-std=c++17", f"-I{CUDA_DIR}", *(f"-D{name}={value}" for name, value in defines))
+    includes = (f"-I{folder}" for folder in include_dirs(filename))
+    return source, ("-std=c++17", *includes, *(f"-D{name}={value}" for name, value in defines))
 
 
 @functools.cache
 def load_module(filename: str, defines: tuple[tuple[str, int], ...] = ()):
-    """The compiled RawModule for `filename` (in this folder) with the given `-D` defines."""
+    """The compiled RawModule for `filename` (found by source_path) with the given `-D` defines."""
     cupy = require_cuda()
     source, options = _source_and_options(filename, defines)
     return cupy.RawModule(code=source, options=options)
@@ -57,8 +75,9 @@ def load_module_sm90a(filename: str, defines: tuple[tuple[str, int], ...] = ()):
     source, options = _source_and_options(filename, defines)
     options += ("--gpu-architecture=sm_90a",)
     key = hashlib.sha256(repr((source, options, nvrtc.getVersion())).encode())
-    for header in sorted(CUDA_DIR.glob("*.cuh")):
-        key.update(header.read_bytes())
+    for folder in include_dirs(filename):
+        for header in sorted(folder.glob("*.cuh")):
+            key.update(header.read_bytes())
     cached = cubin_cache_dir() / f"{Path(filename).stem}-{key.hexdigest()[:24]}.cubin"
     if not cached.exists():
         program = nvrtc.createProgram(source, filename, (), ())

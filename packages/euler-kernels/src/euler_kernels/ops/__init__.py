@@ -1,1 +1,0 @@
-"""One module per op; each holds its forward and backward side by side."""
