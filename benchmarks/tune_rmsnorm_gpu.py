@@ -6,7 +6,7 @@ two the training step runs), at the widths of the presets.
 
 Each line prints the device time per call (CUDA-event median of queued calls), the bytes moved per second,
 and the largest difference from one warp per row (the outputs' bf16 bit patterns, rstd, dx, dweight: only
-the order of the row's sums changes). The launcher's rule (cuda/rmsnorm.py `_rmsnorm_vec`) is what
+the order of the row's sums changes). The launcher's rule (rmsnorm/rmsnorm_cuda.py `_rmsnorm_vec`) is what
 these figures chose.
 
 --blocks times instead the backward the bf16 step runs (bf16 dout, the residual's gradient added, a bf16

@@ -27,7 +27,7 @@ def random_rows(seed: int, b: int = 64, v: int = 50, width: int = 9):
 
 
 def looped(token, state, stop, limit) -> dict:
-    """The rule of ops/decode_record.py, one row at a time."""
+    """The rule of decode/decode_record.py, one row at a time."""
     s = {k: a.copy() for k, a in state.items()}
     for b, t in enumerate(token):
         if s["done"][b]:
@@ -84,7 +84,7 @@ def test_the_kernel_takes_a_column_of_tokens() -> None:
 
 
 def accepted_looped(g, drafts, state, stop, limit) -> tuple[dict, np.ndarray]:
-    """The rule of ops/decode_accept.py, one row at a time: accept the agreeing drafts, then record
+    """The rule of decode/decode_accept.py, one row at a time: accept the agreeing drafts, then record
     g[b, 0..a] with decode_record's rule."""
     s = {k: a.copy() for k, a in state.items()}
     b, m = drafts.shape

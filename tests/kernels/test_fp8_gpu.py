@@ -1,4 +1,4 @@
-"""FP8 operands and products on the GPU (cuda/fp8.cu, cuda/gemm_fp8.py): the cast kernel gives the NumPy
+"""FP8 operands and products on the GPU (matmul/fp8.cu, matmul/gemm_fp8.py): the cast kernel gives the NumPy
 reference's values bit for bit (row-major and transposed), amax is the exact largest |value|, and the
 cuBLASLt FP8 product of the FP8 copies equals the float64 product of their values within float32-summation
 error (and a bf16 rounding for bf16 outputs); also inside a CUDA graph."""

@@ -1,4 +1,4 @@
-"""Delayed FP8 scales on the GPU (cuda/fp8_scales.py, fp8_scales.cu) and the SwiGLU kernels that cast their
+"""Delayed FP8 scales on the GPU (matmul/fp8_scales.py, fp8_scales.cu) and the SwiGLU kernels that cast their
 outputs with them (swiglu.cu's *_fp8): the scale update against fp8_format.delayed_exponent over several
 steps of a ring with inf and NaN maxima in it, a checkpoint's round trip, and the FP8 outputs against the
 NumPy reference of the float32 kernel's values cast with the slot's scale: bit for bit, row-major and

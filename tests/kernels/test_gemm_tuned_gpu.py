@@ -1,5 +1,5 @@
-"""bf16 products through cuBLASLt (cuda/cublaslt.py) and the timed choice between it and cublasGemmEx
-(cuda/gemm_tuned.py): every heuristic candidate is the float32 product of the bf16 operands (all four
+"""bf16 products through cuBLASLt (matmul/cublaslt.py) and the timed choice between it and cublasGemmEx
+(matmul/gemm_tuned.py): every heuristic candidate is the float32 product of the bf16 operands (all four
 transposes, bf16 and float32 outputs, added into an output), a kind is timed once, a kind first seen in a
 CUDA graph capture runs cublasGemmEx there and is timed after, tuning turned off (tuned=False, a Precision
 with gemm_tuning False) times nothing."""

@@ -1,4 +1,4 @@
-"""The linear op's FP8 path (ops/linear_fp8.py): with an FP8 weight copy, out, dx and dweight equal the
+"""The linear op's FP8 path (matmul/linear_fp8.py): with an FP8 weight copy, out, dx and dweight equal the
 float64 products of the operands' FP8 values (x and the weight e4m3, the output gradient e5m2, one
 power-of-two scale per tensor, as fp8_format.py's reference rounds them) within float32-summation error,
 for float32 and bf16 inputs, token counts that are not multiples of 16 (padded), dx_into and bf16

@@ -1,4 +1,4 @@
-"""The joint q/k/v product on the GPU (ops/qkv.py) and the kernels that read and write heads of a wider row
+"""The joint q/k/v product on the GPU (qkv.py) and the kernels that read and write heads of a wider row
 where they lie: RoPE in place and into columns, the bf16 cast into columns, Hopper attention through strided
 tensor maps. Each strided kernel must give the contiguous kernel's bits; the joint op is checked against
 float64 on the same bf16-rounded operands, and against the three separate products."""

@@ -6,8 +6,8 @@ package README for the contract of each. `euler_kernels.testing` (hypothesis str
 separately so that this package does not need hypothesis at run time.
 
 Exported here is what euler-model, euler-train and the README's users call. The rest of an op module
-(e.g. the single-tensor `euler_kernels.ops.adamw.adamw_update`, `euler_kernels.ops.residual`) is imported
-from its module.
+(e.g. the single-tensor `euler_kernels.optim.adamw.adamw_update`, `euler_kernels.residual.residual`) is
+imported from its module; each op's module, launcher and kernels are in its folder (rmsnorm/, matmul/, ...).
 """
 
 from euler_kernels.__about__ import __version__

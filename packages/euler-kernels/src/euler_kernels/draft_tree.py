@@ -7,7 +7,7 @@ parents (0, 1, .., M - 1); a tree can try two guesses for the same place, e.g. (
 depth 0) and sees the cache slots before pos and the fed tokens on its path from the root (its
 ancestors, itself included); its key and value are written to slot pos + i. Parents in increasing order
 keep every first child's path in its own slots: a chain, or the first branch of a tree, needs no moving
-once accepted (ops/decode_accept.py moves the other branches' slots). T <= MAX_FED.
+once accepted (decode/decode_accept.py moves the other branches' slots). T <= MAX_FED.
 """
 
 from __future__ import annotations

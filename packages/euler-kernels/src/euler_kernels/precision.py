@@ -16,7 +16,7 @@ attention_kernel, which bf16 FlashAttention kernels run: auto (the Hopper wgmma 
     capability 9.x, the mma.sync ones elsewhere), sm90 (insist on the Hopper ones), mma (the mma.sync
     ones everywhere, to compare).
 gemm_tuning: time cuBLASLt's candidate algorithms against cublasGemmEx for each kind of bf16 product the
-    first time it runs, and keep the fastest (cuda/gemm_tuned.py); False: cublasGemmEx for every product.
+    first time it runs, and keep the fastest (matmul/gemm_tuned.py); False: cublasGemmEx for every product.
 """
 
 from __future__ import annotations

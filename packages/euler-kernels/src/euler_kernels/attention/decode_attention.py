@@ -9,7 +9,7 @@ positions pos[b]..pos[b] + T - 1, each seeing the slots up to its own position, 
 (draft_tree.py: token t at position pos[b] + depth(t), seeing the slots before pos[b] and its ancestors'
 slots); new token t's key and value go to slot pos[b] + t either way.
 
-On float32 CuPy arrays one kernel pair runs it (cuda/decode_attention.cu: RoPE, the cache write and a
+On float32 CuPy arrays one kernel pair runs it (decode_attention.cu: RoPE, the cache write and a
 flash-decoding split over the keys, then the merge of the splits), reading each row's own slots only.
 Elsewhere (NumPy, float64 on the GPU) the reference below runs:
 rope_rows, an indexed write, and a masked softmax over the first `window` slots, written as CuPy

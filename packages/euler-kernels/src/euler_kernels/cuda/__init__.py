@@ -1,17 +1,17 @@
-"""Fused CUDA kernels (CuPy RawModule over the `.cu` files in this folder), float32 and bfloat16.
+"""Shared GPU plumbing of the fused CUDA kernels (CuPy RawModule over the `.cu` files of the op folders),
+float32 and bfloat16.
 
-The ops in `euler_kernels.ops` dispatch here when they are given float32 CuPy arrays, or bf16 activations
-(uint16 CuPy arrays of bf16 bit patterns, made by the bf16 path: see `Precision.bf16`); every other
-case (NumPy arrays, float64 on the GPU) runs the NumPy-style reference code. Importing this package or
-any module in it does not import CuPy: kernels are compiled on first use and cached per process.
+The ops dispatch to their kernels when they are given float32 CuPy arrays, or bf16 activations (uint16
+CuPy arrays of bf16 bit patterns, made by the bf16 path: see `Precision.bf16`); every other case (NumPy
+arrays, float64 on the GPU) runs the NumPy-style reference code. Importing this package or any module in
+it does not import CuPy: kernels are compiled on first use and cached per process.
 
-The route from an op to its kernel is `ops/X.py` -> `cuda/X.py` (its launcher: shapes, grid, kernel
-choice) -> `cuda/X.cu` (rmsnorm, rope, swiglu, embedding, cross_entropy; attention's launchers are all in
-flash_attention.py, over flash_attention*.cu). Shared plumbing: `_module` (compiling and loading the
+An op's route to its kernel stays in its folder: `rmsnorm/rmsnorm.py` -> `rmsnorm/rmsnorm_cuda.py` (its
+launcher: shapes, grid, kernel choice) -> `rmsnorm/rmsnorm.cu`. Here: `_module` (compiling and loading the
 `.cu` files, launch sizes), `multi_tensor` (the multi-tensor tables and the kernels over many tensors:
-AdamW, sum of squares, clip), `tables` (their cache), `cast` (float32 <-> bf16), `gemm` (cuBLAS). This
-module holds only the predicates that pick the fused path from the arrays; how products are computed
-is the caller's euler_kernels.Precision.
+AdamW, sum of squares, clip), `tables` (their cache), `cast` (float32 <-> bf16), and the shared headers
+common.cuh and fp8.cuh. This module holds only the predicates that pick the fused path from the arrays;
+how products are computed is the caller's euler_kernels.Precision.
 """
 
 from typing import Any

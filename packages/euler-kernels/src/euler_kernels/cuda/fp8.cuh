@@ -1,6 +1,6 @@
 // FP8 values for the kernels that make FP8 operands (fp8.cu's casts, and the producers that cast as they go
 // with a delayed scale: swiglu.cu's *_fp8 kernels, fp8_scales.cu). The rules and their NumPy reference are
-// in fp8_format.py.
+// in matmul/fp8_format.py.
 #pragma once
 #include "common.cuh"
 

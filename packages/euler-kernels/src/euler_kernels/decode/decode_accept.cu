@@ -1,4 +1,4 @@
-// A speculative step's bookkeeping, one block per row (ops/decode_accept.py): the drafts head 0 agrees
+// A speculative step's bookkeeping, one block per row (decode_accept.py): the drafts head 0 agrees
 // with accepted along the draft tree, their tokens recorded in order by decode_record's rule
 // (decode_record.cuh), and the accepted drafts' keys and values moved to the slots of their positions.
 #include "decode_record.cuh"

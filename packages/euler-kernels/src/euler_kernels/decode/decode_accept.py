@@ -10,7 +10,7 @@ it is emitted). The row's T - 1 drafts count in `drafted` and the accepted ones 
 row that was done before the step counts nothing). In a tree the path's i-th token was fed at slot pos + c
 (c its fed index) but sits at position pos + i: its keys and values move there in every layer of the
 caches (a chain's are in place). Returns the path's last fed token (B,), whose hidden state drafts the
-next step. On CuPy one kernel does it (cuda/decode_accept.cu, a block per row, with decode_record's rule
+next step. On CuPy one kernel does it (decode_accept.cu, a block per row, with decode_record's rule
 from decode_record.cuh); on NumPy a loop over the rows in Python scalars.
 """
 

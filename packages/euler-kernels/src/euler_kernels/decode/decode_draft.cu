@@ -1,4 +1,4 @@
-// A speculative step's drafts from the drafting heads' logits (ops/decode_draft.py): block (head m, row b)
+// A speculative step's drafts from the drafting heads' logits (decode_draft.py): block (head m, row b)
 // finds the R best tokens of z[b, m] (R = one more than the largest rank asked of head m, at most
 // MAX_RANK) and writes each draft that head m makes: drafts[b, i] = its ranks[i]-th best. The best are
 // ordered by logit, a tie by the smaller token id; NaN logits are never chosen. Launch: blockDim THREADS.

@@ -5,7 +5,7 @@ hidden state). A chain of drafts takes each head's best guess; a draft tree (dra
 a head's second or third best, for siblings: draft i (fed token i + 1) is the ranks[i]-th best guess of
 head depth(i + 1). Best means the largest logit, a tie going to the smaller token id; NaN logits are never
 chosen (a draft only decides speed: head 0 checks every one). On CuPy one kernel does it
-(cuda/decode_draft.cu, a block per row and head) for float32 logits; otherwise an argmax per head, or a
+(decode_draft.cu, a block per row and head) for float32 logits; otherwise an argmax per head, or a
 sort for ranks > 0.
 """
 

@@ -1,5 +1,5 @@
 // The bookkeeping after a decode step picked each row's next token, one thread per row (see
-// ops/decode_record.py for the rule, decode_record.cuh for its code): a row still going emits the token
+// decode_record.py for the rule, decode_record.cuh for its code): a row still going emits the token
 // unless it is one of its stop tokens; a stop token or the row's limit ends it.
 #include "decode_record.cuh"
 

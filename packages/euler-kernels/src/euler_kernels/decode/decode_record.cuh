@@ -1,4 +1,4 @@
-// The rule of a decode step's bookkeeping for one row (ops/decode_record.py): shared by decode_record.cu
+// The rule of a decode step's bookkeeping for one row (decode_record.py): shared by decode_record.cu
 // (one token a row) and decode_accept.cu (a speculative step's accepted tokens, in order). bools are
 // bytes (CuPy's bool storage).
 #pragma once

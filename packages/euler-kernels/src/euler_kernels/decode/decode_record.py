@@ -5,7 +5,7 @@ tokens (stop[b, token]) ends there, with the token in stopped_by[b] and nothing 
 token is emitted: written at out[b, count[b]], marked in seen[b], made the row's last token (fed to the
 next step at position pos[b] + 1), and the row ends when count[b] reaches limit[b]. A row that is done
 changes nothing, so a fixed-shape step (a CUDA graph) can keep computing it. On CuPy one kernel does it
-(cuda/decode_record.cu, one thread per row); on NumPy a loop over the rows in Python scalars (a row's
+(decode_record.cu, one thread per row); on NumPy a loop over the rows in Python scalars (a row's
 record is a few scalar reads and writes, each far cheaper than a NumPy call on a (B,) array).
 """
 

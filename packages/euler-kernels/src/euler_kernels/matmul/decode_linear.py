@@ -6,8 +6,8 @@ each part optional: `norm` the RMSNorm weight in front of the product (eps its e
 (2F, K) of gate rows then up rows giving silu(gate) * up (R, F), `residual` the stream the block's output
 is added to. A decode step is a few rows (one per sequence), so its products are matrix-vector products
 bound by reading the weights, and the step by the number of launches: on the GPU one kernel does all of it,
-where the unfused ops take three: bf16 weights on the tensor cores (cuda/decode_linear_mma.cu, up to 32
-rows a launch), float32 weights on the CUDA cores (cuda/decode_linear.cu, 8 rows a launch), up to 128
+where the unfused ops take three: bf16 weights on the tensor cores (decode_linear_mma.cu, up to 32
+rows a launch), float32 weights on the CUDA cores (decode_linear.cu, 8 rows a launch), up to 128
 rows. A row's bits never depend on the rows beside it, up to those 128 rows, on the GPU and the
 CPU alike: a speculative step's rows then give exactly what plain steps' single rows give.
 Inference only: there is no backward.
@@ -115,7 +115,7 @@ def _unfused_tail(y: Any, swiglu: bool) -> Any:
 
 
 def _kernel_takes(x: Any, weight: Any, norm: Any, residual: Any, swiglu: bool, precision: Precision) -> bool:
-    """Whether a decode kernel (cuda/decode_linear.py) runs: CuPy arrays, x float32 or bf16, the weight
+    """Whether a decode kernel (decode_linear_cuda.py) runs: CuPy arrays, x float32 or bf16, the weight
     bf16, or float32 outside the bf16 matmul modes, of a shape and alignment it takes."""
     if isinstance(x, np.ndarray):
         return False

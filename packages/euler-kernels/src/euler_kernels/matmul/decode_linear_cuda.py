@@ -98,7 +98,7 @@ def decode_linear(
 ) -> Any:
     """out (R, columns) float32 from x (R, K) (float32 or bf16) and weight (N, K) (float32 or bf16;
     decode_linear_fits), columns = N, or N / 2 with swiglu; norm (K,) float32, residual (R, columns)
-    float32 contiguous (see ops/decode_linear.py for what each does)."""
+    float32 contiguous (see decode_linear.py for what each does)."""
     import cupy
 
     r = x.shape[0]

@@ -1,5 +1,5 @@
 """FP8 operands: a tensor scaled by a power of two and rounded to e4m3 or e5m2, as the FP8 matrix products
-take them (cuda/gemm_fp8.py); the GPU kernels are in cuda/fp8.cu, this module is their NumPy reference.
+take them (gemm_fp8.py); the GPU kernels are in fp8.cu, this module is their NumPy reference.
 
 e4m3 (4 exponent bits, 3 mantissa bits, largest 448, no infinity) holds activations and weights; e5m2 (5 and
 2, largest 57344) holds gradients, whose range is wider. A tensor x is stored as q = fp8(x * 2^k) with one
@@ -85,7 +85,7 @@ def scale_exponent(amax: float, fmt: str) -> int:
 
 
 def quantize_fp8(x: Any, fmt: str) -> tuple[np.ndarray, float]:
-    """The reference of cuda/fp8.py's `to_fp8` for a float32 array: (the fp8 values q as float64, scale_inv
+    """The reference of fp8.py's `to_fp8` for a float32 array: (the fp8 values q as float64, scale_inv
     = 2^-k), so x is about q * scale_inv. bf16 inputs are given as the float32 values they stand for.
 
     >>> q, scale_inv = quantize_fp8(np.array([0.5, -0.3], dtype=np.float32), "e4m3")

@@ -1,6 +1,6 @@
 """Delayed FP8 scales: the state that lets a kernel cast its output to FP8 as it makes it (fp8_scales.cu).
 
-A tensor cast with the current scaling of cuda/fp8.py needs its absolute maximum first, so whatever makes it
+A tensor cast with the current scaling of fp8.py needs its absolute maximum first, so whatever makes it
 writes it in bf16 and a cast pass reads it again. With a delayed scale the kernel that makes the tensor
 casts it with a scale known before it starts: the one its largest |value| over the last `history` steps
 gives (fp8_format.delayed_exponent), and it raises this step's maximum for the next ones. Values beyond the

@@ -31,7 +31,7 @@ def linear_forward(
     dweight is still float32. bf16_out (GPU, bf16 products only): out is a bf16 activation.
     keep_input=False: the cache does not hold x (activation recomputation: the caller re-makes x and
     hands it to linear_backward, which then gives the same gradients bit for bit).
-    An FP8 weight copy (linear_fp8.fp8_weights) runs the FP8 path (ops/linear_fp8.py): its cache keeps
+    An FP8 weight copy (linear_fp8.fp8_weights) runs the FP8 path (linear_fp8.py): its cache keeps
     x's FP8 copy, or with keep_input=False only x's absolute maximum; x_amax (FP8 path only): that
     maximum, when the kernel that made x measured it (`fp8_amax`), saving the cast a pass over x.
 

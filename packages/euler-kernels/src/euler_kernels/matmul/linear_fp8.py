@@ -1,6 +1,6 @@
 """The FP8 path of the linear op (GPU, a weight given as an FP8 copy, made once a step by `fp8_weights`):
 out = x @ weight.T with x rounded to e4m3, the gradient of out to e5m2, each with one power-of-two scale
-per tensor (fp8_format.py), and every product on the FP8 tensor cores (cuda/gemm_fp8.py), summed in float32.
+per tensor (fp8_format.py), and every product on the FP8 tensor cores (gemm_fp8.py), summed in float32.
 
 Hopper's FP8 products sum over a contiguous dimension of both operands, so each tensor is cast once into
 a row-major and a transposed FP8 copy: the forward uses x and the weight as they are, dx the gradient and
@@ -11,7 +11,7 @@ bit. Token counts that are not a multiple of 16 (what the FP8 products need) are
 which add nothing to the weight gradient.
 
 x and the output gradient may also come already cast (an Fp8Tensor with both its copies, as the kernels
-that cast their outputs with a delayed scale make them: cuda/swiglu.py's *_fp8): then no cast runs here.
+that cast their outputs with a delayed scale make them: swiglu_cuda.py's *_fp8): then no cast runs here.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def fp8_fits(weight: Any) -> bool:
 
 
 def fp8_amax() -> Any:
-    """A new uint32 scalar at 0 for a tensor's absolute maximum (the form cuda/fp8.py's amax_bits gives),
+    """A new uint32 scalar at 0 for a tensor's absolute maximum (the form fp8.py's amax_bits gives),
     for a kernel that makes the tensor to raise in the same pass (swiglu's amax=) and the FP8 path to take
     (linear_forward's x_amax=, linear_backward's dout_amax=)."""
     import cupy

@@ -1,4 +1,4 @@
-// Muon's elementwise parts (the Newton-Schulz products are cuBLAS bf16 GEMMs, see cuda/muon.py).
+// Muon's elementwise parts (the Newton-Schulz products are cuBLAS bf16 GEMMs, see muon_cuda.py).
 // control = [grad_scale, apply, lr, bc1, bc2, norm] (step_control); hyper[lr_slot] = Muon's learning rate.
 #include "common.cuh"
 

@@ -1,5 +1,5 @@
 """Launchers of muon.cu: Muon's momentum and its update, reading the control vector and hyper on the
-device (capturable); the orthogonalisation between them is cuda/newton_schulz.py.
+device (capturable); the orthogonalisation between them is newton_schulz_cuda.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// Newton-Schulz's elementwise parts in bf16 (its products are cuBLAS bf16 GEMMs, see cuda/newton_schulz.py).
+// Newton-Schulz's elementwise parts in bf16 (its products are cuBLAS bf16 GEMMs, see newton_schulz_cuda.py).
 // A stack of n matrices of `size` elements each is one launch: matrix m is x[m * size .. (m + 1) * size).
 #include "common.cuh"
 

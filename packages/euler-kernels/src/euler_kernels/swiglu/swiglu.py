@@ -99,7 +99,7 @@ def swiglu_backward(
 
 def swiglu_forward_fp8(gate: Any, up: Any, scales: Any, slot: int) -> tuple[Any, tuple]:
     """silu(gate) * up of bf16 activations (GPU), cast straight to e4m3 with the delayed scale of `slot`
-    in `scales` (cuda/fp8_scales.py): an Fp8Tensor, row-major and transposed, rows padded to 16, for the
+    in `scales` (matmul/fp8_scales.py): an Fp8Tensor, row-major and transposed, rows padded to 16, for the
     FP8 products (linear_forward takes it as x); raises the slot's maximum and counts saturated values.
     The cache is swiglu_forward's, for swiglu_backward or swiglu_backward_fp8."""
     check_activations("swiglu_forward_fp8", gate=gate, up=up)
