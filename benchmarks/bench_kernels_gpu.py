@@ -23,7 +23,8 @@ from euler_kernels.attention.flash_attention import (
     flash_attention_forward_bf16,
 )
 from euler_kernels.cross_entropy import cross_entropy_cuda as cross_entropy
-from euler_kernels.cuda import cast, multi_tensor
+from euler_kernels.cuda import cast
+from euler_kernels.optim import multi_tensor
 from euler_kernels.rmsnorm import rmsnorm_cuda as rmsnorm
 from euler_kernels.swiglu import swiglu_cuda as swiglu
 

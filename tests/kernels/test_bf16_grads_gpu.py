@@ -16,7 +16,7 @@ from euler_kernels.testing import bf16_bits, bf16_values, relative_error
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from euler_kernels.cuda import cast, multi_tensor  # noqa: E402
+from euler_kernels.cuda import cast, tables  # noqa: E402
 
 SHAPES = [(3 * 8192 + 5,), (37, 3), (1,), (64, 64), (8192 + 2,)]  # tails, one element, whole chunks
 
@@ -121,8 +121,8 @@ def test_the_flag_tables_follow_each_list() -> None:
     """The same addresses as bf16 and as float32 (a pool hands them out again) get their own flags."""
     a = cp.zeros(10, cp.float32)
     b = a.view(cp.uint16)[:10]
-    assert multi_tensor.bf16_table([a]).get().tolist() == [0]
-    assert multi_tensor.bf16_table([b]).get().tolist() == [1]
+    assert tables.bf16_table([a]).get().tolist() == [0]
+    assert tables.bf16_table([b]).get().tolist() == [1]
 
 
 def test_muon_refuses_bf16_gradients() -> None:

@@ -24,9 +24,10 @@ cp = pytest.importorskip("cupy")
 from euler_kernels import cuda as kc  # noqa: E402
 from euler_kernels.attention import flash_attention  # noqa: E402
 from euler_kernels.cross_entropy import cross_entropy_cuda as cross_entropy  # noqa: E402
-from euler_kernels.cuda import cast, multi_tensor  # noqa: E402
+from euler_kernels.cuda import cast  # noqa: E402
 from euler_kernels.embedding import embedding_cuda as embedding  # noqa: E402
 from euler_kernels.matmul import gemm  # noqa: E402
+from euler_kernels.optim import multi_tensor  # noqa: E402
 from euler_kernels.rmsnorm import rmsnorm_cuda as rmsnorm  # noqa: E402
 from euler_kernels.rope import rope_cuda as rope  # noqa: E402
 from euler_kernels.swiglu import swiglu_cuda as swiglu  # noqa: E402

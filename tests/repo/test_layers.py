@@ -233,7 +233,7 @@ def test_the_allowed_lazy_imports_still_exist() -> None:
 
 # --- euler-kernels: a folder per op with its op module, launcher and .cu (DESIGN.md, "Layout of an op") ---
 KERNELS_SRC = PACKAGES / "euler-kernels" / "src" / "euler_kernels"
-CUDA_DIR = KERNELS_SRC / "cuda"  # shared: the loader, the shared headers and kernels (cast, multi-tensor)
+CUDA_DIR = KERNELS_SRC / "cuda"  # shared: the loader, tables, cast and headers
 OP_DIRS = sorted(d for d in KERNELS_SRC.iterdir() if (d / "__init__.py").exists() and d != CUDA_DIR)
 CU_FILES = sorted(KERNELS_SRC.glob("*/*.cu"))
 # launchers of other folders that an op may use: the shared products and FP8 copies of matmul/

@@ -23,7 +23,7 @@ from euler_kernels.cross_entropy.cross_entropy import (
 )
 from euler_kernels.cuda import float32_on_gpu
 from euler_kernels.cuda.cast import stacked_rows, to_bf16_many
-from euler_kernels.cuda.multi_tensor import keep_tables
+from euler_kernels.cuda.tables import keep_tables
 from euler_kernels.decode.decode_accept import decode_accept
 from euler_kernels.decode.decode_draft import decode_draft
 from euler_kernels.decode.decode_record import decode_record

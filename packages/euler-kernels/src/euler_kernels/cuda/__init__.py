@@ -8,8 +8,8 @@ it does not import CuPy: kernels are compiled on first use and cached per proces
 
 An op's route to its kernel stays in its folder: `rmsnorm/rmsnorm.py` -> `rmsnorm/rmsnorm_cuda.py` (its
 launcher: shapes, grid, kernel choice) -> `rmsnorm/rmsnorm.cu`. Here: `_module` (compiling and loading the
-`.cu` files, launch sizes), `multi_tensor` (the multi-tensor tables and the kernels over many tensors:
-AdamW, sum of squares, clip), `tables` (their cache), `cast` (float32 <-> bf16), and the shared headers
+`.cu` files, launch sizes), `tables` (the multi-tensor kernels' tables and their cache), `cast` (float32
+<-> bf16), and the shared headers
 common.cuh and fp8.cuh. This module holds only the predicates that pick the fused path from the arrays;
 how products are computed is the caller's euler_kernels.Precision.
 """

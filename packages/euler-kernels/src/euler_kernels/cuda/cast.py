@@ -13,8 +13,7 @@ import numpy as np
 
 from euler_kernels.backend import is_bf16
 from euler_kernels.cuda._module import THREADS, get_kernel, grid
-from euler_kernels.cuda.multi_tensor import chunk_table, table_cache
-from euler_kernels.cuda.tables import upload
+from euler_kernels.cuda.tables import chunk_table, table_cache, upload
 
 
 def to_bf16(x: Any, out: Any = None) -> Any:

@@ -1,4 +1,5 @@
-"""A bounded cache of the multi-tensor kernels' device tables, and scopes that keep tables alive.
+"""The multi-tensor kernels' device tables (chunk_table, bf16_table), their bounded cache, and scopes that
+keep tables alive.
 
 The multi-tensor kernels (AdamW, sum of squares) read per-tensor pointers and chunk ranges from small
 device arrays, built once per list of tensors and keyed by the tensors' addresses and sizes. An eager
@@ -109,4 +110,32 @@ def upload(*arrays: np.ndarray) -> Uploaded:
             pinned.append(host)
     table = Uploaded(devices)
     table.pinned = pinned
+    return table
+
+
+# --- the multi-tensor kernels' tables (AdamW, sums of squares, casts and sums over many tensors) ---
+CHUNK = 8192  # elements per block; must match CHUNK in common.cuh
+table_cache = TableCache(capacity=32)
+keep_tables = table_cache.keep  # `with keep_tables() as kept:` pins the tables a CUDA graph is captured with
+
+
+def chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
+    """Device tables (pointers, chunk->tensor, chunk->start, sizes) for tensors, cached by address."""
+
+    def build() -> tuple[Any, Any, Any, Any]:
+        sizes = np.array([t.size for t in tensors], dtype=np.int64)
+        n_chunks = (sizes + CHUNK - 1) // CHUNK
+        chunk_tensor = np.repeat(np.arange(len(tensors), dtype=np.int32), n_chunks)
+        chunk_start = np.concatenate([np.arange(n, dtype=np.int64) * CHUNK for n in n_chunks])
+        pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
+        return upload(pointers, chunk_tensor, chunk_start, sizes)
+
+    return table_cache.get(tuple((t.data.ptr, t.size) for t in tensors), build)
+
+
+def bf16_table(tensors: list[Any]) -> Any:
+    """Device flags, one int32 a tensor: 1 where it is bf16 (uint16 bit patterns), 0 where float32 (cached
+    by the list of flags; the kernels that read gradients of either kind take it beside the pointers)."""
+    flags = tuple(int(t.dtype == np.uint16) for t in tensors)
+    (table,) = table_cache.get(("bf16 flags", *flags), lambda: upload(np.array(flags, dtype=np.int32)))
     return table

@@ -13,8 +13,8 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module, is_bf16
-from euler_kernels.cuda import multi_tensor
 from euler_kernels.cuda.cast import as_float32
+from euler_kernels.optim import multi_tensor
 
 
 def _check(param: Any, m: Any, v: Any, grad: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, get_kernel
-from euler_kernels.cuda.multi_tensor import bf16_table, chunk_table
+from euler_kernels.cuda.tables import bf16_table, chunk_table
 
 
 def scale_into_many(dst: list[Any], src: list[Any], share: Any, accumulate: bool) -> None:

@@ -10,8 +10,8 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
-from euler_kernels.cuda import multi_tensor
 from euler_kernels.cuda.cast import as_float32
+from euler_kernels.optim import multi_tensor
 
 
 def _as_list(grads: Iterable[Any] | Mapping[str, Any]) -> list[Any]:

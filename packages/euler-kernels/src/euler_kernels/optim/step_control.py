@@ -17,7 +17,7 @@ import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import get_array_module
-from euler_kernels.cuda import multi_tensor
+from euler_kernels.optim import multi_tensor
 
 
 def step_control(sum_squares: Any, loss: Any, hyper: Any, max_norm: float, out: Any = None) -> Any:

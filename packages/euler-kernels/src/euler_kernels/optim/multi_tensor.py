@@ -1,11 +1,9 @@
-"""Launchers of multi_tensor.cu: kernels that cover a whole list of tensors in one launch (AdamW, the sum
-of squares of every gradient, the clip factor, the device-side step control), and the device tables
-they read.
+"""Launchers of multi_tensor.cu: the optimizer step's kernels that cover a whole list of tensors in one
+launch (AdamW, the sum of squares of every gradient, the clip factor, the device-side step control).
 
 A multi-tensor kernel runs one block per chunk of CHUNK elements; it finds its tensor and range in small
-device tables (pointers, chunk -> tensor, chunk -> start, sizes), built once per list of tensors and kept
-in a bounded cache keyed by the tensors' addresses and sizes (`table_cache`; `keep_tables()` pins the
-tables a CUDA graph is captured with).
+device tables (pointers, chunk -> tensor, chunk -> start, sizes: euler_kernels.cuda.tables, shared with
+the casts and the gradient sums).
 """
 
 from __future__ import annotations
@@ -15,33 +13,7 @@ from typing import Any
 import numpy as np
 
 from euler_kernels.cuda._module import THREADS, get_kernel
-from euler_kernels.cuda.tables import TableCache, upload
-
-CHUNK = 8192  # elements per block; must match CHUNK in common.cuh
-table_cache = TableCache(capacity=32)
-keep_tables = table_cache.keep  # `with keep_tables() as kept:` pins the tables a CUDA graph is captured with
-
-
-def chunk_table(tensors: list[Any]) -> tuple[Any, Any, Any, Any]:
-    """Device tables (pointers, chunk->tensor, chunk->start, sizes) for tensors, cached by address."""
-
-    def build() -> tuple[Any, Any, Any, Any]:
-        sizes = np.array([t.size for t in tensors], dtype=np.int64)
-        n_chunks = (sizes + CHUNK - 1) // CHUNK
-        chunk_tensor = np.repeat(np.arange(len(tensors), dtype=np.int32), n_chunks)
-        chunk_start = np.concatenate([np.arange(n, dtype=np.int64) * CHUNK for n in n_chunks])
-        pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
-        return upload(pointers, chunk_tensor, chunk_start, sizes)
-
-    return table_cache.get(tuple((t.data.ptr, t.size) for t in tensors), build)
-
-
-def bf16_table(tensors: list[Any]) -> Any:
-    """Device flags, one int32 a tensor: 1 where it is bf16 (uint16 bit patterns), 0 where float32 (cached
-    by the list of flags; the kernels that read gradients of either kind take it beside the pointers)."""
-    flags = tuple(int(t.dtype == np.uint16) for t in tensors)
-    (table,) = table_cache.get(("bf16 flags", *flags), lambda: upload(np.array(flags, dtype=np.int32)))
-    return table
+from euler_kernels.cuda.tables import bf16_table, chunk_table, table_cache, upload
 
 
 def sum_squares_multi(tensors: list[Any]) -> Any:
