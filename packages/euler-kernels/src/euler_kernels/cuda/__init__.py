@@ -10,8 +10,8 @@ choice) -> `cuda/X.cu` (rmsnorm, rope, swiglu, embedding, cross_entropy; attenti
 flash_attention.py, over flash_attention*.cu). Shared plumbing: `_module` (compiling and loading the
 `.cu` files, launch sizes), `multi_tensor` (the multi-tensor tables and the kernels over many tensors:
 AdamW, sum of squares, clip), `tables` (their cache), `cast` (float32 <-> bf16), `gemm` (cuBLAS). This
-module holds only the predicates that pick the fused path from the arrays; how products are computed
-is the caller's euler_kernels.Precision.
+module holds only the predicates that pick the fused path from the arrays (a backward picks it from its
+cache's type); how products are computed is the caller's euler_kernels.Precision.
 """
 
 from typing import Any
@@ -38,13 +38,7 @@ def fused_grads(*grads: Any) -> bool:
     )
 
 
-def fused_cache(cache: tuple) -> bool:
-    """Whether a forward's cache came from the fused path (tagged "cuda" in its first slot)."""
-    return type(cache[0]) is str and cache[0] == "cuda"
-
-
 __all__ = [
     "float32_on_gpu",
-    "fused_cache",
     "fused_grads",
 ]
