@@ -28,7 +28,6 @@ DECIDING = {
     "check_activations",
     "float32_on_gpu",
     "fused_grads",
-    "fused_cache",
     "is_fp8",
     "is_capturing",
     "_bf16_product",

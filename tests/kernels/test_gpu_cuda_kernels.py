@@ -635,7 +635,9 @@ def test_public_ops_on_cupy_match_numpy(dtype):
         out, cache = forward(
             *[cp.asarray(a, dtype) if a.dtype == np.float32 else cp.asarray(a) for a in inputs]
         )
-        assert kc.fused_cache(cache) == (fused and name != "embedding"), name
+        # the kernels' caches are their own types (embedding has one cache type for both paths)
+        kernel_cache = type(cache).__name__.endswith("KernelCache")
+        assert kernel_cache == (fused and name != "embedding"), (name, type(cache).__name__)
         grads = backward(cp.asarray(dout, dtype) if np.ndim(dout) else dtype(dout), cache)
         grads, grads_ref = (g if isinstance(g, tuple) else (g,) for g in (grads, grads_ref))
         assert isinstance(out, cp.ndarray) and out.dtype == dtype, name

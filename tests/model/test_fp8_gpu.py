@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import euler_kernels as ek
+from euler_kernels.matmul.linear_fp8 import LinearFp8Cache
 from euler_model import init_params, loss_and_grads, preset
 
 pytestmark = pytest.mark.gpu
@@ -86,12 +87,11 @@ def test_fp8_caches_keep_only_the_backwards_parts():
     cfg = preset("small", vocab_size=512, context=64, n_heads=2, n_kv_heads=1)
     params = {k: cp.asarray(v, dtype=cp.float32) for k, v in init_params(cfg, seed=3).items()}
     tokens = cp.asarray(np.random.default_rng(2).integers(0, 512, (4, 64)))
-    _, caches = trunk_forward(cfg, params, tokens, precision=ek.Precision("fp8"))
-    for _, c_ffn in caches[1:-1]:  # (attention, FFN) per layer
-        c_gate, c_up, c_down = c_ffn[1], c_ffn[2], c_ffn[4]
-        for kind, x8, _, w8, _ in (c_gate, c_up, c_down):
-            assert kind == "fp8" and w8.rows is None and w8.cols is not None
-            assert x8.rows is None and x8.cols is not None
+    _, trunk_cache = trunk_forward(cfg, params, tokens, precision=ek.Precision("fp8"))
+    for layer in trunk_cache.layers:
+        for c in (layer.ffn.gate, layer.ffn.up, layer.ffn.down):
+            assert type(c) is LinearFp8Cache and c.w8.rows is None and c.w8.cols is not None
+            assert c.x8.rows is None and c.x8.cols is not None
 
 
 def test_delayed_fp8_scales_calibrate_on_the_first_step_then_cast_in_swiglu(monkeypatch):

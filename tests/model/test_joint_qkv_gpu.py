@@ -46,7 +46,7 @@ def test_the_joint_block_matches_the_separate_products():
     separate_p = _attention_params(np.random.default_rng(1), cfg, stacked=False)
     o, dx, grads, cache = _block(cfg, joint_p, stream, dout, (b, t))
     o_s, dx_s, grads_s, cache_s = _block(cfg, separate_p, stream, dout, (b, t))
-    assert cache[1][0] is not None and cache_s[1][0] is None  # the joint path, and the separate one
+    assert cache.qkv is not None and cache_s.qkv is None  # the joint path, and the separate one
     assert relative_error(o, o_s) < 1e-2
     assert relative_error(dx, dx_s) < 1e-2
     for name in ("wq", "wk", "wv", "wo", "attn_norm"):

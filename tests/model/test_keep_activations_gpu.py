@@ -39,11 +39,11 @@ def test_kept_activations_give_the_gradients_of_re_made_ones(precision, recomput
 
 
 def test_the_caches_keep_what_the_backward_would_re_make() -> None:
-    """The last entry of each block's cache says what re-makes h: None when it is kept."""
+    """Each block's cache says what re-makes h (its remake): None when it is kept."""
     cfg = preset("gpu", n_layers=2, context=64)
     params = init_params(cfg, seed=0, xp=cp)
     tokens, _ = _batch(cfg, 2, 64, seed=1)
     for keep in (False, True):
-        _, caches = trunk_forward(cfg, params, tokens, keep_activations=keep, precision=Precision("bf16"))
-        for c_attn, c_ffn in caches[1:-1]:
-            assert (c_attn[-1] is None) is keep and (c_ffn[-1] is None) is keep
+        _, cache = trunk_forward(cfg, params, tokens, keep_activations=keep, precision=Precision("bf16"))
+        for layer in cache.layers:
+            assert (layer.attention.remake is None) is keep and (layer.ffn.remake is None) is keep

@@ -14,11 +14,11 @@ The residual stream travels between blocks as a pair (x, branch) standing for x 
 returns its output branch un-added, and the next norm adds it (ek.residual_rmsnorm_forward: one pass
 over the stream instead of an addition pass and a norm pass). branch is None before the first block.
 Each forward returns ((s, o), cache), s = x + branch its input and o its branch, with a cache of only
-the kernel caches its backward needs; each backward takes the gradient of the stream after the block
-(of s + o), runs the ops in exactly the reverse order and returns (the gradient of the stream before it,
-which is that of x and of branch alike; the block's weight gradients). The stream is kept flat,
-(N, C) with N = B * T, so that every linear is one 2-D matrix product; only RoPE and attention see the
-(B, T, H, D) view.
+the kernel caches its backward needs (AttentionBlockCache, FFNBlockCache, LayerCache: named fields);
+each backward takes the gradient of the stream after the block (of s + o), runs the ops in exactly the
+reverse order and returns (the gradient of the stream before it, which is that of x and of branch
+alike; the block's weight gradients). The stream is kept flat, (N, C) with N = B * T, so that every
+linear is one 2-D matrix product; only RoPE and attention see the (B, T, H, D) view.
 
 bf16 (the GPU bf16 path, of a bf16 or fp8 precision: model.bf16_path): every activation between the norm
 and the block's output projection is stored as bf16 (h, q, k, v, the attention output, gate, up, their
@@ -43,13 +43,65 @@ step) the block runs as without them, raising the scales' maxima for the next st
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
 
 FP8_SCALES = "fp8.scales"  # in a layer's params: (ek.Fp8Scales, the layer's first slot)
 FP8_SLOT_FORMATS = ("e4m3", "e5m2", "e5m2")  # a layer's slots: the SwiGLU product, dgate, dup
+
+
+class NormRemake(NamedTuple):
+    """What re-makes a norm's bf16 output h in the backward (norm_again): h = rmsnorm(s, weight, eps)."""
+
+    s: Any  # (N, C) the norm's input, x + branch
+    weight: Any  # (C,)
+    eps: float
+
+
+class AttentionBlockCache(NamedTuple):
+    """attention_block_forward's cache: its ops' caches, and the sizes and modes its backward needs."""
+
+    norm: Any  # ek.rmsnorm_forward's or ek.residual_rmsnorm_forward's (norm_in)
+    qkv: Any  # ek.qkv_forward's (the joint product, bf16 path), or None
+    q: Any  # the separate q, k and v products' ek.linear_forward caches, or None with the joint product
+    k: Any
+    v: Any
+    rope_q: Any  # the separate path's ek.rope_forward caches of q and k, or None with the joint product
+    rope_k: Any
+    attention: Any  # ek.attention_forward's
+    out: Any  # the output projection wo's ek.linear_forward cache
+    batch: int  # B
+    seq: int  # T
+    n_heads: int  # Hq
+    n_kv_heads: int  # Hkv
+    head_dim: int  # D
+    bf16: bool  # bf16 activations (the bf16 path)
+    fp8: bool  # the layer's FFN multiplies in FP8: the stream gradient handed to it carries its maximum
+    remake: NormRemake | None  # what re-makes h for the backward, or None where the caches keep h
+
+
+class FFNBlockCache(NamedTuple):
+    """ffn_block_forward's cache: its ops' caches, and the modes its backward needs."""
+
+    norm: Any  # ek.rmsnorm_forward's or ek.residual_rmsnorm_forward's (norm_in)
+    gate: Any  # w_gate's ek.linear_forward cache
+    up: Any  # w_up's
+    swiglu: Any  # ek.swiglu_forward's (or ek.swiglu_forward_fp8's)
+    down: Any  # w_down's
+    bf16: bool  # bf16 activations (the bf16 path)
+    fp8: bool  # the MLP's products are FP8 ones
+    scaled: Any  # (ek.Fp8Scales, the layer's first slot) of delayed FP8 scales, or None
+    delayed: bool  # the scales hold a step's maxima: SwiGLU writes its outputs straight to FP8
+    remake: NormRemake | None  # what re-makes h (and SwiGLU's backward the product), or None: both kept
+
+
+class LayerCache(NamedTuple):
+    """layer_forward's cache: its two blocks'."""
+
+    attention: AttentionBlockCache
+    ffn: FFNBlockCache
 
 
 def fp8_scale_formats(config: ModelConfig) -> list[str]:
@@ -91,13 +143,12 @@ def norm_backward(
     return (dx, None, None), dweight
 
 
-def norm_again(remake: Any) -> Any:
-    """A norm's bf16 output h made again from remake = (s, weight, eps), or None for None: rmsnorm_forward
-    on s is the very arithmetic norm_in ran on x + branch (the same kernel body), so h has the same bits."""
+def norm_again(remake: NormRemake | None) -> Any:
+    """A norm's bf16 output h made again from remake, or None for None: rmsnorm_forward on s is the very
+    arithmetic norm_in ran on x + branch (the same kernel body), so h has the same bits."""
     if remake is None:
         return None
-    s, weight, eps = remake
-    return ek.rmsnorm_forward(s, weight, eps, bf16_out=True)[0]
+    return ek.rmsnorm_forward(remake.s, remake.weight, remake.eps, bf16_out=True)[0]
 
 
 def attention_block_forward(
@@ -111,7 +162,7 @@ def attention_block_forward(
     bf16: bool = False,
     keep: bool = False,
     precision: ek.Precision = ek.EXACT,
-) -> tuple[tuple[Any, Any], tuple]:
+) -> tuple[tuple[Any, Any], AttentionBlockCache]:
     """stream (x, branch) of (N, C), N = B * T, bt = (B, T) -> (s, o): s = x + branch, h = rmsnorm(s),
     o = wo(attention(rope(wq h), rope(wk h), wv h)); the stream after the block is s + o.
 
@@ -145,38 +196,43 @@ def attention_block_forward(
     # the stream gradient this block's backward hands to the FFN before it: its maximum too if FP8 (the
     # layers' FFNs are all FP8 or none: one shape)
     fp8 = ek.is_fp8(p.get(prefix + "w_down"))
-    remake = (s, p[prefix + "attn_norm"], config.norm_eps) if bf16 and not keep else None  # what re-makes h
-    c_proj = (c_qkv, c_q, c_k, c_v, c_rq, c_rk)
-    return (s, o), (c_norm, c_proj, c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake)
+    remake = NormRemake(s, p[prefix + "attn_norm"], config.norm_eps) if bf16 and not keep else None
+    cache = AttentionBlockCache(
+        c_norm, c_qkv, c_q, c_k, c_v, c_rq, c_rk, c_att, c_o, b, t, hq, hkv, d, bf16, fp8, remake
+    )
+    return (s, o), cache
 
 
 def attention_block_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, prefix: str, bf16_grads: bool = False
+    dout: tuple[Any, Any, Any], cache: AttentionBlockCache, prefix: str, bf16_grads: bool = False
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of attention_block_forward: dout = (g, g16, amax16), g (N, C) that of s + o, g16 its bf16
     copy or None, amax16 g16's maximum or None -> ((the same three for x and branch), {name: dweight}).
     bf16_grads (bf16 and fp8 products): the projections' weight gradients are bf16 (module docstring)."""
-    c_norm, (c_qkv, c_q, c_k, c_v, c_rq, c_rk), c_att, c_o, (b, t, hq, hkv, d, bf16, fp8), remake = cache
+    b, t, hq, hkv, d = cache.batch, cache.seq, cache.n_heads, cache.n_kv_heads, cache.head_dim
+    bf16 = cache.bf16
     g, g16, _ = dout
     wide = {"bf16_dweight": bf16_grads}  # the products' weight gradients: float32, or bf16
-    da, dwo = ek.linear_backward(g if g16 is None else g16, c_o, bf16_dx=bf16, **wide)  # (N, Hq D): o's is g
-    grads_qkv = list(ek.attention_backward(da.reshape(b, t, hq, d), c_att))  # float32 dq, dk, dv
-    h = norm_again(remake)  # (N, C) or None (kept by the caches)
-    if c_qkv is not None:  # one product each way; the joint gradient's row blocks are the three weights'
+    # o's gradient is g -> (N, Hq D)
+    da, dwo = ek.linear_backward(g if g16 is None else g16, cache.out, bf16_dx=bf16, **wide)
+    grads_qkv = list(ek.attention_backward(da.reshape(b, t, hq, d), cache.attention))  # float32 dq, dk, dv
+    h = norm_again(cache.remake)  # (N, C) or None (kept by the caches)
+    if cache.qkv is not None:  # one product each way; the joint gradient's row blocks are the three weights'
         # the list is emptied: attention's float32 gradients are freed once rounded into the joint one
-        dh, dw = ek.qkv_backward(grads_qkv, c_qkv, x=h, bf16_dx=True, **wide)
+        dh, dw = ek.qkv_backward(grads_qkv, cache.qkv, x=h, bf16_dx=True, **wide)
         dwq, dwk, dwv = dw[: hq * d], dw[hq * d : (hq + hkv) * d], dw[(hq + hkv) * d :]
     else:
         dq, dk, dv = grads_qkv
         del grads_qkv
-        dq = ek.rope_backward(dq, c_rq).reshape(b * t, hq * d)
-        dk = ek.rope_backward(dk, c_rk).reshape(b * t, hkv * d)
+        dq = ek.rope_backward(dq, cache.rope_q).reshape(b * t, hq * d)
+        dk = ek.rope_backward(dk, cache.rope_k).reshape(b * t, hkv * d)
         # h feeds three projections: their dh add up, in bf16 with bf16 products (each sum rounded once)
-        dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), c_v, x=h, bf16_dx=bf16, **wide)
-        dh, dwk = ek.linear_backward(dk, c_k, dx_into=dh, x=h, **wide)
-        dh, dwq = ek.linear_backward(dq, c_q, dx_into=dh, x=h, **wide)
+        dh, dwv = ek.linear_backward(dv.reshape(b * t, hkv * d), cache.v, x=h, bf16_dx=bf16, **wide)
+        dh, dwk = ek.linear_backward(dk, cache.k, dx_into=dh, x=h, **wide)
+        dh, dwq = ek.linear_backward(dq, cache.q, dx_into=dh, x=h, **wide)
     del h
-    dx, dnorm = norm_backward(g, dh, c_norm, bf16, amax=fp8)  # s reaches the output directly and via h
+    # s reaches the output directly and via h
+    dx, dnorm = norm_backward(g, dh, cache.norm, bf16, amax=cache.fp8)
     grads = {"attn_norm": dnorm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
     return dx, {prefix + k: g for k, g in grads.items()}
 
@@ -215,7 +271,7 @@ def ffn_block_forward(
     bf16: bool = False,
     keep: bool = False,
     precision: ek.Precision = ek.EXACT,
-) -> tuple[tuple[Any, Any], tuple]:
+) -> tuple[tuple[Any, Any], FFNBlockCache]:
     """stream (x, branch) (N, C) -> (s, o): s = x + branch, o = w_down(silu(w_gate h) * w_up h) with
     h = rmsnorm(s); the stream after the block is s + o. keep: the bf16 cache keeps h and the SwiGLU
     product instead of re-making them in the backward; bf16 and precision as in attention_block_forward."""
@@ -237,11 +293,11 @@ def ffn_block_forward(
         a_gated = (ek.fp8_amax() if scaled is None else scaled[0].amax_now[scaled[1]]) if fp8 else None
         gated, c_swi = ek.swiglu_forward(g, u, amax=a_gated)  # (N, F)
         o, c_down = ek.linear_forward(gated, p[prefix + "w_down"], False, keep, a_gated, precision)  # (N, C)
-    remake = None if keep else (s, p[prefix + "ffn_norm"], config.norm_eps)  # h's (gated's: c_swi)
-    return (s, o), (c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake)
+    remake = None if keep else NormRemake(s, p[prefix + "ffn_norm"], config.norm_eps)  # h's (gated's: c_swi)
+    return (s, o), FFNBlockCache(c_norm, c_gate, c_up, c_swi, c_down, bf16, fp8, scaled, delayed, remake)
 
 
-def _swiglu_backward_fp8_or_kept(dgated: Any, c_swi: tuple, fp8: bool, scaled: Any, delayed: bool) -> tuple:
+def _swiglu_backward_fp8_or_kept(dgated: Any, c_swi: Any, fp8: bool, scaled: Any, delayed: bool) -> tuple:
     """(dg, du, dg's maximum, du's maximum) of SwiGLU's backward when the forward kept its product: FP8
     outputs with delayed scales (no maxima to hand on), or the kernel that measures the maxima FP8 casts
     need (into the scales' slots while calibrating them), or plain (None, None)."""
@@ -256,11 +312,12 @@ def _swiglu_backward_fp8_or_kept(dgated: Any, c_swi: tuple, fp8: bool, scaled: A
 
 
 def ffn_block_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, prefix: str, bf16_grads: bool = False
+    dout: tuple[Any, Any, Any], cache: FFNBlockCache, prefix: str, bf16_grads: bool = False
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of ffn_block_forward: dout = (g, g16, amax16) and bf16_grads as in
     attention_block_backward -> ((the same three for x and branch), {name: dweight})."""
-    c_norm, c_gate, c_up, c_swi, c_down, (bf16, fp8, scaled, delayed), remake = cache
+    bf16, fp8, remake = cache.bf16, cache.fp8, cache.remake
+    c_down, c_swi = cache.down, cache.swiglu
     g, g16, a16 = dout
     wide = {"bf16_dweight": bf16_grads}  # the products' weight gradients: float32, or bf16
     d_o = g if g16 is None else g16  # o's gradient is g
@@ -273,13 +330,13 @@ def ffn_block_backward(
         a_dg = a_du = None
     else:
         dgated, dw_down = ek.linear_backward(d_o, c_down, bf16_dx=bf16, dout_amax=a16, **wide)
-        dg, du, a_dg, a_du = _swiglu_backward_fp8_or_kept(dgated, c_swi, fp8, scaled, delayed)
+        dg, du, a_dg, a_du = _swiglu_backward_fp8_or_kept(dgated, c_swi, fp8, cache.scaled, cache.delayed)
     h = norm_again(remake)  # (N, C) or None (kept by the caches)
     bf16_dx = bf16 and not fp8  # dh summed as attention's
-    dh, dw_up = ek.linear_backward(du, c_up, x=h, bf16_dx=bf16_dx, dout_amax=a_du, **wide)
-    dh, dw_gate = ek.linear_backward(dg, c_gate, dx_into=dh, x=h, dout_amax=a_dg, **wide)
+    dh, dw_up = ek.linear_backward(du, cache.up, x=h, bf16_dx=bf16_dx, dout_amax=a_du, **wide)
+    dh, dw_gate = ek.linear_backward(dg, cache.gate, dx_into=dh, x=h, dout_amax=a_dg, **wide)
     del h
-    dx, dnorm = norm_backward(g, dh, c_norm, bf16)  # s reaches the output directly and via h
+    dx, dnorm = norm_backward(g, dh, cache.norm, bf16)  # s reaches the output directly and via h
     grads = {"ffn_norm": dnorm, "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
     return dx, {prefix + k: g for k, g in grads.items()}
 
@@ -305,24 +362,23 @@ def layer_forward(
     bf16: bool = False,
     keep: bool = False,
     precision: ek.Precision = ek.EXACT,
-) -> tuple[tuple[Any, Any], tuple]:
+) -> tuple[tuple[Any, Any], LayerCache]:
     """Layer i, its attention block then its FFN block: stream (x, branch) (N, C) -> (the stream after
-    it, (attention cache, FFN cache)); kv, bf16, keep and precision as in attention_block_forward."""
+    it, its cache); kv, bf16, keep and precision as in attention_block_forward."""
     prefix = f"layers.{i}."
     stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16, keep, precision)
     stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16, keep, precision)
-    return stream, (c_attn, c_ffn)
+    return stream, LayerCache(c_attn, c_ffn)
 
 
 def layer_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, i: int, bf16_grads: bool = False
+    dout: tuple[Any, Any, Any], cache: LayerCache, i: int, bf16_grads: bool = False
 ) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """Gradients of layer_forward: dout = (g, g16, amax16), g (N, C) that of the stream after layer i, g16
     its bf16 copy or None and amax16 g16's maximum or None -> (the same three for the stream before it,
     {name: dweight}); bf16_grads as in attention_block_backward."""
-    c_attn, c_ffn = cache
-    dx, grads = ffn_block_backward(dout, c_ffn, f"layers.{i}.", bf16_grads)
-    dx, g_attn = attention_block_backward(dx, c_attn, f"layers.{i}.", bf16_grads)
+    dx, grads = ffn_block_backward(dout, cache.ffn, f"layers.{i}.", bf16_grads)
+    dx, g_attn = attention_block_backward(dx, cache.attention, f"layers.{i}.", bf16_grads)
     grads.update(g_attn)
     return dx, grads
 

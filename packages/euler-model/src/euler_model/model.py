@@ -7,7 +7,7 @@ loss = mean over the K heads of the masked cross-entropy of that head
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,26 @@ from euler_model.recompute import LayerInput, layer_caches
 
 _ROPE_TABLES: dict[tuple, tuple[Any, Any]] = {}
 FP8_MATRICES = (".w_gate", ".w_up", ".w_down")  # multiplied in FP8 in the fp8 mode, with the heads
+
+
+class TrunkCache(NamedTuple):
+    """trunk_forward's cache, for trunk_backward."""
+
+    embedding: Any  # ek.embedding_forward's
+    layers: list  # each layer's blocks.LayerCache, or with recompute its recompute.LayerInput
+    norm: Any  # the final norm's (blocks.norm_in)
+    batch: int  # B
+    seq: int  # T
+    bf16: bool  # bf16 activations (the bf16 path)
+    fp8: bool  # FP8 products in the layers: the last FFN takes the gradient's maximum
+
+
+class ConditionCache(NamedTuple):
+    """A conditioned head's caches (config.mtp_conditioned, head k >= 1): of e, the embedding of token
+    t + k, and of its projection P_k e."""
+
+    embedding: Any  # ek.embedding_forward's
+    projection: Any  # ek.linear_forward's
 
 
 def rope_for(config: ModelConfig, like: Any, positions: int | None = None) -> tuple[Any, Any]:
@@ -50,8 +70,8 @@ def trunk_forward(
     fp8_scales: Any = None,
     keep_activations: bool = False,
     precision: ek.Precision = ek.EXACT,
-) -> tuple[Any, list]:
-    """tokens (B, T) -> final-normed hidden state (B, T, C) and the caches for trunk_backward.
+) -> tuple[Any, TrunkCache]:
+    """tokens (B, T) -> final-normed hidden state (B, T, C) and the cache for trunk_backward.
 
     precision: how the products and attention are computed on the GPU (euler_kernels.Precision; every
     precision computes the same on NumPy arrays). Its bf16 and fp8 modes are the bf16 path in training.
@@ -81,7 +101,7 @@ def trunk_forward(
         params = _with_bf16_copies(params, bf16_names)
     x, c_emb = ek.embedding_forward(params["embed"], tokens)  # (B, T, C)
     stream = (x.reshape(b * t, config.dim), None)  # (N, C): the flat residual stream, see blocks.py
-    caches: list = [c_emb]
+    layers: list = []
     for i in range(config.n_layers):
         layer_kv = None if kv is None else (kv, i)
         # FP8 copies a layer at a time: the caches keep only their transposed parts (the backward's), so
@@ -93,27 +113,28 @@ def trunk_forward(
         saved = LayerInput(*inputs, bf16, keep, precision) if recompute else None
         stream, cache = layer_forward(*inputs, layer_kv, bf16, keep, precision)
         del layer_params
-        caches.append(cache if saved is None else saved)
+        layers.append(cache if saved is None else saved)
         del cache  # with recompute the layer's caches are freed here
     # (N, C): the last block's branch added; float32 for conditioned heads, which add P_k e to it
     _, h, c_norm = norm_in(config, params["norm"], stream, bf16 and not config.mtp_conditioned)
-    caches.append((c_norm, (b, t), bf16, bool(fp8)))  # fp8: the last FFN takes the gradient's maximum
-    return h.reshape(b, t, config.dim), caches
+    return h.reshape(b, t, config.dim), TrunkCache(c_emb, layers, c_norm, b, t, bf16, bool(fp8))
 
 
-def trunk_backward(config: ModelConfig, dh: Any, caches: list, bf16_grads: bool = False) -> dict[str, Any]:
+def trunk_backward(
+    config: ModelConfig, dh: Any, cache: TrunkCache, bf16_grads: bool = False
+) -> dict[str, Any]:
     """Gradients of trunk_forward (dh (B, T, C)) for every trunk parameter, layers in reverse order (a
     layer kept as its input is re-run first: one layer's caches at a time). bf16_grads (bf16 and fp8
     products, GPU): the layers' matrices' gradients are bf16 (blocks.py); the norms' and the embedding's
     stay float32."""
-    c_norm, (b, t), bf16, fp8 = caches[-1]
+    b, t = cache.batch, cache.seq
     # ((N, C), its bf16 copy, the copy's maximum if FP8)
-    dx, dnorm = norm_backward(None, dh.reshape(b * t, config.dim), c_norm, bf16, amax=fp8)
+    dx, dnorm = norm_backward(None, dh.reshape(b * t, config.dim), cache.norm, cache.bf16, amax=cache.fp8)
     grads = {"norm": dnorm}
     for i in reversed(range(config.n_layers)):
-        dx, g_layer = layer_backward(dx, layer_caches(caches[1 + i]), i, bf16_grads)
+        dx, g_layer = layer_backward(dx, layer_caches(cache.layers[i]), i, bf16_grads)
         grads.update(g_layer)
-    grads["embed"] = ek.embedding_backward(dx[0].reshape(b, t, config.dim), caches[0])
+    grads["embed"] = ek.embedding_backward(dx[0].reshape(b, t, config.dim), cache.embedding)
     return grads
 
 
@@ -266,18 +287,18 @@ def _check_targets(config: ModelConfig, tokens: Any, targets: Any, loss_mask: An
         raise ValueError(f"{where}: loss_mask must have the targets' shape {want}, got {loss_mask.shape}")
 
 
-def _head_loss(config, params, h2, targets, loss_mask, k: int, precision) -> tuple[Any, tuple, tuple, Any]:
-    """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches, and the caches
-    of its conditioning (None unless config.mtp_conditioned and k >= 1: then head k reads h + P_k e, e the
-    embedding of token t + k, the token before the one it predicts). On the bf16 path the logits are bf16,
-    as autocast's heads write them (half the bytes of the largest activation; the loss and its statistics
-    stay float32)."""
+def _head_loss(config, params, h2, targets, loss_mask, k: int, precision) -> tuple[Any, Any, Any, Any]:
+    """Head k's masked cross-entropy on h2 (N, C), with the linear and cross-entropy caches, and the cache
+    of its conditioning (a ConditionCache; None unless config.mtp_conditioned and k >= 1: then head k reads
+    h + P_k e, e the embedding of token t + k, the token before the one it predicts). On the bf16 path the
+    logits are bf16, as autocast's heads write them (half the bytes of the largest activation; the loss and
+    its statistics stay float32)."""
     t = h2.shape[0] // targets.shape[0]
     c_cond = None
     if config.mtp_conditioned and k >= 1:
         e, c_e = ek.embedding_forward(params["embed"], targets[:, k - 1 : k - 1 + t])  # (B, T, C): x_{t+k}
         pe, c_p = ek.linear_forward(e.reshape(h2.shape), params[f"heads_cond.{k}"], precision=precision)
-        h2, c_cond = h2 + pe, (c_e, c_p)  # (N, C)
+        h2, c_cond = h2 + pe, ConditionCache(c_e, c_p)  # (N, C)
     bf16_logits = bf16_path(params, precision)
     z, c_head = ek.linear_forward(h2, params[f"heads.{k}"], bf16_logits, precision=precision)  # (N, V)
     tgt = targets[:, k : k + t].reshape(-1)  # head k at position i predicts token i + 1 + k
@@ -340,8 +361,8 @@ def _heads_loss_and_grads(
             continue
         da, grads[f"heads.{k}"] = ek.linear_backward(dz, c_head, bf16_dweight=bf16_grads)  # d (h + P_k e)
         dh = da if dh is None else dh + da
-        de, grads[f"heads_cond.{k}"] = ek.linear_backward(da, c_cond[1], bf16_dweight=bf16_grads)  # (N, C)
-        de_embed = ek.embedding_backward(de.reshape(*targets.shape[:1], -1, de.shape[-1]), c_cond[0])
+        de, grads[f"heads_cond.{k}"] = ek.linear_backward(da, c_cond.projection, bf16_dweight=bf16_grads)
+        de_embed = ek.embedding_backward(de.reshape(*targets.shape[:1], -1, de.shape[-1]), c_cond.embedding)
         grads["embed.heads"] = de_embed if "embed.heads" not in grads else grads["embed.heads"] + de_embed
     return total / config.n_mtp_heads, dh.reshape(h.shape), grads
 
@@ -387,7 +408,7 @@ def _loss_and_grads_rows(
 ) -> tuple[Any, dict]:  # fmt: skip
     """The loss and every gradient of one batch (or one slice of rows of it, head_scales and grad_scale
     as in _heads_loss_and_grads), in the calling thread."""
-    h, trunk_caches = trunk_forward(
+    h, trunk_cache = trunk_forward(
         config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations,
         precision=precision,
     )  # fmt: skip
@@ -395,7 +416,7 @@ def _loss_and_grads_rows(
         config, params, h, targets, loss_mask, head_scales, grad_scale, bf16_grads, precision
     )
     from_heads = grads.pop("embed.heads", None)  # the conditioned heads' share of the embedding's gradient
-    grads.update(trunk_backward(config, dh, trunk_caches, bf16_grads))
+    grads.update(trunk_backward(config, dh, trunk_cache, bf16_grads))
     if from_heads is not None:
         grads["embed"] = grads["embed"] + from_heads
     return loss, {name: grads[name] for name in params}

@@ -113,7 +113,7 @@ def dpo_loss_and_grads(
         shapes = f"got {s} rows and ref_logps {tuple(ref_logps.shape)}"
         raise ValueError(f"dpo_loss_and_grads: needs an even number of rows and ref_logps (rows,); {shapes}")
     xp = ek.get_array_module(params["embed"])
-    h, caches = trunk_forward(
+    h, trunk_cache = trunk_forward(
         config, params, tokens, recompute=recompute, fp8_scales=fp8_scales, keep_activations=keep_activations,
         precision=precision,
     )  # fmt: skip
@@ -133,7 +133,7 @@ def dpo_loss_and_grads(
     dz = -coef[:, None] * probs  # (N, V): coef * (onehot - softmax)
     dz[xp.arange(dz.shape[0]), flat_targets] += coef
     dh, dhead = ek.linear_backward(dz, c_head, bf16_dweight=bf16_grads)
-    grads = trunk_backward(config, dh.reshape(s, t, config.dim), caches, bf16_grads)
+    grads = trunk_backward(config, dh.reshape(s, t, config.dim), trunk_cache, bf16_grads)
     grads["heads.0"] = dhead
     for name in params:  # the other heads and their conditioning take no part
         if name not in grads:

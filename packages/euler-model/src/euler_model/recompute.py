@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from euler_kernels import EXACT, Precision
-from euler_model.blocks import layer_forward
+from euler_model.blocks import LayerCache, layer_forward
 from euler_model.config import ModelConfig
 
 
@@ -32,7 +32,9 @@ class LayerInput:
     >>> from euler_model.model import rope_for
     >>> cfg = preset("tiny"); p = init_params(cfg); x = np.ones((2 * 3, cfg.dim), np.float32)
     >>> saved = LayerInput(cfg, p, 0, (x, None), (2, 3), rope_for(cfg, x), False)
-    >>> c_attn, c_ffn = saved.caches()  # the two blocks' caches, as layer_forward made them
+    >>> cache = saved.caches()  # the layer's blocks.LayerCache, as layer_forward made it
+    >>> type(cache.attention).__name__, type(cache.ffn).__name__
+    ('AttentionBlockCache', 'FFNBlockCache')
     """
 
     config: ModelConfig
@@ -45,14 +47,14 @@ class LayerInput:
     keep: bool = False  # the bf16 caches keep the norms' outputs and the SwiGLU product (blocks.py)
     precision: Precision = EXACT  # how the products and attention are computed
 
-    def caches(self) -> tuple:
-        """The layer's (attention cache, FFN cache), made again by its forward."""
+    def caches(self) -> LayerCache:
+        """The layer's cache, made again by its forward."""
         inputs = (self.config, self.params, self.index, self.stream, self.bt, self.rope)
         _, cache = layer_forward(*inputs, None, self.bf16, self.keep, self.precision)
         return cache
 
 
-def layer_caches(saved: Any) -> tuple:
+def layer_caches(saved: LayerCache | LayerInput) -> LayerCache:
     """A layer's caches from what trunk_forward kept for it: the caches themselves, or a LayerInput's
     re-run."""
     return saved.caches() if isinstance(saved, LayerInput) else saved

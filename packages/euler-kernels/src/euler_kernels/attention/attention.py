@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +27,31 @@ from euler_kernels.backend import (
 )
 from euler_kernels.cuda import cast
 from euler_kernels.precision import EXACT, Precision
+
+
+class AttentionCache(NamedTuple):
+    """attention_forward's cache on the array operations (NumPy, or CuPy float64), in the grouped layout."""
+
+    q_scaled: Any  # (B, Hkv, T * G, D) q / sqrt(D)
+    k_t: Any  # (B, Hkv, S, D)
+    v_t: Any  # (B, Hkv, S, D)
+    out: Any  # (B, Hkv, T * G, D)
+    lse: Any  # (B, Hkv, T * G) log-sum-exp of each row's scores
+    causal: bool
+    block_size: int
+    t: int  # query positions T
+
+
+class AttentionKernelCache(NamedTuple):
+    """attention_forward's cache on the GPU kernels (float32 or bf16), in the (B, T, H, D) layout."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any  # (B, Hq, T) float32
+    causal: bool
+    precision: Precision  # the backward runs the forward's kernels
 
 
 def _validate(q: Any, k: Any, v: Any, block_size: int, host: bool) -> None:
@@ -107,7 +132,7 @@ def _key_blocks(t0: int, t1: int, s: int, shift: int, causal: bool, bs: int):
 
 def attention_forward(
     q: Any, k: Any, v: Any, causal: bool = True, block_size: int = 128, precision: Precision = EXACT
-) -> tuple[Any, tuple]:
+) -> tuple[Any, AttentionCache | AttentionKernelCache]:
     """Scaled dot-product attention, softmax(q k^T / sqrt(D)) v, over grouped KV heads.
 
     q (B, T, Hq, D), k and v (B, S, Hkv, D) with Hq % Hkv == 0; out (B, T, Hq, D).
@@ -129,12 +154,12 @@ def attention_forward(
         flash_attention.check_head_dim("attention_forward", q.shape[-1])  # bf16 has no other path
         kernel = precision.attention_kernel
         out, lse = flash_attention.flash_attention_forward_bf16(q, k, v, causal, kernel)  # bf16 (B, T, Hq, D)
-        return out, ("cuda", q, k, v, out, lse, causal, precision)
+        return out, AttentionKernelCache(q, k, v, out, lse, causal, precision)
     # the hand-written kernel
     if not host and cuda.float32_on_gpu(q, k, v) and flash_attention.flash_attention_supports(q.shape[-1]):
         tf32 = precision.tf32_attention
         out, lse = flash_attention.flash_attention_forward(q, k, v, causal, tf32)  # (B, T, Hq, D), (B, Hq, T)
-        return out, ("cuda", q, k, v, out, lse, causal, precision)
+        return out, AttentionKernelCache(q, k, v, out, lse, causal, precision)
     xp = np if host else get_array_module(q)
     (_, t, hq, d), hkv = q.shape, k.shape[2]
     g, shift, scale = hq // hkv, k.shape[1] - t, 1.0 / math.sqrt(d)
@@ -153,7 +178,7 @@ def attention_forward(
                 xp, qs[bi, :, r], kt[bi], vt[bi], t0, t1, g, shift, causal, block_size
             )
             out[bi, :, r] = o
-    return _ungroup(xp, out, t, hq), (qs, kt, vt, out, lse, causal, block_size, t)
+    return _ungroup(xp, out, t, hq), AttentionCache(qs, kt, vt, out, lse, causal, block_size, t)
 
 
 def _forward_rows(xp, qb, kt, vt, t0, t1, g, shift, causal, bs):
@@ -178,21 +203,22 @@ def _forward_rows(xp, qb, kt, vt, t0, t1, g, shift, causal, bs):
     return o, m + xp.log(l)
 
 
-def attention_backward(dout: Any, cache: tuple) -> tuple[Any, Any, Any]:
+def attention_backward(dout: Any, cache: AttentionCache | AttentionKernelCache) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) shaped like q, k, v; probabilities are recomputed tile by tile from the saved lse."""
     host = type(dout) is np.ndarray  # NumPy: the array operations below, nothing else to choose
-    if not host and cuda.fused_cache(cache):
+    if type(cache) is AttentionKernelCache:
         dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
-        _, q, k, v, out, lse, causal, precision = cache
+        q, k, v, out, lse, causal = cache.q, cache.k, cache.v, cache.out, cache.lse, cache.causal
         if dout.shape != q.shape:
             raise shape_error("attention_backward", f"dout must be {q.shape}", dout=dout)
         if is_bf16(q):  # the bf16 kernel reads a bf16 dout
             dout = cast.as_bf16(dout)
-            kernel = precision.attention_kernel
+            kernel = cache.precision.attention_kernel
             return flash_attention.flash_attention_backward_bf16(dout, q, k, v, out, lse, causal, kernel)
-        tf32 = precision.tf32_attention
+        tf32 = cache.precision.tf32_attention
         return flash_attention.flash_attention_backward(dout, q, k, v, out, lse, causal, tf32)
-    qs, kt, vt, out, lse, causal, bs, t = cache
+    qs, kt, vt, out, lse = cache.q_scaled, cache.k_t, cache.v_t, cache.out, cache.lse
+    causal, bs, t = cache.causal, cache.block_size, cache.t
     xp = np if host else get_array_module(dout)
     b, hkv, rows, d = qs.shape
     g, hq, s = rows // t, rows // t * hkv, kt.shape[2]

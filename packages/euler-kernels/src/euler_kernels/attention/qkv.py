@@ -14,13 +14,33 @@ rotated back, and dv, into the columns of one gradient array that the two produc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from euler_kernels.backend import bf16_bits, get_array_module, is_bf16, shape_error
 from euler_kernels.cuda import cast
-from euler_kernels.matmul.linear import linear_backward, linear_forward
+from euler_kernels.matmul.linear import (
+    LinearBf16Cache,
+    LinearCache,
+    LinearFp8Cache,
+    linear_backward,
+    linear_forward,
+)
+from euler_kernels.rope.rope import RoPECache, RoPEKernelCache, rope_backward, rope_forward
 from euler_kernels.precision import EXACT, Precision
-from euler_kernels.rope.rope import rope_backward, rope_forward
+
+
+class QKVCache(NamedTuple):
+    """qkv_forward's cache: the joint product's and the two rotations', and the heads' sizes."""
+
+    linear: LinearCache | LinearBf16Cache | LinearFp8Cache  # x @ [wq; wk; wv].T
+    rope_q: RoPECache | RoPEKernelCache
+    rope_k: RoPECache | RoPEKernelCache
+    batch: int  # B
+    seq: int  # T
+    n_heads: int  # Hq
+    n_kv_heads: int  # Hkv
+    head_dim: int  # D
+    bf16: bool  # the product's rows are bf16 (so is the gradient the backward writes into them)
 
 
 def qkv_forward(
@@ -35,7 +55,7 @@ def qkv_forward(
     bf16_out: bool = False,
     keep_input: bool = True,
     precision: Precision = EXACT,
-) -> tuple[tuple[Any, Any, Any], tuple]:
+) -> tuple[tuple[Any, Any, Any], QKVCache]:
     """x (N, C), N = B * T, weight (W, C), its rows wq's, then wk's, then wv's -> ((q, k, v), cache):
     q (B, T, Hq, D) and k (B, T, Hkv, D) rotated at positions offset .. offset + T - 1, v (B, T, Hkv, D),
     views of one (B, T, Hq + 2 Hkv, D) array. bf16_out, keep_input and precision as in linear_forward
@@ -67,11 +87,15 @@ def qkv_forward(
     q, k, v = rows[:, :, :n_heads], rows[:, :, n_heads : heads - n_kv_heads], rows[:, :, heads - n_kv_heads :]
     _, c_rq = rope_forward(q, cos, sin, offset, in_place=True)
     _, c_rk = rope_forward(k, cos, sin, offset, in_place=True)
-    return (q, k, v), (c_lin, c_rq, c_rk, (b, t, n_heads, n_kv_heads, d, is_bf16(out)))
+    return (q, k, v), QKVCache(c_lin, c_rq, c_rk, b, t, n_heads, n_kv_heads, d, is_bf16(out))
 
 
 def qkv_backward(
-    dout: tuple[Any, Any, Any], cache: tuple, x: Any = None, bf16_dx: bool = False, bf16_dweight: bool = False
+    dout: tuple[Any, Any, Any],
+    cache: QKVCache,
+    x: Any = None,
+    bf16_dx: bool = False,
+    bf16_dweight: bool = False,
 ) -> tuple[Any, Any]:
     """dout = (dq, dk, dv), shaped as q, k, v -> (dx (N, C), dweight (W, C), whose row blocks are wq's, wk's
     and wv's gradients). x: the forward's input again when it did not keep it; bf16_dx and bf16_dweight as
@@ -93,19 +117,21 @@ def qkv_backward(
     dq, dk, dv = (bf16_bits(g) for g in dout)  # a CuPy bfloat16 array as its bit patterns
     if isinstance(dout, list):
         dout.clear()
-    c_lin, c_rq, c_rk, (b, t, hq, hkv, d, bf16) = cache
+    b, t, hq, hkv, d = cache.batch, cache.seq, cache.n_heads, cache.n_kv_heads, cache.head_dim
+    bf16 = cache.bf16
     if dq.shape != (b, t, hq, d) or dk.shape != (b, t, hkv, d) or dv.shape != (b, t, hkv, d):
         raise shape_error(
             "qkv_backward", f"dq must be {(b, t, hq, d)}, dk and dv {(b, t, hkv, d)}", dq=dq, dk=dk, dv=dv
         )
     xp = get_array_module(dq)
     drows = xp.empty((b, t, hq + 2 * hkv, d), dtype=xp.uint16 if bf16 else dq.dtype)  # the product's rows
-    rope_backward(dq, c_rq, out=drows[:, :, :hq])
-    rope_backward(dk, c_rk, out=drows[:, :, hq : hq + hkv])
+    rope_backward(dq, cache.rope_q, out=drows[:, :, :hq])
+    rope_backward(dk, cache.rope_k, out=drows[:, :, hq : hq + hkv])
     if bf16 and not is_bf16(dv):  # rounded straight into its columns
         v_columns = drows.reshape(b * t, -1)[:, (hq + hkv) * d :]  # (N, Hkv D), rows (Hq + 2 Hkv) D apart
         cast.to_bf16(xp.ascontiguousarray(dv).reshape(b * t, hkv * d), out=v_columns)
     else:
         drows[:, :, hq + hkv :] = dv
     del dq, dk, dv  # written into drows
+    c_lin = cache.linear
     return linear_backward(drows.reshape(b * t, -1), c_lin, x=x, bf16_dx=bf16_dx, bf16_dweight=bf16_dweight)

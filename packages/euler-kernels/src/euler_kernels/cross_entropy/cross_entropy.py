@@ -8,13 +8,35 @@ and the loss and the statistics are float32.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from euler_kernels import cuda
 from euler_kernels.backend import bf16_bits, check_float, get_array_module, is_bf16, is_capturing, shape_error
 from euler_kernels.cross_entropy import cross_entropy_cuda
+
+
+class CrossEntropyCache(NamedTuple):
+    """cross_entropy_forward's cache on the array operations (NumPy, or CuPy float64)."""
+
+    exps: Any  # (N, V) exp(logits - row max): the softmax before its normalisation
+    total: Any  # (N,) each row's sum of exps
+    targets: Any  # (N,) the targets, ignored rows at 0
+    weights: Any  # (N,) cross_entropy_weights
+    denom: float  # max(sum(weights), 1)
+    shape: tuple  # the logits' shape
+
+
+class CrossEntropyKernelCache(NamedTuple):
+    """cross_entropy_forward's cache on the GPU kernels."""
+
+    logits: Any  # (N, V) float32 or bf16 (a bf16 backward in_place writes dlogits over them)
+    lse: Any  # (N,) float32 log-sum-exp of each row
+    targets: Any  # (N,) int64, ignored rows at 0
+    weights: Any  # (N,) float32 cross_entropy_weights
+    denom: Any  # device scalar max(sum(weights), 1)
+    shape: tuple  # the logits' shape
 
 
 def cross_entropy_weights(
@@ -55,7 +77,7 @@ def _validate(logits: Any, targets: Any, loss_mask: Any, ignore_index: int, bf16
 
 def cross_entropy_forward(
     logits: Any, targets: Any, loss_mask: Any = None, ignore_index: int = -100
-) -> tuple[Any, tuple]:
+) -> tuple[Any, CrossEntropyCache | CrossEntropyKernelCache]:
     """Mean masked negative log-likelihood as a 0-d array of logits' dtype.
 
     >>> import numpy as np
@@ -79,7 +101,8 @@ def cross_entropy_forward(
         t_safe = t_safe.astype(xp.int64, copy=False)
         nll, lse = cross_entropy_cuda.cross_entropy_forward(z, t_safe, w)  # (N,) weighted nll, (N,)
         denom = xp.maximum(w.sum(), 1.0)  # device scalar
-        return (nll.sum() / denom).astype(w.dtype), ("cuda", z, lse, t_safe, w, denom, logits.shape)
+        cache = CrossEntropyKernelCache(z, lse, t_safe, w, denom, logits.shape)
+        return (nll.sum() / denom).astype(w.dtype), cache
     rows = xp.arange(z.shape[0])
     exps = z - z.max(axis=-1, keepdims=True)  # (N, V) shifted logits, max 0: exp cannot overflow
     picked = exps[rows, t_safe]  # (N,) shifted logit of the target
@@ -88,33 +111,40 @@ def cross_entropy_forward(
     nll = xp.log(total) - picked  # (N,)
     denom = max(float(w.sum()), 1.0)
     loss = xp.asarray((w * nll).sum() / denom, dtype=logits.dtype)
-    return loss, (exps, total, t_safe, w, denom, logits.shape)
+    return loss, CrossEntropyCache(exps, total, t_safe, w, denom, logits.shape)
 
 
-def cross_entropy_backward(dloss: Any, cache: tuple, bf16_out: bool = False, in_place: bool = False) -> Any:
+def cross_entropy_backward(
+    dloss: Any,
+    cache: CrossEntropyCache | CrossEntropyKernelCache,
+    bf16_out: bool = False,
+    in_place: bool = False,
+) -> Any:
     """dlogits = dloss * w / denom * (softmax(logits) - onehot(target)), shaped like logits.
 
     bf16_out (GPU only): dlogits is a bf16 activation, for a head whose products run in bf16; bf16 logits
     always give bf16 dlogits. in_place (bf16 logits only): dlogits is written over the logits, which the
     cache then no longer holds (a second backward from it is wrong), so no second (N, V) array exists.
     """
-    fused = type(cache[0]) is not np.ndarray and cuda.fused_cache(cache)  # a NumPy cache: never the kernels'
+    fused = type(cache) is CrossEntropyKernelCache
     if bf16_out and not fused:
         raise ValueError("cross_entropy_backward: bf16_out needs float32 CuPy logits (the GPU path)")
-    if in_place and not (fused and is_bf16(cache[1])):
+    if in_place and not (fused and is_bf16(cache.logits)):
         raise ValueError("cross_entropy_backward: in_place needs bf16 logits")
     if fused:
-        _, z, lse, t_safe, w, denom, shape = cache
+        z, w, denom = cache.logits, cache.weights, cache.denom
         if isinstance(dloss, int | float):  # a host number: no host-to-device copy (graph capture)
             scale = (float(dloss) / denom).reshape(1).astype(w.dtype)
         else:
             scale = (get_array_module(z).asarray(dloss, dtype=w.dtype) / denom).reshape(1).astype(w.dtype)
         out = z if in_place else None
-        dlogits = cross_entropy_cuda.cross_entropy_backward(z, lse, t_safe, w, scale, out, bf16_out=bf16_out)
-        return dlogits.reshape(shape)
-    exps, total, t_safe, w, denom, shape = cache
+        dlogits = cross_entropy_cuda.cross_entropy_backward(
+            z, cache.lse, cache.targets, w, scale, out, bf16_out=bf16_out
+        )
+        return dlogits.reshape(cache.shape)
+    exps, total, t_safe, w, denom = cache.exps, cache.total, cache.targets, cache.weights, cache.denom
     xp = np if type(exps) is np.ndarray else get_array_module(exps)
     coef = w * (float(dloss) / denom)  # (N,)
     dlogits = exps * (coef / total)[:, None]  # (N, V) coef * softmax
     dlogits[xp.arange(exps.shape[0]), t_safe] -= coef
-    return dlogits.reshape(shape)
+    return dlogits.reshape(cache.shape)

@@ -10,8 +10,8 @@ An op's route to its kernel stays in its folder: `rmsnorm/rmsnorm.py` -> `rmsnor
 launcher: shapes, grid, kernel choice) -> `rmsnorm/rmsnorm.cu`. Here: `_module` (compiling and loading the
 `.cu` files, launch sizes), `tables` (the multi-tensor kernels' tables and their cache), `cast` (float32
 <-> bf16), and the shared headers
-common.cuh and fp8.cuh. This module holds only the predicates that pick the fused path from the arrays;
-how products are computed is the caller's euler_kernels.Precision.
+common.cuh and fp8.cuh. This module holds only the predicates that pick the fused path from the arrays (a
+backward picks it from its cache's type); how products are computed is the caller's euler_kernels.Precision.
 """
 
 from typing import Any
@@ -38,13 +38,7 @@ def fused_grads(*grads: Any) -> bool:
     )
 
 
-def fused_cache(cache: tuple) -> bool:
-    """Whether a forward's cache came from the fused path (tagged "cuda" in its first slot)."""
-    return type(cache[0]) is str and cache[0] == "cuda"
-
-
 __all__ = [
     "float32_on_gpu",
-    "fused_cache",
     "fused_grads",
 ]

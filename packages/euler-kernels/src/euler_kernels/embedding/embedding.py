@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -11,7 +11,15 @@ from euler_kernels.backend import check_float, get_array_module, is_capturing, s
 from euler_kernels.embedding import embedding_cuda
 
 
-def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
+class EmbeddingCache(NamedTuple):
+    """embedding_forward's cache (NumPy or GPU alike): the ids and the weight's shape and dtype."""
+
+    tokens: Any  # (B, T) int
+    weight_shape: tuple  # (V, C)
+    weight_dtype: Any
+
+
+def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, EmbeddingCache]:
     """Look up rows of `weight` (V, C) for integer `tokens` (B, T) -> out (B, T, C).
 
     >>> import numpy as np
@@ -33,12 +41,12 @@ def embedding_forward(weight: Any, tokens: Any) -> tuple[Any, tuple]:
             f"max {int(tokens.max())} (weight{tuple(weight.shape)}, tokens{tuple(tokens.shape)})"
         )
     out = xp.take(weight, tokens, axis=0)  # (B, T, C)
-    return out, (tokens, weight.shape, weight.dtype)
+    return out, EmbeddingCache(tokens, weight.shape, weight.dtype)
 
 
-def embedding_backward(dout: Any, cache: tuple) -> Any:
+def embedding_backward(dout: Any, cache: EmbeddingCache) -> Any:
     """Scatter-add `dout` (B, T, C) into dweight (V, C); repeated tokens accumulate."""
-    tokens, wshape, dtype = cache
+    tokens, wshape, dtype = cache.tokens, cache.weight_shape, cache.weight_dtype
     xp = np if type(dout) is np.ndarray else get_array_module(dout)
     if dout.shape != (*tokens.shape, wshape[1]):
         raise shape_error(

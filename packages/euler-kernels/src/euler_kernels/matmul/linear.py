@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -10,8 +10,28 @@ from euler_kernels import cuda
 from euler_kernels.backend import bf16_bits, check_float, is_bf16, shape_error
 from euler_kernels.cuda import cast
 from euler_kernels.matmul import gemm
-from euler_kernels.matmul.linear_fp8 import backward_fp8, forward_fp8, is_fp8
+from euler_kernels.matmul.linear_fp8 import LinearFp8Cache, backward_fp8, forward_fp8, is_fp8
 from euler_kernels.precision import EXACT, Precision
+
+
+class LinearCache(NamedTuple):
+    """linear_forward's cache of a product in the operands' own type: NumPy, or float32 / float64 CuPy
+    (cuBLAS in the precision's matmul)."""
+
+    x: Any  # (..., C_in); None: keep_input=False (the backward is handed x again)
+    weight: Any  # (C_out, C_in)
+    precision: Precision  # the backward's products follow the forward's
+
+
+class LinearBf16Cache(NamedTuple):
+    """linear_forward's cache of a bf16 product (GPU): the operands as rounded once, for both backward
+    products."""
+
+    x16: Any  # (N, C_in) bf16; None: keep_input=False (the backward is handed x again)
+    w16: Any  # (C_out, C_in) bf16
+    x_shape: tuple  # x's (..., C_in)
+    w_shape: tuple  # (C_out, C_in)
+    tuned: bool  # the products may take a tuned cuBLASLt algorithm
 
 
 def linear_forward(
@@ -21,7 +41,7 @@ def linear_forward(
     keep_input: bool = True,
     x_amax: Any = None,
     precision: Precision = EXACT,
-) -> tuple[Any, tuple]:
+) -> tuple[Any, LinearCache | LinearBf16Cache | LinearFp8Cache]:
     """out (..., C_out) = x (..., C_in) @ weight.T, weight (C_out, C_in).
 
     precision (GPU): how float32 CuPy operands are multiplied (its matmul: fp32, tf32, bf16, bf16fast,
@@ -44,7 +64,7 @@ def linear_forward(
         _check(x, weight)
         if bf16_out:
             raise ValueError("linear_forward: bf16_out needs a bf16 product (GPU, a bf16 precision)")
-        return x @ weight.T, (x if keep_input else None, weight, precision)  # (..., C_out)
+        return x @ weight.T, LinearCache(x if keep_input else None, weight, precision)  # (..., C_out)
     x, weight = bf16_bits(x), bf16_bits(weight)  # a CuPy bfloat16 array as its bit patterns
     if is_fp8(weight):
         return forward_fp8(x, [weight], bf16_out, keep_input, x_amax)[0]
@@ -57,9 +77,9 @@ def linear_forward(
     if cuda.float32_on_gpu(x, weight):  # cuBLAS called directly: capturable in a CUDA graph
         x2 = _c(x.reshape(-1, weight.shape[1]))  # (N, C_in)
         out = gemm.gemm(x2, _c(weight), trans_b=True, matmul=precision.matmul, tuned=precision.gemm_tuning)
-        return out.reshape(*x.shape[:-1], weight.shape[0]), (kept, weight, precision)
+        return out.reshape(*x.shape[:-1], weight.shape[0]), LinearCache(kept, weight, precision)
     out = x @ weight.T  # (..., C_out)
-    return out, (kept, weight, precision)
+    return out, LinearCache(kept, weight, precision)
 
 
 def linear_forward_many(
@@ -69,7 +89,7 @@ def linear_forward_many(
     keep_input: bool = True,
     x_amax: Any = None,
     precision: Precision = EXACT,
-) -> list[tuple[Any, tuple]]:
+) -> list[tuple[Any, LinearCache | LinearBf16Cache | LinearFp8Cache]]:
     """[linear_forward(x, w) for w in weights], with x rounded to bf16 once for all of them in bf16 mode
     on the GPU (and that one copy shared by their caches), e.g. the q, k and v projections of one h.
 
@@ -113,7 +133,7 @@ def _check(x: Any, weight: Any) -> None:
 
 def _forward_bf16(
     x: Any, weights: list[Any], bf16_out: bool, keep_input: bool, precision: Precision
-) -> list[tuple[Any, tuple]]:
+) -> list[tuple[Any, LinearBf16Cache]]:
     """GPU bf16 mode: x rounded once (unless it is bf16 already), each weight once; the caches keep the
     bf16 copies for backward (x's unless keep_input is False), and whether the products are tuned."""
     x16 = cast.as_bf16(x.reshape(-1, x.shape[-1]))  # (N, C_in)
@@ -122,7 +142,7 @@ def _forward_bf16(
     for w in weights:
         w16 = cast.as_bf16(w)
         out = gemm.gemm_bf16(x16, w16, trans_b=True, bf16_out=bf16_out, tuned=tuned)  # (N, C_out)
-        cache = ("bf16", x16 if keep_input else None, w16, x.shape, w.shape, tuned)
+        cache = LinearBf16Cache(x16 if keep_input else None, w16, x.shape, w.shape, tuned)
         results.append((out.reshape(*x.shape[:-1], w.shape[0]), cache))
     return results
 
@@ -133,7 +153,7 @@ def _c(a: Any) -> Any:
 
 def linear_backward(
     dout: Any,
-    cache: tuple,
+    cache: LinearCache | LinearBf16Cache | LinearFp8Cache,
     dx_into: Any = None,
     bf16_dx: bool = False,
     x: Any = None,
@@ -161,23 +181,24 @@ def linear_backward(
     """
     if dx_into is not None and not dx_into.flags.c_contiguous:
         raise ValueError("linear_backward: dx_into must be a C-contiguous array")
-    if type(cache[0]) is not str and type(dout) is np.ndarray:  # NumPy: the products as they are
+    kind = type(cache)
+    if kind is LinearCache and type(dout) is np.ndarray:  # NumPy: the products as they are
         return _backward_exact(dout, cache, dx_into, x, dweight, bf16_dx, bf16_dweight)
     dout, dx_into = bf16_bits(dout), bf16_bits(dx_into)  # a CuPy bfloat16 array as its bit patterns
     into16 = dx_into is not None and is_bf16(dx_into)
-    if bf16_dx and (dx_into is not None or not isinstance(cache[0], str)):
+    if bf16_dx and (dx_into is not None or kind is LinearCache):
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
-    if into16 and not (isinstance(cache[0], str) and cache[0] != "fp8"):
+    if into16 and kind is not LinearBf16Cache:
         raise ValueError("linear_backward: a bf16 dx_into needs a bf16 product (the bf16 mode's)")
-    if isinstance(cache[0], str) and cache[0] == "fp8":
+    if kind is LinearFp8Cache:
         if not dweight:
             raise ValueError("linear_backward: dweight=False is for bf16 and float32 products, not FP8")
-        x_shape = cache[4]
+        x_shape = cache.x_shape
         _check_into(dx_into, x_shape)
-        x_again = None if cache[1] is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
+        x_again = None if cache.x8 is not None else _input_again(x, x_shape)  # the forward kept no FP8 x
         return backward_fp8(dout, cache, dx_into, bf16_dx, x_again, dout_amax, bf16_dweight)
-    if isinstance(cache[0], str):  # bf16 on the GPU: dout is rounded once and feeds both products
-        _, _, w16, x_shape, w_shape, tuned = cache
+    if kind is LinearBf16Cache:  # bf16 on the GPU: dout is rounded once and feeds both products
+        w16, x_shape, w_shape, tuned = cache.w16, cache.x_shape, cache.w_shape, cache.tuned
         if dout.shape != (*x_shape[:-1], w_shape[0]):
             raise ValueError(
                 f"linear_backward: dout{tuple(dout.shape)} must be x.shape[:-1] + ({w_shape[0]},)"
@@ -192,14 +213,14 @@ def linear_backward(
 
 
 def _backward_exact(
-    dout: Any, cache: tuple, dx_into: Any, x: Any, dweight: bool, bf16_dx: bool, bf16_dweight: bool
+    dout: Any, cache: LinearCache, dx_into: Any, x: Any, dweight: bool, bf16_dx: bool, bf16_dweight: bool
 ) -> tuple:
     """linear_backward of a float32 or float64 forward (NumPy, or cuBLAS in the forward's precision)."""
     if bf16_dx:
         raise ValueError("linear_backward: bf16_dx needs a bf16 forward and no dx_into")
     if bf16_dweight:
         raise ValueError("linear_backward: bf16_dweight needs a bf16 or FP8 product (GPU, bf16 or fp8 mode)")
-    kept, weight, precision = cache
+    kept, weight, precision = cache.x, cache.weight, cache.precision
     if kept is None and x is None and not dweight:  # dx alone: its shape from dout's
         x_shape = (*dout.shape[:-1], weight.shape[1])
     else:
@@ -222,23 +243,25 @@ def _backward_exact(
     return dx, (linear_weight_grad(dout, cache, x) if dweight else None)
 
 
-def linear_weight_grad(dout: Any, cache: tuple, x: Any = None, bf16_dweight: bool = False) -> Any:
+def linear_weight_grad(
+    dout: Any, cache: LinearCache | LinearBf16Cache, x: Any = None, bf16_dweight: bool = False
+) -> Any:
     """dweight (C_out, C_in) = dout^T x of a bf16 or float32 linear_forward (what linear_backward returns
     beside dx); x: the forward's input, re-made, when the forward did not keep it; bf16_dweight (bf16
     products): dweight rounded to bf16 as linear_backward's."""
-    if type(cache[0]) is str and cache[0] == "fp8":
+    if type(cache) is LinearFp8Cache:
         raise ValueError("linear_weight_grad: FP8 products take linear_backward")
     if type(dout) is not np.ndarray:
         dout, x = bf16_bits(dout), bf16_bits(x)  # a CuPy bfloat16 array as its bit patterns
-    if isinstance(cache[0], str):  # bf16 on the GPU: both operands rounded as the forward rounded them
-        _, x16, _, x_shape, w_shape, tuned = cache
+    if type(cache) is LinearBf16Cache:  # bf16 on the GPU: both operands rounded as the forward rounded them
+        x16, x_shape, w_shape, tuned = cache.x16, cache.x_shape, cache.w_shape, cache.tuned
         if x16 is None:  # a bf16 x is taken as it is
             x16 = cast.as_bf16(_input_again(x, x_shape).reshape(-1, x_shape[-1]))
         d16 = cast.as_bf16(dout.reshape(-1, w_shape[0]))  # (N, C_out)
         return gemm.gemm_bf16(d16, x16, trans_a=True, bf16_out=bf16_dweight, tuned=tuned)
     if bf16_dweight:
         raise ValueError("linear_weight_grad: bf16_dweight needs a bf16 product (the GPU's bf16 mode)")
-    kept, weight, precision = cache
+    kept, weight, precision = cache.x, cache.weight, cache.precision
     x = kept if kept is not None else _input_again(x, None)
     if dout.shape != (*x.shape[:-1], weight.shape[0]):
         raise shape_error(

@@ -17,12 +17,21 @@ that cast their outputs with a delayed scale make them: swiglu_cuda.py's *_fp8):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from euler_kernels.matmul.fp8 import Fp8Tensor, amax_bits, to_fp8
 from euler_kernels.matmul.gemm_fp8 import FP8_MULTIPLE, gemm_fp8, transposed
+
+
+class LinearFp8Cache(NamedTuple):
+    """linear_forward's cache on the FP8 path: the transposed FP8 copies the backward's products take."""
+
+    x8: Fp8Tensor | None  # x's e4m3 copy, transposed part only; None: keep_input=False (x handed back)
+    x_amax: Any  # x's absolute maximum (uint32 scalar) to cast the re-made x with; None for a cast x
+    w8: Fp8Tensor  # the weight's e4m3 copy, transposed part only
+    x_shape: tuple  # x's (..., C_in)
 
 
 def is_fp8(weight: Any) -> bool:
@@ -74,7 +83,7 @@ def _pad_rows(a2: Any) -> Any:
 
 def forward_fp8(
     x: Any, weights: list[Fp8Tensor], bf16_out: bool, keep_input: bool, x_amax: Any = None
-) -> list[tuple[Any, tuple]]:
+) -> list[tuple[Any, LinearFp8Cache]]:
     """[(x @ w.T, cache) for w in weights], x (..., C_in) float32 or bf16 cast to e4m3 once for all of
     them; outputs bf16 with bf16_out, else float32; keep_input as in linear_forward; x_amax: x's absolute
     maximum if its maker measured it (else measured here)."""
@@ -97,7 +106,7 @@ def forward_fp8(
     for w in weights:
         out = gemm_fp8(x8, w, bf16_out=bf16_out)[:n].reshape(*x.shape[:-1], w.shape[0])
         w_t = dataclasses.replace(w, rows=None)  # the backward's part only: the caller frees the rest
-        results.append((out, ("fp8", kept, amax, w_t, x.shape)))
+        results.append((out, LinearFp8Cache(kept, amax, w_t, x.shape)))
     return results
 
 
@@ -118,13 +127,13 @@ def _forward_cast(x8: Fp8Tensor, weights: list[Fp8Tensor], bf16_out: bool, keep_
     results = []
     for w in weights:
         out = gemm_fp8(x8, w, bf16_out=bf16_out)[:n]  # (n, C_out)
-        results.append((out, ("fp8", kept, None, dataclasses.replace(w, rows=None), (n, w.shape[1]))))
+        results.append((out, LinearFp8Cache(kept, None, dataclasses.replace(w, rows=None), (n, w.shape[1]))))
     return results
 
 
 def backward_fp8(
     dout: Any,
-    cache: tuple,
+    cache: LinearFp8Cache,
     dx_into: Any,
     bf16_dx: bool,
     x: Any,
@@ -138,7 +147,7 @@ def backward_fp8(
     forward_fp8's x_amax."""
     import cupy
 
-    _, x8, amax, w8, x_shape = cache
+    x8, amax, w8, x_shape = cache.x8, cache.x_amax, cache.w8, cache.x_shape
     c_out, c_in = w8.shape
     if isinstance(dout, Fp8Tensor):  # cast by the kernel that made it
         n, d8 = _cast_rows(dout, "e5m2", c_out, "output gradient"), dout

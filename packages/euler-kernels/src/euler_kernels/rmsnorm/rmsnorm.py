@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -11,9 +11,25 @@ from euler_kernels.backend import bf16_bits, check_float, get_array_module, shap
 from euler_kernels.rmsnorm import rmsnorm_cuda
 
 
+class RMSNormCache(NamedTuple):
+    """rmsnorm_forward's cache on the array operations (NumPy, or CuPy float64)."""
+
+    xhat: Any  # (..., C) x / rms(x)
+    rstd: Any  # (...,) 1 / rms(x)
+    weight: Any  # (C,)
+
+
+class RMSNormKernelCache(NamedTuple):
+    """rmsnorm_forward's (and residual_rmsnorm_forward's) cache on the fused GPU kernels."""
+
+    x: Any  # (..., C) float32: the norm's input (residual_rmsnorm's s = x + branch)
+    weight: Any  # (C,)
+    rstd: Any  # (N,) 1 / rms of each row
+
+
 def rmsnorm_forward(
     x: Any, weight: Any, eps: float = 1e-5, bf16_out: bool = False, amax: Any = None
-) -> tuple[Any, tuple]:
+) -> tuple[Any, RMSNormCache | RMSNormKernelCache]:
     """Normalise the last axis of `x` (..., C) by its root mean square, then scale by `weight` (C,).
 
     bf16_out (GPU only): out is a bf16 activation (see backend.is_bf16), for a norm that only feeds bf16
@@ -32,11 +48,11 @@ def rmsnorm_forward(
         raise shape_error("rmsnorm_forward", "weight must be (C,) with C = x.shape[-1]", x=x, weight=weight)
     if not host and cuda.float32_on_gpu(x, weight):  # one fused kernel; rstd (N,) is what backward adds
         out, rstd = rmsnorm_cuda.rmsnorm_forward(x, weight, eps, bf16_out, amax)
-        return out, ("cuda", x, weight, rstd)
+        return out, RMSNormKernelCache(x, weight, rstd)
     if bf16_out or amax is not None:
         raise ValueError("rmsnorm_forward: bf16_out and amax need float32 CuPy arrays (the GPU path)")
     out, xhat, rstd = rmsnorm_parts(np if host else get_array_module(x), x, weight, eps)
-    return out, (xhat, rstd, weight)
+    return out, RMSNormCache(xhat, rstd, weight)
 
 
 def rmsnorm_parts(xp: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any, Any]:
@@ -48,7 +64,7 @@ def rmsnorm_parts(xp: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any, A
     return xhat * weight, xhat, rstd
 
 
-def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
+def rmsnorm_backward(dout: Any, cache: RMSNormCache | RMSNormKernelCache, dx_add: Any = None) -> tuple:
     """Gradients (dx, dweight) of rmsnorm; dx = rstd * (g - xhat * mean(g * xhat)) with g = dout * weight.
 
     dx_add: a gradient of x's shape to add to dx (say, the residual branch's), in the same pass on the GPU;
@@ -60,11 +76,11 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
     >>> np.round(dx - rmsnorm_backward(np.ones((1, 2)), cache)[0], 6).tolist()
     [[10.0, 10.0]]
     """
-    if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernels'
+    if type(cache) is RMSNormKernelCache:
         dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
         dx, dweight, _ = _fused_backward("rmsnorm_backward", dout, cache, dx_add, bf16_copy=False)
         return dx, dweight
-    xhat, rstd, weight = cache
+    xhat, rstd, weight = cache.xhat, cache.rstd, cache.weight
     xp = np if type(dout) is np.ndarray else get_array_module(dout)
     if dout.shape != xhat.shape or (dx_add is not None and dx_add.shape != xhat.shape):
         raise shape_error("rmsnorm_backward", "dout and dx_add must match x", dout=dout, x=xhat)
@@ -79,22 +95,24 @@ def rmsnorm_backward(dout: Any, cache: tuple, dx_add: Any = None) -> tuple:
     return g, dweight.astype(weight.dtype, copy=False)
 
 
-def rmsnorm_backward_bf16_copy(dout: Any, cache: tuple, dx_add: Any = None, amax: Any = None) -> tuple:
+def rmsnorm_backward_bf16_copy(
+    dout: Any, cache: RMSNormKernelCache, dx_add: Any = None, amax: Any = None
+) -> tuple:
     """(dx, dweight, dx16): rmsnorm_backward's gradients and dx16, dx rounded to bf16 in the same pass, for
     the bf16 products that take dx next (a residual stream's gradient: float32 for the stream, bf16 for the
     products). amax: raised to dx16's largest |value|, as in rmsnorm_forward. GPU only: the cache of a
     fused rmsnorm_forward; dout float32, or bf16 (the gradients are the float32 ones of its values)."""
-    if not cuda.fused_cache(cache):
+    if type(cache) is not RMSNormKernelCache:
         raise ValueError("rmsnorm_backward_bf16_copy needs the fused GPU path (float32 CuPy arrays)")
     dout = bf16_bits(dout)  # a CuPy bfloat16 array as its bit patterns
     return _fused_backward("rmsnorm_backward_bf16_copy", dout, cache, dx_add, bf16_copy=True, amax=amax)
 
 
 def _fused_backward(
-    fn: str, dout: Any, cache: tuple, dx_add: Any, bf16_copy: bool, amax: Any = None
+    fn: str, dout: Any, cache: RMSNormKernelCache, dx_add: Any, bf16_copy: bool, amax: Any = None
 ) -> tuple:
     """(dx, dweight, dx16 or None) from the fused kernels, for a fused forward's cache, shapes checked."""
-    _, x, weight, rstd = cache
+    x, weight, rstd = cache.x, cache.weight, cache.rstd
     if dout.shape != x.shape or (dx_add is not None and dx_add.shape != x.shape):
         raise shape_error(fn, "dout and dx_add must match x", dout=dout, x=x)
     return rmsnorm_cuda.rmsnorm_backward(dout, x, weight, rstd, dx_add, bf16_copy, amax)

@@ -7,7 +7,7 @@ p * theta ** (-2 i / D). `offset` shifts positions, so a KV-cache decode step us
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,23 @@ from euler_kernels.backend import (
     shape_error,
 )
 from euler_kernels.rope import rope_cuda
+
+
+class RoPECache(NamedTuple):
+    """rope_forward's cache on the array operations (NumPy, or CuPy float64): the (T, H, D) tables."""
+
+    cos_full: Any  # cat(cos, cos) at x's positions
+    sin_signed: Any  # cat(-sin, sin) at x's positions
+
+
+class RoPEKernelCache(NamedTuple):
+    """rope_forward's cache on the GPU kernel: the (P, D/2) tables and where x sat in them."""
+
+    cos: Any
+    sin: Any
+    offset: int  # x's first position
+    shape: tuple  # x's (B, T, H, D)
+    bf16: bool  # x was bf16: dx is bf16 too
 
 
 def rope_tables(
@@ -79,7 +96,9 @@ def _tables_for(fn: str, x: Any, cos: Any, sin: Any, offset: int) -> tuple[Any, 
     return xp.ascontiguousarray(cos_full), xp.ascontiguousarray(sin_signed)
 
 
-def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = False) -> tuple[Any, tuple]:
+def rope_forward(
+    x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = False
+) -> tuple[Any, RoPECache | RoPEKernelCache]:
     """Rotate x (B, T, H, D) at positions offset .. offset + T - 1; out has x's shape and dtype.
 
     x may be a bf16 activation (GPU, with float32 tables): out is bf16, and so is the gradient.
@@ -96,14 +115,14 @@ def rope_forward(x: Any, cos: Any, sin: Any, offset: int = 0, in_place: bool = F
         check_float("rope_forward", x=x, cos=cos, sin=sin)
     if not host and (is_bf16(x) or cuda.float32_on_gpu(x, cos, sin)):  # one kernel reads the (P, D/2) tables
         _check_tables("rope_forward", x, cos, sin, offset)
-        cache = ("cuda", cos, sin, offset, x.shape, is_bf16(x))
+        cache = RoPEKernelCache(cos, sin, offset, x.shape, is_bf16(x))
         return rope_cuda.rope_rotate(x, cos, sin, offset, 1.0, out=x if in_place else None), cache
     c, s = _tables_for("rope_forward", x, cos, sin, offset)
     out = _rotate(x, c, s, 1.0)
     if in_place:
         x[...] = out
         out = x
-    return out, (c, s)
+    return out, RoPECache(c, s)
 
 
 def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
@@ -129,18 +148,18 @@ def rope_rows(x: Any, cos_rows: Any, sin_rows: Any) -> Any:
     return out.reshape(x.shape)
 
 
-def rope_backward(dout: Any, cache: tuple, out: Any = None) -> Any:
+def rope_backward(dout: Any, cache: RoPECache | RoPEKernelCache, out: Any = None) -> Any:
     """dx: the rotation is orthogonal, so the gradient is dout rotated back by -angle.
 
     out: an array shaped like dout to write dx into (returned); on the GPU of the gradient's type (bf16 for a
     bf16 forward), contiguous or heads of a wider row (dq, dk into the joint q/k/v gradient's columns)."""
-    if type(dout) is not np.ndarray and cuda.fused_cache(cache):  # NumPy gradients: never the kernel's
+    if type(cache) is RoPEKernelCache:
         dout, out = bf16_bits(dout), bf16_bits(out)  # a CuPy bfloat16 array as its bit patterns
-        _, cos, sin, offset, shape, bf16 = cache
-        if dout.shape != shape:
-            raise shape_error("rope_backward", f"dout must be {shape} as in forward", dout=dout)
+        if dout.shape != cache.shape:
+            raise shape_error("rope_backward", f"dout must be {cache.shape} as in forward", dout=dout)
+        cos, sin, offset, bf16 = cache.cos, cache.sin, cache.offset, cache.bf16
         return rope_cuda.rope_rotate(dout, cos, sin, offset, -1.0, bf16_out=bf16, out=out)  # bf16: a bf16 dx
-    c, s = cache
+    c, s = cache.cos_full, cache.sin_signed
     if dout.ndim != 4 or dout.shape[1:] != c.shape:
         raise shape_error("rope_backward", "dout must be (B, T, H, D) matching forward", dout=dout, cos=c)
     dx = _rotate(dout, c, s, -1.0)
