@@ -1,18 +1,20 @@
-"""Starting the decoding of a batch: the static state, the prefill, the decode step and its runner; shared
-by generate_batch (every row to its end) and generate (one row, its tokens streamed as they come).
+"""The decoder of a batch: its inference weights, its DecodeState, its step and the step's runner.
 
-The prompts are prefilled by the training kernels (trunk_forward, the prompts of one length together in
-adjacent rows of the state), each layer writing its keys/values straight into those rows of the static
-cache (decode_state.PrefillRows); the rows then advance
-together, one step (decode_step, or speculative_step with its draft tree) for the whole batch at a time,
-captured as a CUDA graph on the GPU. All of it lives in a Decoder, which on the GPU is kept for the next
-call of the same model and batch shape (decode_keep.py): that call skips the setup, and a prompt-length
-pattern it has seen before has its whole prefill replayed as one CUDA graph.
+A call's prompts are prefilled by the training forward (trunk_forward; the prompts of one length together,
+in adjacent rows), each layer writing its keys and values straight into those rows of the static cache;
+the rows then advance together, one decode step for the whole batch at a time, captured as a CUDA graph
+on the GPU. There a Decoder is kept for the next call of the same model and batch shape (at most
+KEPT_DECODERS, sharing one set of weight copies): that call skips the setup, rewrites the weight copies
+from params (which a trainer may have updated in place), and a prompt-length pattern seen before has its
+whole prefill replayed as one CUDA graph. A decoder is lent to one call at a time; a call that finds it
+busy (another generator still streaming) gets one of its own. release_kept_decoders() frees them all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from functools import partial
 from typing import Any
 
@@ -21,19 +23,20 @@ import numpy as np
 import euler_kernels as ek
 from euler_kernels import draft_tree
 from euler_model.config import ModelConfig
-from euler_model.decode_graph import DecodeGraph, EagerDecode, decode_runner
-from euler_model.decode_keep import kept_decoder, kept_weights
-from euler_model.decode_speculative import draft, drafting_heads, speculative_step
+from euler_model.decode_graph import decode_runner
+from euler_model.decode_speculative import draft, drafting_heads
 from euler_model.decode_state import DecodeState, PrefillRows, copy_in
-from euler_model.decode_step import Picker, attention_window, decode_step, inference_weights
+from euler_model.decode_step import attention_window, decode_step, inference_weights
 from euler_model.model import trunk_forward
+from euler_model.sampling import Picker
 
 PROMPT_PATTERNS = 16  # prompt-length patterns a decoder remembers (the oldest and its prefill graph dropped)
+KEPT_DECODERS = 4  # batch shapes (B, sampling rule, draft tree) kept for the latest model
 
-
-def uniforms(seeds: list[int | None], width: int) -> np.ndarray:
-    """(B, width + 1) draws: row b's from numpy.random.default_rng(seeds[b]), in order."""
-    return np.stack([np.random.default_rng(s).random(width + 1) for s in seeds])
+_kept: OrderedDict[Hashable, Decoder] = OrderedDict()  # (B, picker, tree) -> decoder, least recent first
+_weights: dict[int, dict] = {}  # drafting heads -> the inference weights the kept decoders share
+_kept_model: list[Hashable] = [None]  # the model whose decoders are kept
+_lock = threading.Lock()  # two threads must not be lent one decoder
 
 
 def prefill(
@@ -43,9 +46,9 @@ def prefill(
     groups: list[tuple[slice, Any]],
     precision: ek.Precision,
 ) -> tuple[Any, Any]:
-    """The prompts through the trunk, one group of a length at a time (adjacent rows, their tokens (G, T)),
-    each layer's keys/values written into those rows of the state's caches; head 0's logits (B, V) after
-    each last token, and the hidden states (B, C) they came from."""
+    """The prompts through the trunk, one group of adjacent rows and their tokens (G, T) at a time, their
+    keys and values written into those rows of the state's caches: head 0's logits (B, V) after each last
+    token, and the hidden states (B, C) they came from."""
     xp = ek.get_array_module(params["embed"])
     b = sum(rows.stop - rows.start for rows, _ in groups)
     logits = hidden = None
@@ -59,60 +62,11 @@ def prefill(
     return logits, hidden
 
 
-@dataclass
-class Decoding:
-    """A batch being decoded: its state, the runner of its step, and how many steps have run."""
-
-    config: ModelConfig
-    state: DecodeState
-    runner: EagerDecode | DecodeGraph
-    fed: int  # tokens a step feeds a row (T when speculative, else 1)
-    longest: int  # the longest prompt
-    kernel: bool  # the decode attention kernel serves (it reads each row's own slots)
-    order: list[int]  # row i of the state holds prompt order[i] (prompts of a length in adjacent rows)
-    decoder: Any = None  # the Decoder it runs in, lent until `finish`
-    steps: int = 0
-
-    def step(self) -> None:
-        """One more step for every row."""
-        last = self.longest + (self.steps + 1) * self.fed - 1  # no row feeds a token past this position
-        self.runner.run(attention_window(self.config, last, self.kernel, slots=self.state.k.shape[3]))
-        self.steps += 1
-
-    def ahead(self, most: int) -> int:
-        """How many steps to run before looking again: 0 once every row is done, else the fewest that
-        could end every row still going at its limit (a step emits at most `fed` tokens a row), at most
-        `most` (a stop token may end a row sooner). A read back to the host (on the GPU a sync)."""
-        state, xp = self.state, ek.get_array_module(self.state.done)
-        with self.runner.ordered():
-            left = int(xp.where(state.done, 0, state.limit - state.count).max())  # most tokens a row lacks
-        return min(most, -(-left // self.fed))
-
-    def results(self) -> list[tuple[list[int], int | None]]:
-        """(tokens, the stop token that ended it or None) of each prompt, in the caller's order (a read
-        back to the host)."""
-        by_prompt: list[Any] = [None] * len(self.order)
-        for row, result in zip(self.order, self.state.results()):
-            by_prompt[row] = result
-        return by_prompt
-
-    def not_finite(self) -> list[int]:
-        """The prompts (the caller's indices) that sampled from probabilities that were not finite."""
-        return sorted(self.order[i] for i in np.flatnonzero(ek.to_numpy(self.state.bad)))
-
-    def finish(self) -> None:
-        """Give the decoder back (a kept one may then serve the next call); the state is read before."""
-        self.decoder.busy = False
-
-
 class Decoder:
-    """What a batch of B rows decodes with, made once: the inference weights, the static state, the step
-    and its runner; `begin` starts a call's prompts in it. tree: a speculative step's draft tree (greedy,
-    its depth <= K - 1), None for plain steps. kept: the decoder serves call after call (decode_keep.py),
-    so each call first rewrites its weight copies from params (which a trainer may have updated in place),
-    and a prompt-length pattern seen before has its prefill replayed from a CUDA graph. weights: inference
-    weights to use (the kept decoders of a model share theirs), by default made here. precision: how the
-    products are computed (euler_kernels.Precision)."""
+    """What B rows decode with, made once and lent to one call at a time (`begin`, then `step` until
+    `ahead` says 0; busy until the caller is done). tree: a speculative step's draft tree, None for plain
+    steps. kept: the decoder serves call after call (module docstring); weights: inference weights to use
+    (the kept decoders share theirs), by default made here."""
 
     def __init__(
         self,
@@ -127,54 +81,72 @@ class Decoder:
         weights: dict[str, Any] | None = None,
     ) -> None:
         xp = ek.get_array_module(params["embed"])
-        self.config, self.params, self.picker, self.kept = config, params, picker, kept
-        self.precision = precision
-        self.fed = 1 if tree is None else len(tree) + 1
+        self.config, self.params, self.picker, self.precision = config, params, picker, precision
+        self.kept = kept
+        self.fed = 1 if tree is None else len(tree) + 1  # tokens a step feeds a row
         self.state = DecodeState.allocate(config, xp, params["embed"].dtype, batch, self.fed - 1)
         self.drafters = drafting_heads(tree)
         if weights is None:
             weights = inference_weights(config, params, self.drafters, precision=precision)
         self.weights = weights
         self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
-        if tree is not None:
-            step = partial(speculative_step, config, self.weights, self.state, self.tree, picker, precision)
-        else:
-            step = partial(decode_step, config, self.weights, self.state, picker, precision)
+        step = partial(decode_step, config, self.weights, self.state, picker, self.tree, precision)
         self.runner = decode_runner(step, xp, cuda_graph)
         self.kernel = ek.decode_attention_kernel(self.state.k[0], config.n_heads, self.fed)  # own slots
         self.prompt_tokens: dict[tuple[int, ...], list[tuple[slice, Any]]] = {}  # lengths -> groups
-        self.busy = False  # lent to a decoding (decode_keep.py)
+        self.busy = False
+        self.order: list[int] = []  # row i of the state holds the call's prompt order[i]
+        self.longest = self.steps = 0  # the call's longest prompt, and its steps so far
 
-    def begin(
-        self, rows: list[list[int]], limits: list[int], stops: list[set[int]], seeds: list[int | None]
-    ) -> Decoding:
-        """The call's state set, its prompts prefilled and their first tokens recorded (and drafted after),
-        the step ready to run. The state's rows hold the prompts shortest first (Decoding.order), so that
-        the prompts of a length are adjacent rows, prefilled together."""
+    def begin(self, rows: list[list[int]], limits: list[int], stops: list[set[int]], seeds: list) -> None:
+        """Start a call: the state reset, the prompts prefilled (shortest first, so that the prompts of a
+        length are adjacent rows), their first tokens recorded and, speculating, drafted after."""
         order = sorted(range(len(rows)), key=lambda b: len(rows[b]))
         rows, limits, stops, seeds = ([values[b] for b in order] for values in (rows, limits, stops, seeds))
         lengths = tuple(len(p) for p in rows)
         seen = lengths in self.prompt_tokens
         with self.runner.ordered():
-            self.state.reset(rows, limits, stops, uniforms(seeds, max(limits)))
+            self.state.reset(rows, limits, stops, seeds)
             groups = self._prompt_tokens(lengths)
             for members, tokens in groups:
                 copy_in(tokens, np.asarray(rows[members], dtype=np.int64))
         # a pattern's prefill is recorded the second time it comes (a one-off prompt length costs no capture)
         self.runner.call(("prefill", lengths), partial(self._prefill, groups), capture=seen and self.kept)
-        return Decoding(self.config, self.state, self.runner, self.fed, lengths[-1], self.kernel, order, self)
+        self.order, self.longest, self.steps = order, lengths[-1], 0
+
+    def step(self) -> None:
+        """One more step for every row."""
+        last = self.longest + (self.steps + 1) * self.fed - 1  # no row feeds a token past this position
+        self.runner.run(attention_window(self.config, last, self.kernel, slots=self.state.k.shape[3]))
+        self.steps += 1
+
+    def ahead(self, most: int) -> int:
+        """Steps to run before looking again: 0 once every row is done, else the fewest that could end
+        every row at its limit, at most `most`. A read back to the host (on the GPU a sync)."""
+        state, xp = self.state, ek.get_array_module(self.state.done)
+        with self.runner.ordered():
+            left = int(xp.where(state.done, 0, state.limit - state.count).max())  # most tokens a row lacks
+        return min(most, -(-left // self.fed))
+
+    def results(self) -> list[tuple[list[int], int | None]]:
+        """(tokens, the stop token that ended them or None) of each prompt, in the call's order."""
+        by_prompt: list[Any] = [None] * len(self.order)
+        for row, result in zip(self.order, self.state.results()):
+            by_prompt[row] = result
+        return by_prompt
+
+    def not_finite(self) -> list[int]:
+        """The call's prompts that sampled from probabilities that were not finite."""
+        return sorted(self.order[i] for i in np.flatnonzero(ek.to_numpy(self.state.bad)))
 
     def _prompt_tokens(self, lengths: tuple[int, ...]) -> list[tuple[slice, Any]]:
-        """(a run of adjacent rows, their tokens' device buffer (G, T)) for each prompt length of `lengths`
+        """(adjacent rows, their tokens' device buffer (G, T)) for each prompt length of `lengths`
         (ascending), made once per pattern."""
         if lengths not in self.prompt_tokens:
             xp = ek.get_array_module(self.params["embed"])
             starts = [b for b in range(len(lengths)) if b == 0 or lengths[b] != lengths[b - 1]]
             runs = [slice(a, z) for a, z in zip(starts, [*starts[1:], len(lengths)])]
-            groups = [
-                (rows, xp.zeros((rows.stop - rows.start, lengths[rows.start]), dtype=xp.int64))
-                for rows in runs
-            ]
+            groups = [(r, xp.zeros((r.stop - r.start, lengths[r.start]), dtype=xp.int64)) for r in runs]
             self.prompt_tokens[lengths] = groups
             if len(self.prompt_tokens) > PROMPT_PATTERNS:  # a chat's prompts grow: forget the oldest length
                 self.runner.forget(("prefill", next(iter(self.prompt_tokens))))
@@ -182,48 +154,61 @@ class Decoder:
         return self.prompt_tokens[lengths]
 
     def _prefill(self, groups: list[tuple[slice, Any]]) -> None:
-        """Device work only, so that it can be captured: the weights refreshed (a kept decoder's), the
-        prompts prefilled, their first tokens picked and recorded, a speculative step's first drafts made."""
+        """Device work only, so that it can be captured: a kept decoder's weights refreshed, the prompts
+        prefilled, their first tokens picked and recorded, a speculative step's first drafts made."""
         config, params, state, precision = self.config, self.params, self.state, self.precision
         if self.kept:
             inference_weights(config, params, self.drafters, self.weights, precision)
         logits, hidden = prefill(config, params, state, groups, precision)
-        state.record(self.picker.pick(logits, state))
+        state.record(state.pick(self.picker, logits[:, None])[:, 0])
         if self.drafters:
             draft(config, self.weights, state.last, state.drafts, hidden, self.tree, precision)
 
 
-def start(
+def lend_decoder(
     config: ModelConfig,
     params: dict[str, Any],
-    rows: list[list[int]],
-    limits: list[int],
-    stops: list[set[int]],
-    seeds: list[int | None],
+    batch: int,
     picker: Picker,
     tree: tuple[int, ...] | None,
     cuda_graph: bool,
     precision: ek.Precision,
-) -> Decoding:
-    """The state set, the prompts prefilled and their first tokens recorded, the step ready to run: in a
-    new Decoder, or on the GPU with cuda_graph in a kept one (decode_keep.py), lent to this decoding until
-    `finish`; tree: a speculative step's draft tree (greedy, its depth <= K - 1, drafts from the prefill's
-    last hidden states), None for plain steps."""
+) -> Decoder:
+    """A decoder for `batch` rows, busy until its caller sets `busy` back: on the GPU with cuda_graph the
+    kept one of this model (its config, arrays, device and precision) and batch shape, else a new one."""
     decoder = None
     if cuda_graph and ek.get_array_module(params["embed"]) is not np:
-
-        def make() -> Decoder:
-            drafters = drafting_heads(tree)
-            make_weights = partial(inference_weights, config, params, drafters, precision=precision)
-            weights = kept_weights(drafters, make_weights)
-            return Decoder(config, params, len(rows), picker, tree, cuda_graph, precision, True, weights)
-
-        decoder = kept_decoder(config, params, precision, (len(rows), picker, tree), make)
+        arrays = tuple((name, a.data.ptr, a.shape, a.dtype.str) for name, a in sorted(params.items()))
+        model, key = (config, arrays, params["embed"].device.id, precision), (batch, picker, tree)
+        with _lock:
+            if model != _kept_model[0]:  # only the latest model's decoders are kept
+                _kept.clear()
+                _weights.clear()
+                _kept_model[0] = model
+            decoder = _kept.get(key)
+            if decoder is None:
+                drafters = drafting_heads(tree)
+                if drafters not in _weights:
+                    _weights[drafters] = inference_weights(config, params, drafters, precision=precision)
+                weights = _weights[drafters]
+                decoder = Decoder(config, params, batch, picker, tree, True, precision, True, weights)
+                _kept[key] = decoder
+                while len(_kept) > KEPT_DECODERS:
+                    _kept.popitem(last=False)
+            if decoder.busy:  # another call streams from it: one of this call's own
+                decoder = None
+            else:
+                _kept.move_to_end(key)
+                decoder.busy = True
     if decoder is None:
-        decoder = Decoder(config, params, len(rows), picker, tree, cuda_graph, precision)
+        decoder = Decoder(config, params, batch, picker, tree, cuda_graph, precision)
         decoder.busy = True
-    try:
-        return decoder.begin(rows, limits, stops, seeds)
-    except BaseException:
-        decoder.busy = False  # a call that failed to start lends nothing
-        raise
+    return decoder
+
+
+def release_kept_decoders() -> None:
+    """Drop every kept decoder and their weights (a call still streaming keeps its own until it ends)."""
+    with _lock:
+        _kept.clear()
+        _weights.clear()
+        _kept_model[0] = None

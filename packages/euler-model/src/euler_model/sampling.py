@@ -1,14 +1,14 @@
 """Choosing the next token from rows of logits: repetition penalty, temperature, top-k, top-p.
 
-Every rule is written once, over rows (B, V) of NumPy or CuPy arrays, which the decode step runs on the
-device (decode_step.Picker). A sampled token is the inverse CDF of the filtered probabilities at one
-uniform draw u in [0, 1): the first token whose cumulative probability exceeds u. That is what NumPy's
-`Generator.choice(V, p=probs)` does with one `Generator.random()` (tests/model/host_sampling.py holds a
-one-row host sampler written that way, the reference the decoder is tested against).
+Every rule is written once, over rows (B, V) of NumPy or CuPy arrays, and runs on the device inside the
+decode step. A sampled token is the inverse CDF of the filtered probabilities at one uniform draw u in
+[0, 1), which is what NumPy's `Generator.choice(V, p=probs)` does with one `Generator.random()`
+(tests/model/host_sampling.py holds that one-row host sampler, the reference the decoder is tested against).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -75,3 +75,46 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
         raise ValueError(f"generate: top_p must be in (0, 1] or None, got {top_p}")
     if penalty <= 0:
         raise ValueError(f"generate: repetition_penalty must be > 0, got {penalty}")
+
+
+@dataclass(frozen=True)
+class Picker:
+    """How the next token is chosen from logits: greedy when temperature == 0, else sampled."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the pick is the plain argmax of the logits (no sampling, no penalty)."""
+        return self.temperature == 0.0 and self.repetition_penalty == 1.0
+
+    def pick(
+        self, z: Any, count: Any, seen: Any, drafts: Any, uniforms: Any, rows: Any, local: Any = None
+    ) -> tuple[Any, Any]:
+        """Tokens (G, T) and bad (G,) (rows sampled from probabilities that were not finite; None when
+        nothing was sampled) from the logits
+        z (G, T, V) of G rows of a DecodeState after each token a step fed them (the last, then T - 1
+        drafts): position i's token is what a plain step would pick were the drafts before it emitted, so
+        it takes the row's (count + i)-th draw and penalises drafts 1..i as seen. count (G,), seen (G, V),
+        drafts (G, T - 1): the rows' own; uniforms: the state's (B, W); rows (G,): their rows in it;
+        local (G,): arange(G), by default rows (every row of the state, in order)."""
+        xp = ek.get_array_module(z)
+        g, t, v = z.shape
+        if self.greedy:
+            return z.argmax(axis=-1), None  # in float64 the order, and so the first maximum, is the same
+        local = rows if local is None else local
+        fed_seen = xp.repeat(seen[:, None, :], t, axis=1)  # (G, T, V)
+        for i in range(1, t):  # positions i.. have also seen draft i
+            fed_seen[local[:, None], i:, drafts[:, i - 1 : i]] = True
+        draws = uniforms[rows[:, None], count[:, None] + xp.arange(t)].reshape(-1)  # (G T,)
+        z = penalize_rows(
+            z.reshape(g * t, v).astype(xp.float64), fed_seen.reshape(g * t, v), self.repetition_penalty
+        )
+        if self.temperature == 0.0:
+            return z.argmax(axis=-1).reshape(g, t), None
+        probs = sampling_probs(z, self.temperature, self.top_k, self.top_p)
+        bad = ~xp.isfinite(probs).all(axis=-1)
+        return inverse_cdf(probs, draws).reshape(g, t), bad.reshape(g, t).any(axis=1)

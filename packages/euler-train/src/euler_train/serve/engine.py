@@ -6,7 +6,7 @@ counters, stop set, draws and its slots of the KV cache). A thread runs the loop
     admit   each waiting request takes a free row: DecodeState.reset of that row, its prompt prefilled
             alone into the row's cache slots (trunk_forward with PrefillRows), its first token picked and
             recorded
-    step    one decode step for every row (euler_model.decode_hidden, then head 0): the logits (B, V); on
+    step    one decode step for every row (euler_model.decode_step.decode_logits): the logits (B, T, V); on
             the GPU this forward is one CUDA graph, replayed (decode_graph.py), the picks after it eager
     pick    each going row's token by its own sampling settings and draw, then DecodeState.record
     emit    each request gets its new token (with its log-probability and the top alternatives when it
@@ -33,8 +33,9 @@ import euler_kernels as ek
 from euler_model.decode_graph import decode_runner
 from euler_model.decode_speculative import draft, drafting_heads, speculation
 from euler_model.decode_state import DecodeState, PrefillRows
-from euler_model.decode_step import Picker, attention_window, decode_hidden, inference_weights
+from euler_model.decode_step import attention_window, decode_logits, inference_weights
 from euler_model.model import trunk_forward
+from euler_model.sampling import Picker
 from euler_train.sampling import SamplingModel
 
 
@@ -159,8 +160,7 @@ class Engine:
         """The request's prompt prefilled into `row`, its first token picked and recorded (and drafted
         after, when speculating)."""
         cfg, params, state, precision = self.model.mcfg, self.model.params, self.state, self.model.precision
-        draws = np.random.default_rng(request.seed).random(request.limit + 1)
-        state.reset([request.prompt], [request.limit], [request.stops], draws[None], first=row)
+        state.reset([request.prompt], [request.limit], [request.stops], [request.seed], first=row)
         self.rows[row] = request
         one = slice(row, row + 1)
         with self.runner.ordered():  # on the GPU: after the steps queued before, on their stream
@@ -203,15 +203,9 @@ class Engine:
     def _forward(self, window: int) -> None:
         """Every row's fed tokens (its last; when speculating, the drafts after it) through the model into
         self.logits (B, T, V) and self.hidden (B T, C): device work only."""
-        cfg, state, precision = self.model.mcfg, self.state, self.model.precision
-        tokens = None
-        if self.tree is not None:  # (B, T): last, then the drafts (copies: no host arrays in a graph)
-            tokens = state.fed
-            tokens[:, 0], tokens[:, 1:] = state.last, state.drafts
-        h = decode_hidden(cfg, self.weights, state, window, tokens, None, precision)  # (B T, C)
-        self.hidden[...] = h
-        z = ek.decode_linear_forward(h, self.weights["heads.0"], precision=precision)  # (B T, V)
-        self.logits[...] = z.reshape(self.logits.shape)
+        h, z = decode_logits(self.model.mcfg, self.weights, self.state, window, None, self.model.precision)
+        self.hidden[...] = h  # (B T, C)
+        self.logits[...] = z  # (B, T, V)
 
     def _pick(self, z: Any, rows: range) -> Any:
         """Pick and record the tokens of `rows` (adjacent rows; z (len(rows), T, V) their logits after each
@@ -229,16 +223,16 @@ class Engine:
             local = xp.asarray(np.asarray(members))
             at = local + rows.start  # the members' rows of the state
             count, seen, drafts = state.count[at], state.seen[at], state.drafts[at]
-            chosen, bad = picker.pick_fed_rows(
+            chosen, bad = picker.pick(
                 z[local], count, seen, drafts, state.uniforms, at, xp.arange(len(members))
             )
             tokens[local] = chosen
-            state.bad[at] |= bad
+            if bad is not None:
+                state.bad[at] |= bad
         if t > 1:
             return state.accept(tokens, None)
         part = slice(rows.start, rows.stop)
-        buffers = (state.out, state.last, state.pos, state.count, state.stopped_by, state.done, state.seen)
-        ek.decode_record(tokens[:, 0], *(a[part] for a in buffers), state.stop[part], state.limit[part])
+        ek.decode_record(tokens[:, 0], *(a[part] for a in state.emitted), state.stop[part], state.limit[part])
         return None
 
     def _emit(self, rows: range, before: np.ndarray, z: Any, speculated: tuple | None = None) -> None:
