@@ -1,4 +1,4 @@
-"""The decoder of a batch: its inference weights, its DecodeState, its step and the step's runner.
+"""The decode loop of a batch, and the Decoder it runs in: inference weights, DecodeState, step and runner.
 
 A call's prompts are prefilled by the training forward (trunk_forward; the prompts of one length together,
 in adjacent rows), each layer writing its keys and values straight into those rows of the static cache;
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from functools import partial
 from typing import Any
 
@@ -23,10 +23,17 @@ import numpy as np
 import euler_kernels as ek
 from euler_kernels import draft_tree
 from euler_model.config import ModelConfig
+from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_graph import decode_runner
-from euler_model.decode_speculative import draft, drafting_heads
 from euler_model.decode_state import DecodeState, PrefillRows, copy_in
-from euler_model.decode_step import attention_window, decode_step, inference_weights
+from euler_model.decode_step import (
+    Tree,
+    attention_window,
+    decode_step,
+    draft,
+    drafting_heads,
+    inference_weights,
+)
 from euler_model.model import trunk_forward
 from euler_model.sampling import Picker
 
@@ -41,7 +48,7 @@ _lock = threading.Lock()  # two threads must not be lent one decoder
 
 def prefill(
     config: ModelConfig,
-    params: dict[str, Any],
+    params: dict,
     state: DecodeState,
     groups: list[tuple[slice, Any]],
     precision: ek.Precision,
@@ -63,32 +70,29 @@ def prefill(
 
 
 class Decoder:
-    """What B rows decode with, made once and lent to one call at a time (`begin`, then `step` until
-    `ahead` says 0; busy until the caller is done). tree: a speculative step's draft tree, None for plain
-    steps. kept: the decoder serves call after call (module docstring); weights: inference weights to use
-    (the kept decoders share theirs), by default made here."""
+    """What B rows decode with, made once and lent to one call at a time (see `decode`). tree: the draft
+    tree of a speculative step, None for plain steps. weights: the shared weight copies of a kept decoder,
+    which refreshes them from params at each call; None: made here."""
 
     def __init__(
         self,
         config: ModelConfig,
-        params: dict[str, Any],
+        params: dict,
         batch: int,
         picker: Picker,
-        tree: tuple[int, ...] | None,
+        tree: Tree,
         cuda_graph: bool,
         precision: ek.Precision,
-        kept: bool = False,
-        weights: dict[str, Any] | None = None,
+        weights: dict | None = None,
     ) -> None:
         xp = ek.get_array_module(params["embed"])
         self.config, self.params, self.picker, self.precision = config, params, picker, precision
-        self.kept = kept
         self.fed = 1 if tree is None else len(tree) + 1  # tokens a step feeds a row
         self.state = DecodeState.allocate(config, xp, params["embed"].dtype, batch, self.fed - 1)
-        self.drafters = drafting_heads(tree)
-        if weights is None:
-            weights = inference_weights(config, params, self.drafters, precision=precision)
-        self.weights = weights
+        self.drafters, self.kept = drafting_heads(tree), weights is not None
+        self.weights = (
+            weights if self.kept else inference_weights(config, params, self.drafters, precision=precision)
+        )
         self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
         step = partial(decode_step, config, self.weights, self.state, picker, self.tree, precision)
         self.runner = decode_runner(step, xp, cuda_graph)
@@ -167,10 +171,10 @@ class Decoder:
 
 def lend_decoder(
     config: ModelConfig,
-    params: dict[str, Any],
+    params: dict,
     batch: int,
     picker: Picker,
-    tree: tuple[int, ...] | None,
+    tree: Tree,
     cuda_graph: bool,
     precision: ek.Precision,
 ) -> Decoder:
@@ -190,9 +194,9 @@ def lend_decoder(
                 drafters = drafting_heads(tree)
                 if drafters not in _weights:
                     _weights[drafters] = inference_weights(config, params, drafters, precision=precision)
-                weights = _weights[drafters]
-                decoder = Decoder(config, params, batch, picker, tree, True, precision, True, weights)
-                _kept[key] = decoder
+                decoder = _kept[key] = Decoder(
+                    config, params, batch, picker, tree, True, precision, _weights[drafters]
+                )
                 while len(_kept) > KEPT_DECODERS:
                     _kept.popitem(last=False)
             if decoder.busy:  # another call streams from it: one of this call's own
@@ -212,3 +216,51 @@ def release_kept_decoders() -> None:
         _kept.clear()
         _weights.clear()
         _kept_model[0] = None
+
+
+def decode(
+    config: ModelConfig,
+    params: dict,
+    prompts: list[list[int]],
+    limits: list[int],
+    stops: list[set[int]],
+    seeds: list,
+    picker: Picker,
+    tree: Tree,
+    cuda_graph: bool,
+    precision: ek.Precision,
+    stats: Any,
+    most: int,
+) -> Iterator[tuple[Decoder, bool]]:
+    """The one decode loop: a lent decoder's prompts prefilled, then its rows stepped together until every
+    row is done. Yields (the decoder, whether every row is done) after the prefill and after each run of at
+    most `most` steps, the steps finished so that the caller may read the state; gives the decoder back
+    after the last (or when the caller stops early). stats: a GenerationStats, counted into. The steps run
+    with BLAS at one thread (NumPy: small products), the caller's work between them as it was."""
+    hold = partial(one_blas_thread_for, params["embed"])
+    with hold():
+        decoder = lend_decoder(config, params, len(prompts), picker, tree, cuda_graph, precision)
+        try:
+            decoder.begin(prompts, limits, stops, seeds)
+        except BaseException:
+            decoder.busy = False  # a call that failed to start lends nothing
+            raise
+    stats.forwards += len(prompts)
+    try:
+        while True:
+            with hold():
+                ahead = decoder.ahead(most)
+            decoder.runner.synchronize()  # the steps queued on the GPU are done
+            yield decoder, ahead == 0
+            if ahead == 0:
+                return
+            with hold():
+                for _ in range(ahead):
+                    decoder.step()
+            stats.forwards += ahead
+    finally:
+        decoder.runner.synchronize()
+        stats.drafted += int(decoder.state.drafted.sum())
+        stats.accepted += int(decoder.state.accepted.sum())
+        stats.decode = decoder.runner.mode
+        decoder.busy = False  # a kept decoder may serve the next call

@@ -8,7 +8,7 @@ the step has a fixed shape, but nothing of it changes any more.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -44,35 +44,18 @@ class DecodeState:
 
     @classmethod
     def allocate(cls, config: ModelConfig, xp: Any, dtype: Any, batch: int, drafts: int = 0) -> DecodeState:
-        """Zeroed buffers for `batch` rows and M = `drafts`; `reset` then starts rows in them, call after
-        call."""
-        b, v, width = batch, config.vocab_size, config.context
-        shape = (config.n_layers, b, config.n_kv_heads, config.context + drafts, config.head_dim)
-
-        def ids(*size: int) -> Any:
-            return xp.zeros(size, dtype=xp.int64)
-
-        return cls(
-            k=xp.zeros(shape, dtype=dtype),
-            v=xp.zeros(shape, dtype=dtype),
-            last=ids(b),
-            pos=ids(b),
-            count=ids(b),
-            limit=ids(b),
-            done=xp.zeros(b, dtype=bool),
-            stopped_by=ids(b),
-            stop=xp.zeros((b, v), dtype=bool),
-            seen=xp.zeros((b, v), dtype=bool),
-            uniforms=xp.zeros((b, width + 1 + drafts), dtype=xp.float64),  # a step's last draft: count + M
-            out=ids(b, width + 1),
-            bad=xp.zeros(b, dtype=bool),
-            rows=xp.asarray(np.arange(b, dtype=np.int64)),
-            drafts=ids(b, drafts),
-            drafted=ids(b),
-            accepted=ids(b),
-            first_fed=xp.asarray(np.arange(b, dtype=np.int64) * (drafts + 1)),
-            fed=ids(b, drafts + 1),
-        )
+        """Zeroed buffers for `batch` rows and M = `drafts`, in which `reset` starts rows call after call."""
+        b, n, m, v = batch, config.context, drafts, config.vocab_size
+        cache = (config.n_layers, b, config.n_kv_heads, n + m, config.head_dim)
+        shapes = {"k": cache, "v": cache, "stop": (b, v), "seen": (b, v), "uniforms": (b, n + 1 + m)}
+        shapes |= {"out": (b, n + 1), "drafts": (b, m), "fed": (b, m + 1)}  # the others (B,)
+        kinds = {"k": dtype, "v": dtype, "done": bool, "stop": bool, "seen": bool, "bad": bool}
+        kinds |= {"uniforms": xp.float64}  # the others int64
+        buffers = {f.name: xp.zeros(shapes.get(f.name, b), kinds.get(f.name, xp.int64)) for f in fields(cls)}
+        state = cls(**buffers)
+        copy_in(state.rows, np.arange(b))
+        copy_in(state.first_fed, np.arange(b) * (m + 1))
+        return state
 
     def reset(
         self,
@@ -86,32 +69,23 @@ class DecodeState:
         running batch between steps (the other rows go on). Row j gets prompt j (1..context-1 ids), its
         limit and stop set, and the first max(limits) + 1 draws of numpy.random.default_rng(seeds[j]); its
         counters and cache are zeroed (a prefill then writes the prompt's slots: PrefillRows)."""
-        b, v = len(prompts), self.stop.shape[1]
-        stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
+        b, v, width = len(prompts), self.stop.shape[1], max(limits) + 1
+        stop, seen = np.zeros((b, v), bool), np.zeros((b, v), bool)
         draws = np.zeros((b, self.uniforms.shape[1]))
         for i, (prompt, row_stops, seed) in enumerate(zip(prompts, stops, seeds)):
             stop[i, [t for t in sorted(row_stops) if 0 <= t < v]] = True  # others can never come
             seen[i, prompt] = True
-            draws[i, : max(limits) + 1] = np.random.default_rng(seed).random(max(limits) + 1)
-        limit = np.asarray(limits, dtype=np.int64)
-        values = {
-            "last": np.asarray([p[-1] for p in prompts], dtype=np.int64),
-            "pos": np.asarray([len(p) - 1 for p in prompts], dtype=np.int64),
-            "limit": limit,
-            "done": limit <= 0,
-            "stop": stop,
-            "seen": seen,
-            "uniforms": draws,
-        }
-        rows = slice(first, first + b)
-        for name, value in values.items():
-            copy_in(getattr(self, name)[rows], value)
-        for name in ("count", "out", "drafts", "drafted", "accepted"):
+            draws[i, :width] = np.random.default_rng(seed).random(width)
+        rows, limit = slice(first, first + b), np.asarray(limits)
+        for name in ("count", "out", "drafts", "drafted", "accepted", "bad"):
             getattr(self, name)[rows].fill(0)
         self.k[:, rows].fill(0)
         self.v[:, rows].fill(0)
         self.stopped_by[rows].fill(-1)
-        self.bad[rows].fill(False)
+        values = {"last": [p[-1] for p in prompts], "pos": [len(p) - 1 for p in prompts], "limit": limit}
+        values |= {"done": limit <= 0, "stop": stop, "seen": seen, "uniforms": draws}
+        for name, value in values.items():
+            copy_in(getattr(self, name)[rows], np.asarray(value))
 
     def end_row(self, row: int) -> None:
         """End a row where it is (a request that left), its position back to the first slot so that it

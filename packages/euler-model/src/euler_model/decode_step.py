@@ -1,13 +1,25 @@
-"""One decode step of a batch, written for CUDA-graph capture: every row's fed tokens in, its next out.
+"""One decode step of a batch, plain or speculative, written for CUDA-graph capture:
 
     last (B,) [+ drafts (B, M)] at pos (B,) -> embed -> n_layers x blocks.layer_decode -> rmsnorm -> head 0
     -> logits (B, T, V) -> DecodeState.pick -> DecodeState.record (or .accept, then the next drafts)
 
-Everything that changes from step to step lives in the DecodeState's buffers and is updated in place; the
-step reads nothing back to the host and has the same shapes at every step with the same attention window
-(the cache slots it reads, picked by the host from the step count alone), so the same code runs eagerly
-and captured as one CUDA graph per window (decode_graph.py). The layers run their blocks' decode step
-(blocks.py, beside their training forward and backward) on the inference form of the weights.
+The step updates the DecodeState's buffers in place, reads nothing back to the host and has the same
+shapes at every step with the same attention window (the cache slots it reads), so the same code runs
+eagerly and captured as one CUDA graph per window (decode_graph.py). Each layer runs its blocks' decode
+step (blocks.py, beside their training forward and backward) on the inference form of the weights.
+
+Speculative decoding: the step feeds each row its newest token `last` and the M drafts that the MTP heads
+1..M guessed after it; head 0's token after each fed token is picked as a plain step would pick it there
+(its draw and seen tokens), and the drafts head 0 agrees with, from the first on, are accepted:
+
+    fed    last   d1   d2   d3        head 0 after each: g0 g1 g2 g3
+    d1 == g0 and d2 == g1, d3 != g2  ->  emit g0 g1 g2 (2 drafts accepted); g2 is the new `last`
+
+so the tokens are plain decoding's, greedy or sampled, in fewer steps. Rejected drafts' keys sit past the
+row's position, never read before the next step overwrites them. The drafts may form a draft tree
+(euler_kernels.draft_tree: each names its parent) so that a head's second guess is tried beside its best;
+a tree decodes greedily, and its branches, verified at other slots than their positions, may flip a
+near-tie that float rounding decides (a chain computes bit for bit what plain steps do).
 """
 
 from __future__ import annotations
@@ -17,20 +29,21 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_kernels import draft_tree
 from euler_model.blocks import layer_decode
 from euler_model.config import ModelConfig
-from euler_model.decode_speculative import draft
 from euler_model.decode_state import DecodeState
 from euler_model.model import rope_for
 
 WINDOW = 64  # attention reads the cache in multiples of this many slots (one CUDA graph per multiple)
+Tree = tuple[int, ...] | None  # a draft tree: each draft's parent (None: plain steps, or a chain)
 
 
 def inference_weights(
     config: ModelConfig,
-    params: dict[str, Any],
+    params: dict,
     drafters: int = 0,
-    into: dict[str, Any] | None = None,
+    into: dict | None = None,
     precision: ek.Precision = ek.EXACT,
 ) -> dict[str, Any]:
     """The decode step's weights: params plus each layer's q/k/v projections joined as `wqkv` and its
@@ -92,60 +105,39 @@ def attention_window(config: ModelConfig, last_position: int, kernel: bool = Fal
     return min(slots, (last_position // WINDOW + 1) * WINDOW)
 
 
-def decode_hidden(
-    config: ModelConfig,
-    weights: dict[str, Any],
-    state: DecodeState,
-    window: int,
-    tokens: Any = None,
-    tree: tuple[int, ...] | None = None,
-    precision: ek.Precision = ek.EXACT,
-) -> Any:
-    """The final-normed hidden states (B T, C) after feeding each row T tokens at slots pos[b]..pos[b] +
-    T - 1: tokens (B, T), by default its last token (T = 1); tree: the fed tokens' parents (None: a chain).
-    Attention reads the first `window` slots of the cache. precision: how float32 weights are multiplied."""
-    bf16 = ek.is_bf16(weights["heads.0"])  # bf16 copies: attention and the final norm write bf16
+def decode_logits(
+    config: ModelConfig, weights: dict, state: DecodeState, window: int, tree: Tree, precision: ek.Precision
+) -> tuple[Any, Any]:
+    """Feed every row its last token and its M drafts after it (T = M + 1 tokens at slots pos[b]..pos[b] +
+    M), attention reading the first `window` slots: the final-normed hidden states (B T, C) and head 0's
+    logits (B, T, V) after each fed token."""
+    b, t = state.fed.shape
+    ids = state.last  # (B T,)
+    if t > 1:  # last, then the drafts (copies: no host arrays, so a graph can record them)
+        state.fed[:, 0], state.fed[:, 1:] = state.last, state.drafts
+        ids = state.fed.reshape(-1)
+    bf16 = ek.is_bf16(weights["heads.0"])  # bf16 weight copies: attention and the final norm write bf16
     rope = (*rope_for(config, weights["embed"], state.k.shape[3]), window, bf16)  # (S, D/2) tables, ...
-    ids = state.last if tokens is None else tokens.reshape(-1)  # (B T,)
     x = weights["embed"].take(ids, axis=0)  # (B T, C): the residual stream
     for i in range(config.n_layers):
         x = layer_decode(config, weights, i, x, state, rope, tree, precision)
     bf16_out = bf16 and not config.mtp_conditioned  # conditioned heads add to it: float32
-    return ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16_out)[0]
-
-
-def decode_logits(
-    config: ModelConfig,
-    weights: dict[str, Any],
-    state: DecodeState,
-    window: int,
-    tree: tuple[int, ...] | None,
-    precision: ek.Precision,
-) -> tuple[Any, Any]:
-    """Feed every row its last token and its M drafts after it (T = M + 1): the hidden states (B T, C) and
-    head 0's logits (B, T, V) after each fed token."""
-    b, t = state.fed.shape
-    tokens = None
-    if t > 1:  # (B, T): last, then the drafts (copies: no host arrays, so a graph can record them)
-        tokens = state.fed
-        tokens[:, 0], tokens[:, 1:] = state.last, state.drafts
-    h = decode_hidden(config, weights, state, window, tokens, tree, precision)  # (B T, C)
+    h = ek.rmsnorm_forward(x, weights["norm"], config.norm_eps, bf16_out=bf16_out)[0]  # (B T, C)
     z = ek.decode_linear_forward(h, weights["heads.0"], precision=precision)  # (B T, V)
     return h, z.reshape(b, t, -1)
 
 
 def decode_step(
     config: ModelConfig,
-    weights: dict[str, Any],
+    weights: dict,
     state: DecodeState,
     picker: Any,
-    tree: tuple[int, ...] | None,
+    tree: Tree,
     precision: ek.Precision,
     window: int,
 ) -> None:
-    """One step for every row (device work only, in place): plain, its next token recorded; speculative
-    (M > 0 drafts), head 0's tokens emitted along the drafts it agrees with (decode_speculative.py) and
-    the next drafts made. picker: a sampling.Picker; tree and window as in decode_hidden."""
+    """One step for every row, device work only: head 0's token picked (sampling.Picker) after each fed
+    token and recorded; when speculating, the drafts head 0 agrees with accepted and the next ones made."""
     h, z = decode_logits(config, weights, state, window, tree, precision)
     g = state.pick(picker, z)  # (B, T) head 0's token after each fed one
     if g.shape[1] == 1:
@@ -155,3 +147,65 @@ def decode_step(
     # the hidden state whose head 0 gave the new last token: row b's fed token chosen[b], row b T + chosen[b]
     picked_at = ek.get_array_module(h).take(h, state.first_fed + chosen, axis=0)  # (B, C)
     draft(config, weights, state.last, state.drafts, picked_at, tree, precision)
+
+
+def draft(
+    config: ModelConfig, weights: dict, last: Any, drafts: Any, h: Any, tree: Tree, precision: ek.Precision
+) -> None:
+    """Set drafts (B, M) to the drafting heads' guesses at the hidden rows h (B, C), placed in the draft
+    tree (None: a chain, each head's best); last (B,): the rows' newest tokens. Conditioned heads draft
+    one after the other: head k reads h + P_k e(the token before its guess)."""
+    if not config.mtp_conditioned:
+        z = ek.decode_linear_forward(h, weights["drafters"], precision=precision)  # (B, M V)
+        ek.decode_draft(z.reshape(h.shape[0], -1, config.vocab_size), drafts, tree)
+        return
+    before = last  # (B,) the token head k's guess follows
+    for k in range(1, drafts.shape[1] + 1):
+        e = weights["embed"].take(before, axis=0)  # (B, C)
+        a = ek.decode_linear_forward(
+            e, weights[f"heads_cond.{k}"], residual=h, precision=precision
+        )  # h + P_k e
+        z = ek.decode_linear_forward(a, weights[f"heads.{k}"], precision=precision)  # (B, V)
+        drafts[:, k - 1] = z.argmax(axis=-1)
+        before = drafts[:, k - 1]
+
+
+def default_draft_tree(config: ModelConfig) -> tuple[int, ...]:
+    """The draft tree used unless told: head 1's best guess alone; with conditioned heads a chain of two,
+    accepted often enough to pay for a third fed token (docs/benchmarks/generate.md)."""
+    return draft_tree.chain(min(2, config.n_mtp_heads - 1) if config.mtp_conditioned else 1)
+
+
+def checked_draft_tree(config: ModelConfig, tree: Tree) -> tuple[int, ...]:
+    """The draft tree to use (None: the default), checked against the model's heads; ValueError if bad."""
+    tree = default_draft_tree(config) if tree is None else tuple(int(p) for p in tree)
+    draft_tree.check_parents(tree)
+    if not tree or drafting_heads(tree) > config.n_mtp_heads - 1:
+        raise ValueError(
+            f"a draft tree needs 1 to {config.n_mtp_heads - 1} levels (the model's drafting heads), "
+            f"got {tree}"
+        )
+    if config.mtp_conditioned and tree != draft_tree.chain(len(tree)):
+        raise ValueError(f"conditioned heads (mtp_conditioned) draft chains only, got the tree {tree}")
+    return tree
+
+
+def speculation(
+    config: ModelConfig, tree: Tree, speculative: bool, temperature: float, penalty: float
+) -> Tree:
+    """The checked draft tree a decoding runs with, or None for plain steps (also for a model with one
+    head); a sampled or penalised decoding takes chains only."""
+    if not speculative or config.n_mtp_heads < 2:
+        return None
+    tree = checked_draft_tree(config, tree)
+    if (temperature != 0.0 or penalty != 1.0) and tree != draft_tree.chain(len(tree)):
+        raise ValueError(
+            f"a draft tree with branches ({tree}) decodes greedily only (temperature 0, repetition_penalty "
+            "1); sampling drafts chains"
+        )
+    return tree
+
+
+def drafting_heads(tree: Tree) -> int:
+    """How many heads (1..M) a draft tree's drafts come from: its depth (0 for None: plain steps)."""
+    return 0 if tree is None else max(draft_tree.depths(tree))

@@ -1,8 +1,8 @@
 """Generation: `generate_batch` decodes B prompts together, `generate` streams a batch of one.
 
-Both run one decode loop (_decoding): a lent Decoder (decode_batch.py) prefills the prompts, then steps
+Both run one decode loop (decode): a lent Decoder (decode_batch.py) prefills the prompts, then steps
 every row together until each has met a stop token or its limit, plain or speculative (heads 1..K-1
-draft, head 0 verifies: the same tokens in fewer steps, decode_speculative.py). Row b draws its uniforms
+draft, head 0 verifies: the same tokens in fewer steps, decode_step.py). Row b draws its uniforms
 from numpy.random.default_rng(seeds[b]) in order, so its tokens are those of
 `generate(prompts[b], max_new_tokens[b], seed=seeds[b], ...)`: a row's arithmetic never depends on its
 neighbours (up to the rounding of a batched product, which decides a token only at a tie).
@@ -19,10 +19,9 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
-from euler_model.cpu_threads import one_blas_thread_for
-from euler_model.decode_batch import Decoder, lend_decoder
-from euler_model.decode_speculative import speculation
-from euler_model.sampling import Picker, check_sampling_args
+from euler_model.decode_batch import Decoder, decode
+from euler_model.decode_step import Tree, speculation
+from euler_model.sampling import Picker
 
 SYNC_EVERY = 16  # on the GPU, the most decode steps between two looks at how far the rows are
 
@@ -57,63 +56,11 @@ class Completion:
     stop: int | None
 
 
-def _decoding(
-    config: ModelConfig,
-    params: dict[str, Any],
-    rows: list[list[int]],
-    limits: list[int],
-    stops: list[set[int]],
-    seeds: list[int | None],
-    picker: Picker,
-    tree: tuple[int, ...] | None,
-    cuda_graph: bool,
-    precision: ek.Precision,
-    stats: GenerationStats,
-    most: int,
-) -> Iterator[tuple[Decoder, bool]]:
-    """The decode loop: (the decoder, whether every row is done) after the prefill and after each run of
-    at most `most` steps, the steps finished so that the caller may read its state; the decoder is given
-    back after the last (or when the caller stops early). The steps run with BLAS at one thread (NumPy:
-    small products), the caller's work between them as it was."""
-    hold = partial(one_blas_thread_for, params["embed"])
-    with hold():
-        decoder = lend_decoder(config, params, len(rows), picker, tree, cuda_graph, precision)
-        try:
-            decoder.begin(rows, limits, stops, seeds)
-        except BaseException:
-            decoder.busy = False  # a call that failed to start lends nothing
-            raise
-    stats.forwards += len(rows)
-    try:
-        while True:
-            with hold():
-                ahead = decoder.ahead(most)
-            decoder.runner.synchronize()  # the steps queued on the GPU are done
-            yield decoder, ahead == 0
-            if ahead == 0:
-                return
-            with hold():
-                for _ in range(ahead):
-                    decoder.step()
-            stats.forwards += ahead
-    finally:
-        decoder.runner.synchronize()
-        stats.drafted += int(decoder.state.drafted.sum())
-        stats.accepted += int(decoder.state.accepted.sum())
-        stats.decode = decoder.runner.mode
-        decoder.busy = False  # a kept decoder may serve the next call
-
-
 def _checked(
-    config: ModelConfig,
-    what: str,
-    prompts: list[Sequence[int]],
-    sampling: tuple,
-    speculative: bool,
-    tree: Any,
-) -> tuple[list[list[int]], tuple[int, ...] | None, Picker]:
-    """(the prompts as lists of ints, the draft tree or None, the picker); ValueError for a bad argument:
-    a prompt needs 1 to context - 1 ids of the vocabulary."""
+    config: ModelConfig, what: str, prompts: list, sampling: tuple, speculative: bool, tree: Tree
+) -> tuple[list[list[int]], Tree, Picker]:
+    """(the prompts as lists of ints, the draft tree or None, the picker of the sampling arguments); a
+    ValueError for a bad argument (a prompt needs 1 to context - 1 ids of the vocabulary)."""
     rows = []
     for i, prompt in enumerate(prompts):
         name = f"{what}: the prompt" if what == "generate" else f"{what}: prompt {i}"
@@ -123,9 +70,17 @@ def _checked(
         if min(row) < 0 or max(row) >= config.vocab_size:
             raise ValueError(f"{name} ids must be in [0, {config.vocab_size}), got {min(row)}..{max(row)}")
         rows.append(row)
-    check_sampling_args(*sampling)
+    temperature, top_k, top_p, penalty = sampling
+    if temperature < 0:
+        raise ValueError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be >= 1 or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"generate: top_p must be in (0, 1] or None, got {top_p}")
+    if penalty <= 0:
+        raise ValueError(f"generate: repetition_penalty must be > 0, got {penalty}")
     try:
-        tree = speculation(config, tree, speculative, sampling[0], sampling[3])
+        tree = speculation(config, tree, speculative, temperature, penalty)
     except ValueError as err:
         raise ValueError(f"{what}: {err}") from None
     return rows, tree, Picker(*sampling)
@@ -159,7 +114,7 @@ def generate(
     (prompt,), tree, picker = _checked(config, "generate", [prompt_ids], sampling, speculative, draft_tree)
     limit = max(0, min(int(max_new_tokens), config.context - len(prompt)))  # the context's room
     stats = GenerationStats() if stats is None else stats
-    run = partial(_decoding, config, params, [prompt], [limit], [{int(t) for t in stop_tokens}], [seed])
+    run = partial(decode, config, params, [prompt], [limit], [{int(t) for t in stop_tokens}], [seed])
     return _streamed(run(picker, tree, True, precision, stats, 1), stats)
 
 
@@ -241,7 +196,7 @@ def generate_batch(
     stats = GenerationStats() if stats is None else stats
     most = 1 if ek.get_array_module(params["embed"]) is np else SYNC_EVERY
     args = (picker, tree, cuda_graph, precision, stats, most)
-    for decoder, done in _decoding(config, params, rows, limits, stops, row_seeds, *args):
+    for decoder, done in decode(config, params, rows, limits, stops, row_seeds, *args):
         if done:  # read before the decoder goes back
             bad = decoder.not_finite() if temperature > 0 else []
             results = [Completion(tokens, stop) for tokens, stop in decoder.results()]

@@ -65,18 +65,6 @@ def inverse_cdf(probs: Any, u: Any) -> Any:
     return (cdf <= u[:, None]).sum(axis=-1)  # the CDF never decreases: this is searchsorted(right)
 
 
-def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None, penalty: float) -> None:
-    """Raise a ValueError for an out-of-range sampling argument."""
-    if temperature < 0:
-        raise ValueError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"generate: top_k must be >= 1 or None, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"generate: top_p must be in (0, 1] or None, got {top_p}")
-    if penalty <= 0:
-        raise ValueError(f"generate: repetition_penalty must be > 0, got {penalty}")
-
-
 @dataclass(frozen=True)
 class Picker:
     """How the next token is chosen from logits: greedy when temperature == 0, else sampled."""

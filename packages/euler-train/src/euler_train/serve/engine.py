@@ -31,9 +31,15 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.decode_graph import decode_runner
-from euler_model.decode_speculative import draft, drafting_heads, speculation
 from euler_model.decode_state import DecodeState, PrefillRows
-from euler_model.decode_step import attention_window, decode_logits, inference_weights
+from euler_model.decode_step import (
+    attention_window,
+    decode_logits,
+    draft,
+    drafting_heads,
+    inference_weights,
+    speculation,
+)
 from euler_model.model import trunk_forward
 from euler_model.sampling import Picker
 from euler_train.sampling import SamplingModel
