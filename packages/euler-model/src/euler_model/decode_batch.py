@@ -132,16 +132,17 @@ class Decoder:
             left = int(xp.where(state.done, 0, state.limit - state.count).max())  # most tokens a row lacks
         return min(most, -(-left // self.fed))
 
-    def results(self) -> list[tuple[list[int], int | None]]:
-        """(tokens, the stop token that ended them or None) of each prompt, in the call's order."""
-        by_prompt: list[Any] = [None] * len(self.order)
-        for row, result in zip(self.order, self.state.results()):
-            by_prompt[row] = result
-        return by_prompt
-
-    def not_finite(self) -> list[int]:
-        """The call's prompts that sampled from probabilities that were not finite."""
-        return sorted(self.order[i] for i in np.flatnonzero(ek.to_numpy(self.state.bad)))
+    def results(self) -> list[tuple[list[int], int | None, bool]]:
+        """Each prompt's (tokens, the stop token that ended them or None, whether it sampled from
+        probabilities that were not finite), in the call's order."""
+        state = self.state
+        count, out, stopped, bad = (
+            ek.to_numpy(a) for a in (state.count, state.out, state.stopped_by, state.bad)
+        )
+        rows = np.argsort(self.order)  # the state's row of each prompt
+        return [
+            (out[r, : count[r]].tolist(), int(stopped[r]) if stopped[r] >= 0 else None, bad[r]) for r in rows
+        ]
 
     def _prompt_tokens(self, lengths: tuple[int, ...]) -> list[tuple[slice, Any]]:
         """(adjacent rows, their tokens' device buffer (G, T)) for each prompt length of `lengths`
@@ -164,7 +165,7 @@ class Decoder:
         if self.kept:
             inference_weights(config, params, self.drafters, self.weights, precision)
         logits, hidden = prefill(config, params, state, groups, precision)
-        state.record(state.pick(self.picker, logits[:, None])[:, 0])
+        state.record(self.picker.pick(logits[:, None], state)[:, 0])
         if self.drafters:
             draft(config, self.weights, state.last, state.drafts, hidden, self.tree, precision)
 

@@ -94,13 +94,6 @@ class DecodeState:
         self.done[one].fill(True)
         self.pos[one].fill(0)
 
-    def pick(self, picker: Any, z: Any) -> Any:
-        """Every row's tokens (B, T) from its logits z (B, T, V) after each fed token (sampling.Picker)."""
-        tokens, bad = picker.pick(z, self.count, self.seen, self.drafts, self.uniforms, self.rows)
-        if bad is not None:
-            self.bad |= bad
-        return tokens
-
     def record(self, token: Any) -> None:
         """Take each row's next token (B,): emitted by the rows still going unless it is a stop token; a
         stop token or the row's limit ends the row (ek.decode_record). Device work only."""
@@ -120,11 +113,6 @@ class DecodeState:
     def emitted(self) -> tuple:
         """The buffers that recording a token updates, in the order the decode_record kernels take them."""
         return (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
-
-    def results(self) -> list[tuple[list[int], int | None]]:
-        """(tokens, the stop token that ended the row or None) of every row, read back to the host."""
-        count, out, stopped = (ek.to_numpy(a) for a in (self.count, self.out, self.stopped_by))
-        return [(out[b, : count[b]].tolist(), int(s) if s >= 0 else None) for b, s in enumerate(stopped)]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One decode step of a batch, plain or speculative, written for CUDA-graph capture:
 
     last (B,) [+ drafts (B, M)] at pos (B,) -> embed -> n_layers x blocks.layer_decode -> rmsnorm -> head 0
-    -> logits (B, T, V) -> DecodeState.pick -> DecodeState.record (or .accept, then the next drafts)
+    -> logits (B, T, V) -> Picker.pick -> DecodeState.record (or .accept, then the next drafts)
 
 The step updates the DecodeState's buffers in place, reads nothing back to the host and has the same
 shapes at every step with the same attention window (the cache slots it reads), so the same code runs
@@ -139,7 +139,7 @@ def decode_step(
     """One step for every row, device work only: head 0's token picked (sampling.Picker) after each fed
     token and recorded; when speculating, the drafts head 0 agrees with accepted and the next ones made."""
     h, z = decode_logits(config, weights, state, window, tree, precision)
-    g = state.pick(picker, z)  # (B, T) head 0's token after each fed one
+    g = picker.pick(z, state)  # (B, T) head 0's token after each fed one
     if g.shape[1] == 1:
         state.record(g[:, 0])
         return

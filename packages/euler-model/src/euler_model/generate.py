@@ -198,11 +198,11 @@ def generate_batch(
     args = (picker, tree, cuda_graph, precision, stats, most)
     for decoder, done in decode(config, params, rows, limits, stops, row_seeds, *args):
         if done:  # read before the decoder goes back
-            bad = decoder.not_finite() if temperature > 0 else []
-            results = [Completion(tokens, stop) for tokens, stop in decoder.results()]
+            results = decoder.results()
+    bad = [i for i, (_, _, not_finite) in enumerate(results) if not_finite and temperature > 0]
     if bad:
         raise ValueError(
             f"generate_batch: the probabilities of prompts {bad} are not finite (NaN or inf logits)"
         )
-    stats.generated += sum(len(c.tokens) for c in results)
-    return results
+    stats.generated += sum(len(tokens) for tokens, _, _ in results)
+    return [Completion(tokens, stop) for tokens, stop, _ in results]

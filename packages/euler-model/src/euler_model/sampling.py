@@ -79,30 +79,31 @@ class Picker:
         """Whether the pick is the plain argmax of the logits (no sampling, no penalty)."""
         return self.temperature == 0.0 and self.repetition_penalty == 1.0
 
-    def pick(
-        self, z: Any, count: Any, seen: Any, drafts: Any, uniforms: Any, rows: Any, local: Any = None
-    ) -> tuple[Any, Any]:
-        """Tokens (G, T) and bad (G,) (rows sampled from probabilities that were not finite; None when
-        nothing was sampled) from the logits
-        z (G, T, V) of G rows of a DecodeState after each token a step fed them (the last, then T - 1
-        drafts): position i's token is what a plain step would pick were the drafts before it emitted, so
-        it takes the row's (count + i)-th draw and penalises drafts 1..i as seen. count (G,), seen (G, V),
-        drafts (G, T - 1): the rows' own; uniforms: the state's (B, W); rows (G,): their rows in it;
-        local (G,): arange(G), by default rows (every row of the state, in order)."""
+    def pick(self, z: Any, state: Any, rows: Any = None) -> Any:
+        """Tokens (G, T) from the logits z (G, T, V) of G rows of a DecodeState (rows (G,), default every
+        row) after each token a step fed them (the last, then T - 1 drafts). Position i's token is what a
+        plain step would pick were the drafts before it emitted: the row's (count + i)-th draw, drafts 1..i
+        seen by the repetition penalty. Rows that sampled from probabilities that were not finite are
+        marked in state.bad."""
         xp = ek.get_array_module(z)
         g, t, v = z.shape
         if self.greedy:
-            return z.argmax(axis=-1), None  # in float64 the order, and so the first maximum, is the same
-        local = rows if local is None else local
+            return z.argmax(axis=-1)  # in float64 the order, and so the first maximum, is the same
+        own = (state.count, state.seen, state.drafts)
+        count, seen, drafts = own if rows is None else (a[rows] for a in own)
+        at, local = (state.rows, state.rows) if rows is None else (rows, xp.arange(g))  # in the state, in z
         fed_seen = xp.repeat(seen[:, None, :], t, axis=1)  # (G, T, V)
         for i in range(1, t):  # positions i.. have also seen draft i
             fed_seen[local[:, None], i:, drafts[:, i - 1 : i]] = True
-        draws = uniforms[rows[:, None], count[:, None] + xp.arange(t)].reshape(-1)  # (G T,)
-        z = penalize_rows(
-            z.reshape(g * t, v).astype(xp.float64), fed_seen.reshape(g * t, v), self.repetition_penalty
-        )
+        z = z.reshape(g * t, v).astype(xp.float64)
+        z = penalize_rows(z, fed_seen.reshape(g * t, v), self.repetition_penalty)
         if self.temperature == 0.0:
-            return z.argmax(axis=-1).reshape(g, t), None
+            return z.argmax(axis=-1).reshape(g, t)
         probs = sampling_probs(z, self.temperature, self.top_k, self.top_p)
-        bad = ~xp.isfinite(probs).all(axis=-1)
-        return inverse_cdf(probs, draws).reshape(g, t), bad.reshape(g, t).any(axis=1)
+        bad = (~xp.isfinite(probs).all(axis=-1)).reshape(g, t).any(axis=1)  # (G,)
+        if rows is None:
+            state.bad |= bad
+        else:
+            state.bad[rows] |= bad
+        draws = state.uniforms[at[:, None], count[:, None] + xp.arange(t)]  # (G, T)
+        return inverse_cdf(probs, draws.reshape(-1)).reshape(g, t)

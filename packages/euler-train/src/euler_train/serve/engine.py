@@ -227,14 +227,7 @@ class Engine:
         tokens = xp.zeros((len(rows), t), dtype=xp.int64)
         for picker, members in groups.items():
             local = xp.asarray(np.asarray(members))
-            at = local + rows.start  # the members' rows of the state
-            count, seen, drafts = state.count[at], state.seen[at], state.drafts[at]
-            chosen, bad = picker.pick(
-                z[local], count, seen, drafts, state.uniforms, at, xp.arange(len(members))
-            )
-            tokens[local] = chosen
-            if bad is not None:
-                state.bad[at] |= bad
+            tokens[local] = picker.pick(z[local], state, local + rows.start)  # the members' rows of the state
         if t > 1:
             return state.accept(tokens, None)
         part = slice(rows.start, rows.stop)
