@@ -129,6 +129,8 @@ class Decoder:
         every row at its limit, at most `most`. A read back to the host (on the GPU a sync)."""
         state, xp = self.state, ek.get_array_module(self.state.done)
         with self.runner.ordered():
+            if most == 1:  # (a row that is not done has tokens left)
+                return 0 if state.done.all() else 1
             left = int(xp.where(state.done, 0, state.limit - state.count).max())  # most tokens a row lacks
         return min(most, -(-left // self.fed))
 
@@ -243,14 +245,13 @@ def decode(
         decoder = lend_decoder(config, params, len(prompts), picker, tree, cuda_graph, precision)
         try:
             decoder.begin(prompts, limits, stops, seeds)
+            ahead = decoder.ahead(most)
         except BaseException:
             decoder.busy = False  # a call that failed to start lends nothing
             raise
     stats.forwards += len(prompts)
     try:
         while True:
-            with hold():
-                ahead = decoder.ahead(most)
             decoder.runner.synchronize()  # the steps queued on the GPU are done
             yield decoder, ahead == 0
             if ahead == 0:
@@ -258,7 +259,8 @@ def decode(
             with hold():
                 for _ in range(ahead):
                     decoder.step()
-            stats.forwards += ahead
+                stats.forwards += ahead
+                ahead = decoder.ahead(most)
     finally:
         decoder.runner.synchronize()
         stats.drafted += int(decoder.state.drafted.sum())

@@ -19,6 +19,7 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.config import ModelConfig
+from euler_model.cpu_threads import one_blas_thread_for
 from euler_model.decode_batch import Decoder, decode
 from euler_model.decode_step import Tree, speculation
 from euler_model.sampling import Picker
@@ -196,9 +197,10 @@ def generate_batch(
     stats = GenerationStats() if stats is None else stats
     most = 1 if ek.get_array_module(params["embed"]) is np else SYNC_EVERY
     args = (picker, tree, cuda_graph, precision, stats, most)
-    for decoder, done in decode(config, params, rows, limits, stops, row_seeds, *args):
-        if done:  # read before the decoder goes back
-            results = decoder.results()
+    with one_blas_thread_for(params["embed"]):  # (decode holds it only while stepping)
+        for decoder, done in decode(config, params, rows, limits, stops, row_seeds, *args):
+            if done:  # read before the decoder goes back
+                results = decoder.results()
     bad = [i for i, (_, _, not_finite) in enumerate(results) if not_finite and temperature > 0]
     if bad:
         raise ValueError(

@@ -89,21 +89,26 @@ class Picker:
         g, t, v = z.shape
         if self.greedy:
             return z.argmax(axis=-1)  # in float64 the order, and so the first maximum, is the same
-        own = (state.count, state.seen, state.drafts)
-        count, seen, drafts = own if rows is None else (a[rows] for a in own)
-        at, local = (state.rows, state.rows) if rows is None else (rows, xp.arange(g))  # in the state, in z
-        fed_seen = xp.repeat(seen[:, None, :], t, axis=1)  # (G, T, V)
-        for i in range(1, t):  # positions i.. have also seen draft i
-            fed_seen[local[:, None], i:, drafts[:, i - 1 : i]] = True
+        every = rows is None
+        at = state.rows if every else rows  # (G,) the rows in the state
+        own = state.count, state.seen, state.drafts  # (G,), (G, V), (G, T - 1): the rows' own
+        count, seen, drafts = own if every else (a[rows] for a in own)
+        fed_seen, draws = seen[:, None, :], state.uniforms[at, count]  # (G, 1, V), (G,)
+        if t > 1:  # (G, T, V) and (G T,): positions i.. have also seen draft i; each takes its own draw
+            local = at if every else xp.arange(g)  # the rows in z
+            fed_seen = xp.repeat(fed_seen, t, axis=1)
+            for i in range(1, t):
+                fed_seen[local[:, None], i:, drafts[:, i - 1 : i]] = True
+            draws = state.uniforms[at[:, None], count[:, None] + xp.arange(t)].reshape(-1)
         z = z.reshape(g * t, v).astype(xp.float64)
         z = penalize_rows(z, fed_seen.reshape(g * t, v), self.repetition_penalty)
         if self.temperature == 0.0:
             return z.argmax(axis=-1).reshape(g, t)
         probs = sampling_probs(z, self.temperature, self.top_k, self.top_p)
-        bad = (~xp.isfinite(probs).all(axis=-1)).reshape(g, t).any(axis=1)  # (G,)
-        if rows is None:
+        bad = ~xp.isfinite(probs).all(axis=-1)  # (G T,)
+        bad = bad if t == 1 else bad.reshape(g, t).any(axis=1)
+        if every:
             state.bad |= bad
         else:
             state.bad[rows] |= bad
-        draws = state.uniforms[at[:, None], count[:, None] + xp.arange(t)]  # (G, T)
-        return inverse_cdf(probs, draws.reshape(-1)).reshape(g, t)
+        return inverse_cdf(probs, draws).reshape(g, t)
