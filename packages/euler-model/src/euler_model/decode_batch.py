@@ -90,9 +90,9 @@ class Decoder:
         self.fed = 1 if tree is None else len(tree) + 1  # tokens a step feeds a row
         self.state = DecodeState.allocate(config, xp, params["embed"].dtype, batch, self.fed - 1)
         self.drafters, self.kept = drafting_heads(tree), weights is not None
-        self.weights = (
-            weights if self.kept else inference_weights(config, params, self.drafters, precision=precision)
-        )
+        if not self.kept:
+            weights = inference_weights(config, params, self.drafters, precision=precision)
+        self.weights = weights
         self.tree = None if tree is None or tree == draft_tree.chain(len(tree)) else tree  # a chain: no masks
         step = partial(decode_step, config, self.weights, self.state, picker, self.tree, precision)
         self.runner = decode_runner(step, xp, cuda_graph)
@@ -102,18 +102,19 @@ class Decoder:
         self.order: list[int] = []  # row i of the state holds the call's prompt order[i]
         self.longest = self.steps = 0  # the call's longest prompt, and its steps so far
 
-    def begin(self, rows: list[list[int]], limits: list[int], stops: list[set[int]], seeds: list) -> None:
-        """Start a call: the state reset, the prompts prefilled (shortest first, so that the prompts of a
-        length are adjacent rows), their first tokens recorded and, speculating, drafted after."""
-        order = sorted(range(len(rows)), key=lambda b: len(rows[b]))
-        rows, limits, stops, seeds = ([values[b] for b in order] for values in (rows, limits, stops, seeds))
-        lengths = tuple(len(p) for p in rows)
+    def begin(self, rows: list[tuple[list[int], int, set[int], int | None]]) -> None:
+        """Start a call's rows (prompt, limit, stop set, seed): the state reset, the prompts prefilled
+        (shortest first, so that the prompts of a length are adjacent rows), their first tokens recorded
+        and, speculating, drafted after."""
+        order = sorted(range(len(rows)), key=lambda b: len(rows[b][0]))
+        prompts = [rows[b][0] for b in order]
+        lengths = tuple(len(p) for p in prompts)
         seen = lengths in self.prompt_tokens
         with self.runner.ordered():
-            self.state.reset(rows, limits, stops, seeds)
+            self.state.reset([rows[b] for b in order])
             groups = self._prompt_tokens(lengths)
             for members, tokens in groups:
-                copy_in(tokens, np.asarray(rows[members], dtype=np.int64))
+                copy_in(tokens, np.asarray(prompts[members], dtype=np.int64))
         # a pattern's prefill is recorded the second time it comes (a one-off prompt length costs no capture)
         self.runner.call(("prefill", lengths), partial(self._prefill, groups), capture=seen and self.kept)
         self.order, self.longest, self.steps = order, lengths[-1], 0
@@ -224,10 +225,7 @@ def release_kept_decoders() -> None:
 def decode(
     config: ModelConfig,
     params: dict,
-    prompts: list[list[int]],
-    limits: list[int],
-    stops: list[set[int]],
-    seeds: list,
+    rows: list[tuple[list[int], int, set[int], int | None]],
     picker: Picker,
     tree: Tree,
     cuda_graph: bool,
@@ -235,21 +233,21 @@ def decode(
     stats: Any,
     most: int,
 ) -> Iterator[tuple[Decoder, bool]]:
-    """The one decode loop: a lent decoder's prompts prefilled, then its rows stepped together until every
-    row is done. Yields (the decoder, whether every row is done) after the prefill and after each run of at
-    most `most` steps, the steps finished so that the caller may read the state; gives the decoder back
-    after the last (or when the caller stops early). stats: a GenerationStats, counted into. The steps run
-    with BLAS at one thread (NumPy: small products), the caller's work between them as it was."""
+    """The one decode loop: rows (prompt, limit, stop set, seed) started in a lent decoder, then stepped
+    together until every row is done. Yields (the decoder, whether every row is done) after the prefill
+    and after each run of at most `most` steps, once the steps are finished (the caller may read the
+    state); the decoder goes back after the last yield, or when the caller stops early. stats: a
+    GenerationStats, counted into. BLAS runs at one thread while stepping (NumPy: small products)."""
     hold = partial(one_blas_thread_for, params["embed"])
     with hold():
-        decoder = lend_decoder(config, params, len(prompts), picker, tree, cuda_graph, precision)
+        decoder = lend_decoder(config, params, len(rows), picker, tree, cuda_graph, precision)
         try:
-            decoder.begin(prompts, limits, stops, seeds)
+            decoder.begin(rows)
             ahead = decoder.ahead(most)
         except BaseException:
             decoder.busy = False  # a call that failed to start lends nothing
             raise
-    stats.forwards += len(prompts)
+    stats.forwards += len(rows)
     try:
         while True:
             decoder.runner.synchronize()  # the steps queued on the GPU are done

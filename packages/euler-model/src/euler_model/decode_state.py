@@ -57,18 +57,12 @@ class DecodeState:
         copy_in(state.first_fed, np.arange(b) * (m + 1))
         return state
 
-    def reset(
-        self,
-        prompts: list[list[int]],
-        limits: list[int],
-        stops: list[set[int]],
-        seeds: list[int | None],
-        first: int = 0,
-    ) -> None:
-        """Start rows first .. first + G - 1, G = len(prompts): a call's rows, or one request joining a
-        running batch between steps (the other rows go on). Row j gets prompt j (1..context-1 ids), its
-        limit and stop set, and the first max(limits) + 1 draws of numpy.random.default_rng(seeds[j]); its
-        counters and cache are zeroed (a prefill then writes the prompt's slots: PrefillRows)."""
+    def reset(self, rows: list[tuple[list[int], int, set[int], int | None]], first: int = 0) -> None:
+        """Start rows first .. first + G - 1 from G (prompt, limit, stop set, seed): a call's rows, or one
+        request joining a running batch between steps (the other rows go on). A row's draws are the first
+        n + 1 of numpy.random.default_rng(seed) (n: the largest limit); its counters and cache are zeroed
+        (a prefill then writes the prompt's slots: PrefillRows)."""
+        prompts, limits, stops, seeds = zip(*rows)
         b, v, width = len(prompts), self.stop.shape[1], max(limits) + 1
         stop, seen = np.zeros((b, v), bool), np.zeros((b, v), bool)
         draws = np.zeros((b, self.uniforms.shape[1]))

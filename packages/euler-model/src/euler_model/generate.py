@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -115,8 +114,8 @@ def generate(
     (prompt,), tree, picker = _checked(config, "generate", [prompt_ids], sampling, speculative, draft_tree)
     limit = max(0, min(int(max_new_tokens), config.context - len(prompt)))  # the context's room
     stats = GenerationStats() if stats is None else stats
-    run = partial(decode, config, params, [prompt], [limit], [{int(t) for t in stop_tokens}], [seed])
-    return _streamed(run(picker, tree, True, precision, stats, 1), stats)
+    row = (prompt, limit, {int(t) for t in stop_tokens}, seed)
+    return _streamed(decode(config, params, [row], picker, tree, True, precision, stats, 1), stats)
 
 
 def _streamed(decoding: Iterator[tuple[Decoder, bool]], stats: GenerationStats) -> Iterator[int]:
@@ -198,7 +197,7 @@ def generate_batch(
     most = 1 if ek.get_array_module(params["embed"]) is np else SYNC_EVERY
     args = (picker, tree, cuda_graph, precision, stats, most)
     with one_blas_thread_for(params["embed"]):  # (decode holds it only while stepping)
-        for decoder, done in decode(config, params, rows, limits, stops, row_seeds, *args):
+        for decoder, done in decode(config, params, list(zip(rows, limits, stops, row_seeds)), *args):
             if done:  # read before the decoder goes back
                 results = decoder.results()
     bad = [i for i, (_, _, not_finite) in enumerate(results) if not_finite and temperature > 0]

@@ -166,7 +166,7 @@ class Engine:
         """The request's prompt prefilled into `row`, its first token picked and recorded (and drafted
         after, when speculating)."""
         cfg, params, state, precision = self.model.mcfg, self.model.params, self.state, self.model.precision
-        state.reset([request.prompt], [request.limit], [request.stops], [request.seed], first=row)
+        state.reset([(request.prompt, request.limit, request.stops, request.seed)], first=row)
         self.rows[row] = request
         one = slice(row, row + 1)
         with self.runner.ordered():  # on the GPU: after the steps queued before, on their stream
