@@ -196,7 +196,7 @@ def attention_block_decode(
     """attention_block_forward's decode step, T new tokens per row against the static cache (state: a
     decode_state.DecodeState): the stream x (B T, C) -> x + the block's output; the norm rides in the
     joint q/k/v product (w: decode_step.inference_weights) and the addition in the output product.
-    rope: the tables, the window and whether attention writes bf16 (see decode_step.decode_hidden)."""
+    rope: the tables, the window and whether attention writes bf16 (see decode_step.decode_logits)."""
     eps = config.norm_eps
     qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], w[prefix + "attn_norm"], eps, precision=precision)
     b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
