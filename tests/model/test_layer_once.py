@@ -10,8 +10,8 @@ import numpy as np
 import euler_kernels as ek
 from euler_kernels import gradcheck_scalar
 from euler_model import blocks, forward_loss, generate, gradcheck_params, logits, loss_and_grads, preset
-from euler_model.decode_batch import prefill
-from euler_model.decode_state import DecodeState
+from euler_model.decode_state import DecodeState, PrefillRows
+from euler_model.model import trunk_forward
 from tests.model.test_generate import naive_greedy, scaled_params
 from tests.model.test_gradcheck import batch
 
@@ -22,7 +22,8 @@ def everything(cfg, params, tokens, targets, prompt):
     """(training loss, prefill logits (B, V) after each row's last token, greedy tokens after `prompt`)."""
     loss, _ = loss_and_grads(cfg, params, tokens, targets)
     state = DecodeState.allocate(cfg, np, params["embed"].dtype, tokens.shape[0])
-    z, _ = prefill(cfg, params, state, [(slice(0, tokens.shape[0]), tokens)], ek.EXACT)
+    h = trunk_forward(cfg, params, tokens, kv=PrefillRows(state, slice(0, tokens.shape[0])))[0]  # a prefill
+    z = ek.linear_forward(h[:, -1], params["heads.0"])[0]
     return loss, z, list(generate(cfg, params, prompt, 10, temperature=0.0))
 
 

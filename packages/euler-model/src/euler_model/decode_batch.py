@@ -46,29 +46,6 @@ _kept_model: list[Hashable] = [None]  # the model whose decoders are kept
 _lock = threading.Lock()  # two threads must not be lent one decoder
 
 
-def prefill(
-    config: ModelConfig,
-    params: dict,
-    state: DecodeState,
-    groups: list[tuple[slice, Any]],
-    precision: ek.Precision,
-) -> tuple[Any, Any]:
-    """The prompts through the trunk, one group of adjacent rows and their tokens (G, T) at a time, their
-    keys and values written into those rows of the state's caches: head 0's logits (B, V) after each last
-    token, and the hidden states (B, C) they came from."""
-    xp = ek.get_array_module(params["embed"])
-    b = sum(rows.stop - rows.start for rows, _ in groups)
-    logits = hidden = None
-    for rows, tokens in groups:
-        h = trunk_forward(config, params, tokens, kv=PrefillRows(state, rows), precision=precision)[0]
-        z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
-        if logits is None:
-            logits = xp.empty((b, z.shape[1]), dtype=z.dtype)  # (B, V)
-            hidden = xp.empty((b, h.shape[2]), dtype=h.dtype)  # (B, C)
-        logits[rows], hidden[rows] = z, h[:, -1]  # h (G, T, C)
-    return logits, hidden
-
-
 class Decoder:
     """What B rows decode with, made once and lent to one call at a time (see `decode`). tree: the draft
     tree of a speculative step, None for plain steps. weights: the shared weight copies of a kept decoder,
@@ -162,12 +139,20 @@ class Decoder:
         return self.prompt_tokens[lengths]
 
     def _prefill(self, groups: list[tuple[slice, Any]]) -> None:
-        """Device work only, so that it can be captured: a kept decoder's weights refreshed, the prompts
-        prefilled, their first tokens picked and recorded, a speculative step's first drafts made."""
+        """Device work only, so that it can be captured: a kept decoder's weights refreshed; the prompts
+        through the trunk, a group of adjacent rows and their tokens (G, T) at a time, each layer writing
+        its keys and values into those rows of the cache; head 0's token after each prompt picked and
+        recorded, and a speculative step's first drafts made."""
         config, params, state, precision = self.config, self.params, self.state, self.precision
         if self.kept:
             inference_weights(config, params, self.drafters, self.weights, precision)
-        logits, hidden = prefill(config, params, state, groups, precision)
+        b, xp, logits, hidden = state.last.shape[0], ek.get_array_module(state.last), None, None
+        for rows, tokens in groups:
+            h = trunk_forward(config, params, tokens, kv=PrefillRows(state, rows), precision=precision)[0]
+            z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
+            if logits is None:  # (B, V) and (B, C): every row's, after its last token
+                logits, hidden = xp.empty((b, z.shape[1]), z.dtype), xp.empty((b, h.shape[2]), h.dtype)
+            logits[rows], hidden[rows] = z, h[:, -1]  # h (G, T, C)
         state.record(self.picker.pick(logits[:, None], state)[:, 0])
         if self.drafters:
             draft(config, self.weights, state.last, state.drafts, hidden, self.tree, precision)

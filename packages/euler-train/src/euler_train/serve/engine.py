@@ -70,8 +70,8 @@ class Engine:
     def __init__(self, model: SamplingModel, slots: int, speculative: bool = False) -> None:
         """speculative: each step feeds every row its last token and the MTP heads' drafts after it (a
         chain: euler_model.default_draft_tree), and emits head 0's tokens along the drafts it agrees with
-        (euler_model's decode_step.py): the same tokens in fewer steps, greedy or sampled; a model with one head
-        decodes plainly."""
+        (euler_model's decode_step.py): the same tokens in fewer steps, greedy or sampled; a model with one
+        head decodes plainly."""
         cfg, params = model.mcfg, model.params
         self.model, self.slots = model, slots
         xp = ek.get_array_module(params["embed"])
