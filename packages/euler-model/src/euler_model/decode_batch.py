@@ -169,7 +169,6 @@ def lend_decoder(
 ) -> Decoder:
     """A decoder for `batch` rows, busy until its caller sets `busy` back: on the GPU with cuda_graph the
     kept one of this model (its config, arrays, device and precision) and batch shape, else a new one."""
-    decoder = None
     if cuda_graph and ek.get_array_module(params["embed"]) is not np:
         arrays = tuple((name, a.data.ptr, a.shape, a.dtype.str) for name, a in sorted(params.items()))
         model, key = (config, arrays, params["embed"].device.id, precision), (batch, picker, tree)
@@ -178,24 +177,20 @@ def lend_decoder(
                 _kept.clear()
                 _weights.clear()
                 _kept_model[0] = model
-            decoder = _kept.get(key)
-            if decoder is None:
+            if key not in _kept:
                 drafters = drafting_heads(tree)
                 if drafters not in _weights:
                     _weights[drafters] = inference_weights(config, params, drafters, precision=precision)
-                decoder = _kept[key] = Decoder(
-                    config, params, batch, picker, tree, True, precision, _weights[drafters]
-                )
+                _kept[key] = Decoder(config, params, batch, picker, tree, True, precision, _weights[drafters])
                 while len(_kept) > KEPT_DECODERS:
                     _kept.popitem(last=False)
-            if decoder.busy:  # another call streams from it: one of this call's own
-                decoder = None
-            else:
+            decoder = _kept[key]
+            if not decoder.busy:  # else another call streams from it: this call gets one of its own
                 _kept.move_to_end(key)
                 decoder.busy = True
-    if decoder is None:
-        decoder = Decoder(config, params, batch, picker, tree, cuda_graph, precision)
-        decoder.busy = True
+                return decoder
+    decoder = Decoder(config, params, batch, picker, tree, cuda_graph, precision)
+    decoder.busy = True
     return decoder
 
 

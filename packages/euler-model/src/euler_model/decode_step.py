@@ -3,23 +3,21 @@
     last (B,) [+ drafts (B, M)] at pos (B,) -> embed -> n_layers x blocks.layer_decode -> rmsnorm -> head 0
     -> logits (B, T, V) -> Picker.pick -> DecodeState.record (or .accept, then the next drafts)
 
-The step updates the DecodeState's buffers in place, reads nothing back to the host and has the same
-shapes at every step with the same attention window (the cache slots it reads), so the same code runs
-eagerly and captured as one CUDA graph per window (decode_graph.py). Each layer runs its blocks' decode
-step (blocks.py, beside their training forward and backward) on the inference form of the weights.
+The step updates the DecodeState in place, reads nothing back to the host and keeps its shapes from step
+to step, so it runs eagerly or as a CUDA graph replayed (decode_graph.py). Each layer runs its blocks'
+decode step (blocks.py, beside their forward and backward) on the weights' inference form.
 
-Speculative decoding: the step feeds each row its newest token `last` and the M drafts that the MTP heads
-1..M guessed after it; head 0's token after each fed token is picked as a plain step would pick it there
-(its draw and seen tokens), and the drafts head 0 agrees with, from the first on, are accepted:
+Speculative: the MTP heads 1..M draft M tokens after each row's `last`; the step feeds them all, picks head
+0's token after each as a plain step would there (its draw, its seen tokens), and accepts the drafts head
+0 agrees with, from the first on, so the tokens are plain decoding's in fewer steps:
 
     fed    last   d1   d2   d3        head 0 after each: g0 g1 g2 g3
     d1 == g0 and d2 == g1, d3 != g2  ->  emit g0 g1 g2 (2 drafts accepted); g2 is the new `last`
 
-so the tokens are plain decoding's, greedy or sampled, in fewer steps. Rejected drafts' keys sit past the
-row's position, never read before the next step overwrites them. The drafts may form a draft tree
-(euler_kernels.draft_tree: each names its parent) so that a head's second guess is tried beside its best;
-a tree decodes greedily, and its branches, verified at other slots than their positions, may flip a
-near-tie that float rounding decides (a chain computes bit for bit what plain steps do).
+Rejected drafts' keys sit past the row's position until overwritten. A draft tree (euler_kernels.draft_tree)
+tries a head's second guess beside its best; it decodes greedily, and its branches, verified at other slots
+than their positions, may flip a near-tie that rounding decides (a chain computes bit for bit what plain
+steps do).
 """
 
 from __future__ import annotations
