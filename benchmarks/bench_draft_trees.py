@@ -22,7 +22,7 @@ import numpy as np
 import euler_kernels as ek
 from euler_data.meta import open_split
 from euler_model import GenerationStats, generate_batch, load_checkpoint, release_kept_decoders
-from euler_model.decode_speculative import checked_draft_tree
+from euler_model.decode_step import checked_draft_tree
 
 
 def best_call(cfg, params, prompts, n: int, repeats: int, **kw):

@@ -1,5 +1,5 @@
 """Whole-call times of generate_batch on the GPU, call after call: what a call costs with its decoder kept
-(euler_model's decode_keep.py) against a decoder made for every call, plain and speculative, one run.
+(euler_model's decode_batch.py) against a decoder made for every call, plain and speculative, one run.
 
 For each batch size and precision (bf16, fp32): --calls calls in a row of B prompts (windows of
 --prompts-from's val split, or random ids) with --new-tokens greedy tokens each (no stop token). "kept":

@@ -1,6 +1,6 @@
 """Would a drafting head draft better if it saw the next token? An experiment on a trained checkpoint.
 
-Speculative decoding (euler_model's decode_speculative.py) drafts the token two places ahead with MTP head
+Speculative decoding (euler_model's decode_step.py) drafts the token two places ahead with MTP head
 1 at the hidden state h_t whose head 0 gave the next token g. Head 1 is a plain linear map of h_t, so it
 must guess past g without knowing it. This script keeps the trained trunk frozen and fits, on its hidden
 states of the train split:

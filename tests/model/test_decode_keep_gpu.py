@@ -1,4 +1,4 @@
-"""Decoders kept across calls on the GPU (decode_keep.py): a kept decoder's later calls, with its prefill
+"""Decoders kept across calls on the GPU (decode_batch.py): a kept decoder's later calls, with its prefill
 replayed from a CUDA graph, give the tokens of a fresh uncaptured decode, also after the weights change in
 place or the precision changes, and two generators streaming at once do not share one."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from euler_kernels import Precision
-from euler_model import GenerationStats, decode_keep, generate, generate_batch, preset
+from euler_model import GenerationStats, decode_batch, generate, generate_batch, preset
 from tests.model.test_generate import scaled_params
 from tests.model.test_generate_batch_gpu import on_gpu, prompts_for
 
@@ -22,9 +22,9 @@ def cp():
 
 @pytest.fixture(autouse=True)
 def no_kept_decoders():
-    decode_keep.release_kept_decoders()
+    decode_batch.release_kept_decoders()
     yield
-    decode_keep.release_kept_decoders()
+    decode_batch.release_kept_decoders()
 
 
 CAPTURABLE = preset("small", n_heads=2, n_kv_heads=1)  # head_dim 64: the prefill's attention is flash
@@ -32,7 +32,7 @@ CAPTURABLE = preset("small", n_heads=2, n_kv_heads=1)  # head_dim 64: the prefil
 
 def replayed_prefills() -> list:
     """The prompt-length patterns whose prefill the kept decoders hold as CUDA graphs."""
-    return [key[1] for d in decode_keep._kept.values() for key in d.runner.graphs if key[0] == "prefill"]
+    return [key[1] for d in decode_batch._kept.values() for key in d.runner.graphs if key[0] == "prefill"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -49,7 +49,7 @@ def test_later_calls_replay_the_prefill_with_the_same_tokens(cp, precision, spec
         kw = {"speculative": speculative, "stats": stats[-1], "precision": mode}
         runs.append(generate_batch(cfg, gpu, prompts, limits, 0.0, **kw))
     assert runs == [want] * 3
-    assert len(decode_keep._kept) == 1 and replayed_prefills() == [(16, 1, 40, 7)]
+    assert len(decode_batch._kept) == 1 and replayed_prefills() == [(16, 1, 40, 7)]
     assert all(s.decode == "cuda graph" for s in stats)
     if speculative:
         assert stats[0].drafted > 0 and len({(s.drafted, s.accepted) for s in stats}) == 1
@@ -83,7 +83,7 @@ def test_a_prefill_that_cannot_be_recorded_runs_eagerly(cp) -> None:
         stats = GenerationStats()
         assert generate_batch(cfg, gpu, prompts, 50, temperature=0.0, stats=stats) == want
         assert stats.decode == "cuda graph"
-    (decoder,) = decode_keep._kept.values()
+    (decoder,) = decode_batch._kept.values()
     assert replayed_prefills() == [] and decoder.runner.uncaptured == {("prefill", (16, 5))}
 
 
@@ -96,7 +96,7 @@ def test_a_precision_change_makes_a_new_decoder(cp) -> None:
         got = generate_batch(cfg, gpu, prompts, 50, temperature=0.0, precision=mode)
         want = generate_batch(cfg, gpu, prompts, 50, temperature=0.0, cuda_graph=False, precision=mode)
         assert got == want, precision
-        assert [d.precision for d in decode_keep._kept.values()] == [mode], precision
+        assert [d.precision for d in decode_batch._kept.values()] == [mode], precision
 
 
 def test_two_generators_streaming_at_once_each_get_their_own_tokens(cp) -> None:
@@ -118,13 +118,13 @@ def test_a_generator_closed_early_gives_its_decoder_back(cp) -> None:
     (prompt,) = prompts_for(cfg, [10], seed=6)
     stream = generate(cfg, gpu, prompt, 40, temperature=0.0)
     next(stream)
-    (decoder,) = decode_keep._kept.values()
+    (decoder,) = decode_batch._kept.values()
     assert decoder.busy
     stream.close()
     assert not decoder.busy
     want = generate_batch(cfg, gpu, [prompt], 40, temperature=0.0, cuda_graph=False)[0].tokens
     assert [list(generate(cfg, gpu, prompt, 40, temperature=0.0)) for _ in range(3)] == [want] * 3
-    assert list(decode_keep._kept.values()) == [decoder]
+    assert list(decode_batch._kept.values()) == [decoder]
 
 
 def test_the_kept_decoders_of_a_model_share_their_weights(cp) -> None:
@@ -137,8 +137,8 @@ def test_the_kept_decoders_of_a_model_share_their_weights(cp) -> None:
         want = generate_batch(cfg, gpu, prompts, 30, temperature=0.0, cuda_graph=False)
         assert generate_batch(cfg, gpu, prompts, 30, temperature=0.0) == want
         assert generate_batch(cfg, gpu, prompts, 30, 0.0, speculative=True) == want
-    plain = [d for (_, _, tree), d in decode_keep._kept.items() if tree is None]
-    spec = [d for (_, _, tree), d in decode_keep._kept.items() if tree is not None]
+    plain = [d for (_, _, tree), d in decode_batch._kept.items() if tree is None]
+    spec = [d for (_, _, tree), d in decode_batch._kept.items() if tree is not None]
     assert len(plain) == len(spec) == 2
     assert plain[0].weights is plain[1].weights and spec[0].weights is spec[1].weights
     assert "drafters" in spec[0].weights and "drafters" not in plain[0].weights

@@ -351,7 +351,7 @@ def test_the_engine_ends_a_request_whose_probabilities_are_not_finite_and_goes_o
     import numpy as np
 
     import euler_model
-    from euler_model.decode_step import Picker
+    from euler_model.sampling import Picker
     from euler_train.sampling import SamplingModel
     from euler_train.serve.engine import Engine, Request
 

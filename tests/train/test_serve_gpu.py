@@ -9,7 +9,7 @@ import pytest
 
 import euler_kernels as ek
 import euler_model
-from euler_model.decode_step import Picker
+from euler_model.sampling import Picker
 from euler_train.sampling import SamplingModel
 from euler_train.serve.engine import Engine, Request
 

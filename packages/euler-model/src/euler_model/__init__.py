@@ -11,10 +11,9 @@
 from euler_model.__about__ import __version__
 from euler_model.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from euler_model.config import PRESETS, ModelConfig, preset
-from euler_model.decode_keep import release_kept_decoders
-from euler_model.decode_speculative import checked_draft_tree, default_draft_tree
-from euler_model.generate import GenerationStats, generate
-from euler_model.generate_batch import Completion, generate_batch
+from euler_model.decode_batch import release_kept_decoders
+from euler_model.decode_step import checked_draft_tree, default_draft_tree
+from euler_model.generate import Completion, GenerationStats, generate, generate_batch
 from euler_model.hf import load_hf, save_hf
 from euler_model.memory import step_memory
 from euler_model.model import (

@@ -49,6 +49,7 @@ import euler_kernels as ek
 from euler_model.config import ModelConfig
 
 FP8_SCALES = "fp8.scales"  # in a layer's params: (ek.Fp8Scales, the layer's first slot)
+BRANCH_SCALE = 1.0  # test-only: every block's branch scaled, x = x + s f(rmsnorm(x)) (see scaled_branches)
 FP8_SLOT_FORMATS = ("e4m3", "e5m2", "e5m2")  # a layer's slots: the SwiGLU product, dgate, dup
 
 
@@ -251,7 +252,7 @@ def attention_block_decode(
     """attention_block_forward's decode step, T new tokens per row against the static cache (state: a
     decode_state.DecodeState): the stream x (B T, C) -> x + the block's output; the norm rides in the
     joint q/k/v product (w: decode_step.inference_weights) and the addition in the output product.
-    rope: the tables, the window and whether attention writes bf16 (see decode_step.decode_hidden)."""
+    rope: the tables, the window and whether attention writes bf16 (see decode_step.decode_logits)."""
     eps = config.norm_eps
     qkv = ek.decode_linear_forward(x, w[prefix + "wqkv"], w[prefix + "attn_norm"], eps, precision=precision)
     b = state.pos.shape[0]  # qkv (B T, (Hq + 2 Hkv) D): q, k, v side by side
@@ -366,6 +367,7 @@ def layer_forward(
     """Layer i, its attention block then its FFN block: stream (x, branch) (N, C) -> (the stream after
     it, its cache); kv, bf16, keep and precision as in attention_block_forward."""
     prefix = f"layers.{i}."
+    p = scaled_branches(p, prefix)
     stream, c_attn = attention_block_forward(config, p, prefix, stream, bt, rope, kv, bf16, keep, precision)
     stream, c_ffn = ffn_block_forward(config, p, prefix, stream, bf16, keep, precision)
     return stream, LayerCache(c_attn, c_ffn)
@@ -380,7 +382,7 @@ def layer_backward(
     dx, grads = ffn_block_backward(dout, cache.ffn, f"layers.{i}.", bf16_grads)
     dx, g_attn = attention_block_backward(dx, cache.attention, f"layers.{i}.", bf16_grads)
     grads.update(g_attn)
-    return dx, grads
+    return dx, scaled_branches(grads, f"layers.{i}.")  # d(s w)/dw = s
 
 
 def layer_decode(
@@ -396,5 +398,20 @@ def layer_decode(
     """Layer i's decode step, its attention block then its FFN block (the _decode functions above): the
     stream x (B T, C) -> the stream after it."""
     prefix = f"layers.{i}."
+    w = scaled_branches(w, prefix)
     x = attention_block_decode(config, w, prefix, x, state, i, rope, tree, precision)
     return ffn_block_decode(config, w, prefix, x, precision)
+
+
+def scaled_branches(p: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A layer's weights (or their gradients) as its blocks use them: each block's output projection scaled
+    by BRANCH_SCALE, which scales the block's branch (x = x + s attn(rmsnorm(x)), then the FFN's likewise).
+    A test-only change to the layer's definition, made here once for training, prefill and decoding
+    (tests/model/test_layer_once.py); at 1, the default, p itself (float arrays only otherwise)."""
+    if BRANCH_SCALE == 1.0:
+        return p
+    return {
+        **p,
+        prefix + "wo": BRANCH_SCALE * p[prefix + "wo"],
+        prefix + "w_down": BRANCH_SCALE * p[prefix + "w_down"],
+    }

@@ -1,17 +1,11 @@
 """The decode step captured as CUDA graphs on the GPU and replayed once per token; eager elsewhere.
 
-The step takes an attention window (decode_step.attention_window: the cache slots it reads, a multiple of
-WINDOW), and each window has its own graph. The pattern of euler-train's graph_step.py: a stream and a
-memory pool of the graphs' own (no other allocation can land on an address a graph writes to; the graphs
-run one after another on that stream, so they may share their temporaries); the first call with a window
-runs the step eagerly on that stream (it compiles the kernels, creates the cuBLAS handles and fills the
-pool), then records the same step into that window's graph without running it; every later call with the
-window replays it. The step reads and writes only the DecodeState's buffers, so a replay is the next
-step. If recording fails (an operation that cannot be captured), the state is untouched by it and the
-steps run eagerly from then on; `mode` says which happened.
-
-Other device work of a decode (a call's prefill, decode_batch.Decoder) runs on the same stream through
-`call(key, fn, capture)`: eagerly, and recorded as key's graph when asked, replayed on later calls with key.
+The pattern of euler-train's graph_step.py: the graphs run on a stream and allocate from a memory pool of
+their own (no other allocation can land on an address a graph writes to). The first call with a key (the
+step's attention window, or a caller's key such as a prefill's) runs the work eagerly on that stream (it
+compiles the kernels and fills the pool), then records it as that key's graph without running it again;
+later calls replay the graph. The work reads and writes only the DecodeState's buffers, so a replay is the
+next step. If recording fails, the key runs eagerly from then on and `mode` says why.
 """
 
 from __future__ import annotations
@@ -26,31 +20,31 @@ import euler_kernels as ek
 
 
 class EagerDecode:
-    """Runs the step as it is called (NumPy, or CuPy launched from Python)."""
+    """Runs the step and any other work as they are called (NumPy, or CuPy launched from Python)."""
+
+    mode = "eager"
 
     def __init__(self, step: Callable[[int], None]) -> None:
-        self.step, self.mode = step, "eager"
+        self.step = step
 
     def run(self, window: int) -> None:
         self.step(window)
 
     def call(self, key: Hashable, fn: Callable[[], None], capture: bool = True) -> None:
-        """fn(), now (nothing is captured here)."""
         fn()
 
     def forget(self, key: Hashable) -> None:
-        """Nothing is kept here."""
+        pass
 
-    @contextlib.contextmanager
-    def ordered(self) -> Iterator[None]:
-        """Work queued (or read back) inside runs where the steps run (here the caller's own stream)."""
-        yield
+    def ordered(self) -> contextlib.AbstractContextManager:
+        """Work queued (or read back) inside runs where the steps run."""
+        return contextlib.nullcontext()
 
     def synchronize(self) -> None:
-        """Nothing to wait for: the steps ran on the default stream."""
+        pass
 
 
-class DecodeGraph:
+class DecodeGraph(EagerDecode):
     """A window's step captured on its first `run` (which also runs it once), replayed on later calls."""
 
     def __init__(self, step: Callable[[int], None], xp: Any) -> None:
@@ -76,8 +70,7 @@ class DecodeGraph:
 
     def call(self, key: Hashable, fn: Callable[[], None], capture: bool = True) -> None:
         """fn() on the graphs' stream: key's graph replayed if it has one; else fn run eagerly, then (when
-        capture) recorded as key's graph without running it again. Only a run that is recorded allocates
-        from the graphs' pool, which keeps what its graphs use for as long as the runner lives."""
+        capture) recorded as key's graph. Only a recorded run allocates from the graphs' pool."""
         if key in self.graphs:
             self.graphs[key].launch(stream=self.stream)
             return
@@ -91,7 +84,7 @@ class DecodeGraph:
             self._capture(key, fn, tables)
 
     def forget(self, key: Hashable) -> None:
-        """Drop key's graph and its tables (a later call with key runs eagerly and records it again)."""
+        """Drop key's graph (a later call with key runs eagerly and records it again)."""
         self.graphs.pop(key, None)
         self.tables.pop(key, None)
         self.uncaptured.discard(key)
@@ -122,12 +115,10 @@ class DecodeGraph:
         self.tables[key] = tables
 
     def synchronize(self) -> None:
-        """Wait for the steps queued on the graph's stream (before the state is read elsewhere)."""
+        """Wait for the work queued on the graphs' stream."""
         self.stream.synchronize()
 
 
-def decode_runner(step: Callable[[int], None], xp: Any, cuda_graph: bool) -> EagerDecode | DecodeGraph:
+def decode_runner(step: Callable[[int], None], xp: Any, cuda_graph: bool) -> EagerDecode:
     """A DecodeGraph for a step on CuPy (xp) when cuda_graph, else an EagerDecode."""
-    if not cuda_graph or xp is np:
-        return EagerDecode(step)
-    return DecodeGraph(step, xp)
+    return DecodeGraph(step, xp) if cuda_graph and xp is not np else EagerDecode(step)

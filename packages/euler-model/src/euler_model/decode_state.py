@@ -1,15 +1,14 @@
 """Everything a batched decode step reads and writes, preallocated on the device once per batch.
 
 Row b of the batch is one sequence: `last[b]` is its newest token, at position `pos[b]`, not yet fed to
-the model; a step feeds it, writes its keys/values into slot pos[b] of the static cache, and `record`s the
+the model; a step feeds it, writes its keys/values into slot pos[b] of the static cache, and records the
 next token. A row that is done (a stop token came, or its limit was reached) keeps being computed, since
-the step has a fixed shape, but nothing of it changes any more: it re-feeds the same token at the same
-slot, and emits nothing.
+the step has a fixed shape, but nothing of it changes any more.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -20,8 +19,8 @@ from euler_model.config import ModelConfig
 
 @dataclass
 class DecodeState:
-    """The device buffers of one batch of B sequences (S = context + M slots, N = the context, the most
-    tokens a row may emit, M the drafts of a speculative step: 0 without speculation)."""
+    """The device buffers of B rows (S = context + M slots; N = the context, the most tokens a row may
+    emit; M the drafts a speculative step feeds after each row's last token, 0 without speculation)."""
 
     k: Any  # (L, B, Hkv, S, D) keys, a sequence's slots contiguous per head
     v: Any  # (L, B, Hkv, S, D) values
@@ -45,112 +44,75 @@ class DecodeState:
 
     @classmethod
     def allocate(cls, config: ModelConfig, xp: Any, dtype: Any, batch: int, drafts: int = 0) -> DecodeState:
-        """Zeroed buffers for `batch` rows of any prompts and limits (N = the context, the longest any row
-        can emit); drafts: M, the speculative step's drafts per row (its last draft may sit M slots past
-        the context). `reset` then takes a call's prompts; the same buffers serve call after call."""
-        b, v, width = batch, config.vocab_size, config.context
-        shape = (config.n_layers, b, config.n_kv_heads, config.context + drafts, config.head_dim)
+        """Zeroed buffers for `batch` rows and M = `drafts`, in which `reset` starts rows call after call."""
+        b, n, m, v = batch, config.context, drafts, config.vocab_size
+        cache = (config.n_layers, b, config.n_kv_heads, n + m, config.head_dim)
+        shapes = {"k": cache, "v": cache, "stop": (b, v), "seen": (b, v), "uniforms": (b, n + 1 + m)}
+        shapes |= {"out": (b, n + 1), "drafts": (b, m), "fed": (b, m + 1)}  # the others (B,)
+        kinds = {"k": dtype, "v": dtype, "done": bool, "stop": bool, "seen": bool, "bad": bool}
+        kinds |= {"uniforms": xp.float64}  # the others int64
+        buffers = {f.name: xp.zeros(shapes.get(f.name, b), kinds.get(f.name, xp.int64)) for f in fields(cls)}
+        state = cls(**buffers)
+        copy_in(state.rows, np.arange(b))
+        copy_in(state.first_fed, np.arange(b) * (m + 1))
+        return state
 
-        def ids(*size: int) -> Any:
-            return xp.zeros(size, dtype=xp.int64)
-
-        return cls(
-            k=xp.zeros(shape, dtype=dtype),
-            v=xp.zeros(shape, dtype=dtype),
-            last=ids(b),
-            pos=ids(b),
-            count=ids(b),
-            limit=ids(b),
-            done=xp.zeros(b, dtype=bool),
-            stopped_by=ids(b),
-            stop=xp.zeros((b, v), dtype=bool),
-            seen=xp.zeros((b, v), dtype=bool),
-            uniforms=xp.zeros((b, width + 1 + drafts), dtype=xp.float64),  # a step's last draft: count + M
-            out=ids(b, width + 1),
-            bad=xp.zeros(b, dtype=bool),
-            rows=xp.asarray(np.arange(b, dtype=np.int64)),
-            drafts=ids(b, drafts),
-            drafted=ids(b),
-            accepted=ids(b),
-            first_fed=xp.asarray(np.arange(b, dtype=np.int64) * (drafts + 1)),
-            fed=ids(b, drafts + 1),
-        )
-
-    def reset(
-        self,
-        prompts: list[list[int]],
-        limits: list[int],
-        stops: list[set[int]],
-        uniforms: np.ndarray,
-        first: int = 0,
-    ) -> None:
-        """Start rows first .. first + G - 1 in these buffers, G = len(prompts): a call's rows, or one
-        request joining a running batch between steps (the other rows go on). Each row's prompt (1..
-        context-1 ids), limit and stop set, and the host uniforms (G, n + 1) of the longest limit n; the
-        rows' counters back to zero, and their caches too (a prefill then writes each prompt's slots, see
-        PrefillRows)."""
-        b, v = len(prompts), self.stop.shape[1]
-        stop, seen = np.zeros((b, v), dtype=bool), np.zeros((b, v), dtype=bool)
-        for i, (prompt, row_stops) in enumerate(zip(prompts, stops)):
+    def reset(self, rows: list[tuple[list[int], int, set[int], int | None]], first: int = 0) -> None:
+        """Start rows first .. first + G - 1 from G (prompt, limit, stop set, seed): a call's rows, or one
+        request joining a running batch between steps (the other rows go on). A row's draws are the first
+        n + 1 of numpy.random.default_rng(seed) (n: the largest limit); its counters and cache are zeroed
+        (a prefill then writes the prompt's slots: PrefillRows)."""
+        prompts, limits, stops, seeds = zip(*rows)
+        b, v, width = len(prompts), self.stop.shape[1], max(limits) + 1
+        stop, seen = np.zeros((b, v), bool), np.zeros((b, v), bool)
+        draws = np.zeros((b, self.uniforms.shape[1]))
+        for i, (prompt, row_stops, seed) in enumerate(zip(prompts, stops, seeds)):
             stop[i, [t for t in sorted(row_stops) if 0 <= t < v]] = True  # others can never come
             seen[i, prompt] = True
-        limit = np.asarray(limits, dtype=np.int64)
-        draws = np.zeros((b, self.uniforms.shape[1]))
-        draws[:, : uniforms.shape[1]] = uniforms
-        values = {
-            "last": np.asarray([p[-1] for p in prompts], dtype=np.int64),
-            "pos": np.asarray([len(p) - 1 for p in prompts], dtype=np.int64),
-            "limit": limit,
-            "done": limit <= 0,
-            "stop": stop,
-            "seen": seen,
-            "uniforms": draws,
-        }
-        rows = slice(first, first + b)
-        for name, value in values.items():
-            copy_in(getattr(self, name)[rows], value)
-        for name in ("count", "out", "drafts", "drafted", "accepted"):
+            draws[i, :width] = np.random.default_rng(seed).random(width)
+        rows, limit = slice(first, first + b), np.asarray(limits)
+        for name in ("count", "out", "drafts", "drafted", "accepted", "bad"):
             getattr(self, name)[rows].fill(0)
         self.k[:, rows].fill(0)
         self.v[:, rows].fill(0)
         self.stopped_by[rows].fill(-1)
-        self.bad[rows].fill(False)
+        values = {"last": [p[-1] for p in prompts], "pos": [len(p) - 1 for p in prompts], "limit": limit}
+        values |= {"done": limit <= 0, "stop": stop, "seen": seen, "uniforms": draws}
+        for name, value in values.items():
+            copy_in(getattr(self, name)[rows], np.asarray(value))
 
     def end_row(self, row: int) -> None:
-        """End a row where it is (a request that left: nothing of it changes any more), its position back to
-        the first slot so that it holds no later step's attention window open."""
+        """End a row where it is (a request that left), its position back to the first slot so that it
+        holds no later step's attention window open."""
         one = slice(row, row + 1)
         self.done[one].fill(True)
         self.pos[one].fill(0)
 
     def record(self, token: Any) -> None:
-        """Take each row's next token (B,): emitted by the rows still going that did not draw a stop
-        token; a stop token or the row's limit ends the row (ek.decode_record). Device work only."""
-        buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
-        ek.decode_record(token, *buffers, self.stop, self.limit)
+        """Take each row's next token (B,): emitted by the rows still going unless it is a stop token; a
+        stop token or the row's limit ends the row (ek.decode_record). Device work only."""
+        ek.decode_record(token, *self.emitted, self.stop, self.limit)
 
     def accept(self, g: Any, tree: tuple[int, ...] | None = None) -> Any:
         """Take a speculative step's head-0 tokens g (B, T): each row's drafts accepted along the path
-        that g agrees with (a chain: up to the first draft it disagrees with; tree: the drafts' parents),
-        the tokens recorded in order, a tree's accepted keys moved into place (ek.decode_accept); returns
-        the path's last fed token (B,), whose hidden state drafts next. Device work only."""
-        buffers = (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
+        that g agrees with (a chain: up to the first disagreement; a tree: by the drafts' parents), the
+        tokens recorded in order, a tree's accepted keys moved into place (ek.decode_accept); returns the
+        path's last fed token (B,), whose hidden state drafts next. Device work only."""
         caches = None if tree is None else (self.k, self.v)
         return ek.decode_accept(
-            g, self.drafts, buffers, self.stop, self.limit, self.drafted, self.accepted, tree, caches
+            g, self.drafts, self.emitted, self.stop, self.limit, self.drafted, self.accepted, tree, caches
         )
 
-    def results(self) -> list[tuple[list[int], int | None]]:
-        """(tokens, the stop token that ended the row or None) of every row, read back to the host."""
-        count, out, stopped = (ek.to_numpy(a) for a in (self.count, self.out, self.stopped_by))
-        return [(out[b, : count[b]].tolist(), int(s) if s >= 0 else None) for b, s in enumerate(stopped)]
+    @property
+    def emitted(self) -> tuple:
+        """The buffers that recording a token updates, in the order the decode_record kernels take them."""
+        return (self.out, self.last, self.pos, self.count, self.stopped_by, self.done, self.seen)
 
 
 @dataclass(frozen=True)
 class PrefillRows:
-    """Where a prefill writes the keys and values of a group of G prompts of one length T (trunk_forward's
-    kv): prompt j's into row rows.start + j of the state's caches, slots 0..T-1. The rows are adjacent, so
-    a layer's keys go in one copy (a slice: a CUDA graph records it as it is)."""
+    """Where a prefill (trunk_forward's kv) writes the keys and values of G prompts of one length T: prompt
+    j's into row rows.start + j of the state's caches, slots 0..T-1 (adjacent rows: one copy a layer)."""
 
     state: DecodeState
     rows: slice  # G adjacent rows

@@ -1,14 +1,14 @@
 """Choosing the next token from rows of logits: repetition penalty, temperature, top-k, top-p.
 
-Every rule is written once, over rows (B, V) of NumPy or CuPy arrays, which the decode step runs on the
-device (decode_step.Picker). A sampled token is the inverse CDF of the filtered probabilities at one
-uniform draw u in [0, 1): the first token whose cumulative probability exceeds u. That is what NumPy's
-`Generator.choice(V, p=probs)` does with one `Generator.random()` (tests/model/host_sampling.py holds a
-one-row host sampler written that way, the reference the decoder is tested against).
+Every rule is written once, over rows (B, V) of NumPy or CuPy arrays, and runs on the device inside the
+decode step. A sampled token is the inverse CDF of the filtered probabilities at one uniform draw u in
+[0, 1), which is what NumPy's `Generator.choice(V, p=probs)` does with one `Generator.random()`
+(tests/model/host_sampling.py holds that one-row host sampler, the reference the decoder is tested against).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,13 +65,50 @@ def inverse_cdf(probs: Any, u: Any) -> Any:
     return (cdf <= u[:, None]).sum(axis=-1)  # the CDF never decreases: this is searchsorted(right)
 
 
-def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None, penalty: float) -> None:
-    """Raise a ValueError for an out-of-range sampling argument."""
-    if temperature < 0:
-        raise ValueError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"generate: top_k must be >= 1 or None, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"generate: top_p must be in (0, 1] or None, got {top_p}")
-    if penalty <= 0:
-        raise ValueError(f"generate: repetition_penalty must be > 0, got {penalty}")
+@dataclass(frozen=True)
+class Picker:
+    """How the next token is chosen from logits: greedy when temperature == 0, else sampled."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the pick is the plain argmax of the logits (no sampling, no penalty)."""
+        return self.temperature == 0.0 and self.repetition_penalty == 1.0
+
+    def pick(self, z: Any, state: Any, rows: Any = None) -> Any:
+        """Tokens (G, T) from the logits z (G, T, V) of G rows of a DecodeState (rows (G,), default every
+        row) after each token a step fed them (the last, then T - 1 drafts). Position i's token is what a
+        plain step would pick were the drafts before it emitted: the row's (count + i)-th draw, drafts 1..i
+        seen by the repetition penalty. Rows that sampled from probabilities that were not finite are
+        marked in state.bad."""
+        xp = ek.get_array_module(z)
+        g, t, v = z.shape
+        if self.greedy:
+            return z.argmax(axis=-1)  # in float64 the order, and so the first maximum, is the same
+        every = rows is None
+        at = state.rows if every else rows  # (G,) the rows in the state
+        own = state.count, state.seen, state.drafts  # (G,), (G, V), (G, T - 1): the rows' own
+        count, seen, drafts = own if every else (a[rows] for a in own)
+        fed_seen, draws = seen[:, None, :], state.uniforms[at, count]  # (G, 1, V), (G,)
+        if t > 1:  # (G, T, V) and (G T,): positions i.. have also seen draft i; each takes its own draw
+            local = at if every else xp.arange(g)  # the rows in z
+            fed_seen = xp.repeat(fed_seen, t, axis=1)
+            for i in range(1, t):
+                fed_seen[local[:, None], i:, drafts[:, i - 1 : i]] = True
+            draws = state.uniforms[at[:, None], count[:, None] + xp.arange(t)].reshape(-1)
+        z = z.reshape(g * t, v).astype(xp.float64)
+        z = penalize_rows(z, fed_seen.reshape(g * t, v), self.repetition_penalty)
+        if self.temperature == 0.0:
+            return z.argmax(axis=-1).reshape(g, t)
+        probs = sampling_probs(z, self.temperature, self.top_k, self.top_p)
+        bad = ~xp.isfinite(probs).all(axis=-1)  # (G T,)
+        bad = bad if t == 1 else bad.reshape(g, t).any(axis=1)
+        if every:
+            state.bad |= bad
+        else:
+            state.bad[rows] |= bad
+        return inverse_cdf(probs, draws).reshape(g, t)

@@ -36,7 +36,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from euler_model.decode_step import Picker
+from euler_model.sampling import Picker
 from euler_train.sampling import END, EOT, SamplingModel, encode_prompt, prompt_ids, stop_ids
 from euler_train.serve.engine import Engine, Request
 

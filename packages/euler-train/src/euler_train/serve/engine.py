@@ -6,7 +6,7 @@ counters, stop set, draws and its slots of the KV cache). A thread runs the loop
     admit   each waiting request takes a free row: DecodeState.reset of that row, its prompt prefilled
             alone into the row's cache slots (trunk_forward with PrefillRows), its first token picked and
             recorded
-    step    one decode step for every row (euler_model.decode_hidden, then head 0): the logits (B, V); on
+    step    one decode step for every row (euler_model.decode_step.decode_logits): the logits (B, T, V); on
             the GPU this forward is one CUDA graph, replayed (decode_graph.py), the picks after it eager
     pick    each going row's token by its own sampling settings and draw, then DecodeState.record
     emit    each request gets its new token (with its log-probability and the top alternatives when it
@@ -31,10 +31,17 @@ import numpy as np
 
 import euler_kernels as ek
 from euler_model.decode_graph import decode_runner
-from euler_model.decode_speculative import draft, drafting_heads, speculation
 from euler_model.decode_state import DecodeState, PrefillRows
-from euler_model.decode_step import Picker, attention_window, decode_hidden, inference_weights
+from euler_model.decode_step import (
+    attention_window,
+    decode_logits,
+    draft,
+    drafting_heads,
+    inference_weights,
+    speculation,
+)
 from euler_model.model import trunk_forward
+from euler_model.sampling import Picker
 from euler_train.sampling import SamplingModel
 
 
@@ -63,8 +70,8 @@ class Engine:
     def __init__(self, model: SamplingModel, slots: int, speculative: bool = False) -> None:
         """speculative: each step feeds every row its last token and the MTP heads' drafts after it (a
         chain: euler_model.default_draft_tree), and emits head 0's tokens along the drafts it agrees with
-        (decode_speculative.py): the same tokens in fewer steps, greedy or sampled; a model with one head
-        decodes plainly."""
+        (euler_model's decode_step.py): the same tokens in fewer steps, greedy or sampled; a model with one
+        head decodes plainly."""
         cfg, params = model.mcfg, model.params
         self.model, self.slots = model, slots
         xp = ek.get_array_module(params["embed"])
@@ -159,8 +166,7 @@ class Engine:
         """The request's prompt prefilled into `row`, its first token picked and recorded (and drafted
         after, when speculating)."""
         cfg, params, state, precision = self.model.mcfg, self.model.params, self.state, self.model.precision
-        draws = np.random.default_rng(request.seed).random(request.limit + 1)
-        state.reset([request.prompt], [request.limit], [request.stops], draws[None], first=row)
+        state.reset([(request.prompt, request.limit, request.stops, request.seed)], first=row)
         self.rows[row] = request
         one = slice(row, row + 1)
         with self.runner.ordered():  # on the GPU: after the steps queued before, on their stream
@@ -203,15 +209,9 @@ class Engine:
     def _forward(self, window: int) -> None:
         """Every row's fed tokens (its last; when speculating, the drafts after it) through the model into
         self.logits (B, T, V) and self.hidden (B T, C): device work only."""
-        cfg, state, precision = self.model.mcfg, self.state, self.model.precision
-        tokens = None
-        if self.tree is not None:  # (B, T): last, then the drafts (copies: no host arrays in a graph)
-            tokens = state.fed
-            tokens[:, 0], tokens[:, 1:] = state.last, state.drafts
-        h = decode_hidden(cfg, self.weights, state, window, tokens, None, precision)  # (B T, C)
-        self.hidden[...] = h
-        z = ek.decode_linear_forward(h, self.weights["heads.0"], precision=precision)  # (B T, V)
-        self.logits[...] = z.reshape(self.logits.shape)
+        h, z = decode_logits(self.model.mcfg, self.weights, self.state, window, None, self.model.precision)
+        self.hidden[...] = h  # (B T, C)
+        self.logits[...] = z  # (B, T, V)
 
     def _pick(self, z: Any, rows: range) -> Any:
         """Pick and record the tokens of `rows` (adjacent rows; z (len(rows), T, V) their logits after each
@@ -227,18 +227,11 @@ class Engine:
         tokens = xp.zeros((len(rows), t), dtype=xp.int64)
         for picker, members in groups.items():
             local = xp.asarray(np.asarray(members))
-            at = local + rows.start  # the members' rows of the state
-            count, seen, drafts = state.count[at], state.seen[at], state.drafts[at]
-            chosen, bad = picker.pick_fed_rows(
-                z[local], count, seen, drafts, state.uniforms, at, xp.arange(len(members))
-            )
-            tokens[local] = chosen
-            state.bad[at] |= bad
+            tokens[local] = picker.pick(z[local], state, local + rows.start)  # the members' rows of the state
         if t > 1:
             return state.accept(tokens, None)
         part = slice(rows.start, rows.stop)
-        buffers = (state.out, state.last, state.pos, state.count, state.stopped_by, state.done, state.seen)
-        ek.decode_record(tokens[:, 0], *(a[part] for a in buffers), state.stop[part], state.limit[part])
+        ek.decode_record(tokens[:, 0], *(a[part] for a in state.emitted), state.stop[part], state.limit[part])
         return None
 
     def _emit(self, rows: range, before: np.ndarray, z: Any, speculated: tuple | None = None) -> None:
