@@ -25,8 +25,8 @@ from euler_kernels.matmul.linear import (
     linear_backward,
     linear_forward,
 )
-from euler_kernels.rope.rope import RoPECache, RoPEKernelCache, rope_backward, rope_forward
 from euler_kernels.precision import EXACT, Precision
+from euler_kernels.rope.rope import RoPECache, RoPEKernelCache, rope_backward, rope_forward
 
 
 class QKVCache(NamedTuple):
