@@ -25,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -46,9 +47,10 @@ def start_server(checkpoint: str, device: str, streams: int) -> tuple[subprocess
     port = free_port()
     argv = [sys.executable, "-m", "euler_train.cli", "serve", "--checkpoint", checkpoint, "--port", str(port),
             "--device", device, "--max-batch", str(streams)]  # fmt: skip
-    proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    log = tempfile.TemporaryFile()  # the server's stderr: its tail is shown if it does not come up
+    proc = subprocess.Popen(argv, stderr=log, env=dict(os.environ))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
@@ -57,7 +59,10 @@ def start_server(checkpoint: str, device: str, streams: int) -> tuple[subprocess
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit("the server did not come up")
+    proc.wait()
+    log.seek(0)
+    tail = log.read().decode(errors="replace")[-3000:]
+    raise SystemExit(f"the server did not come up (exit {proc.returncode}); its stderr ends:\n{tail}")
 
 
 def one_stream(port: int, prompt: list[int], n: int, out: dict, sent_at: float) -> None:

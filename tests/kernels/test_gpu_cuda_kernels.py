@@ -505,7 +505,7 @@ def test_linear_many_in_bf16_mode_shares_one_rounded_input():
     ws = [randn(rng, n, 64) for n in (64, 32, 32)]
     gs = [randn(rng, 2, 9, w.shape[0]) for w in ws]
     many = ek.linear_forward_many(cp.asarray(x), [cp.asarray(w) for w in ws], precision=ek.Precision("bf16"))
-    assert many[0][1][1] is many[1][1][1] is many[2][1][1]  # one bf16 copy of x, shared
+    assert many[0][1].x16 is many[1][1].x16 is many[2][1].x16  # one bf16 copy of x, shared
     dx = None
     for g, (_, cache) in zip(gs, many):
         dx, _ = ek.linear_backward(cp.asarray(g), cache, dx_into=dx)

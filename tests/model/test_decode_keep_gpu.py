@@ -49,7 +49,8 @@ def test_later_calls_replay_the_prefill_with_the_same_tokens(cp, precision, spec
         kw = {"speculative": speculative, "stats": stats[-1], "precision": mode}
         runs.append(generate_batch(cfg, gpu, prompts, limits, 0.0, **kw))
     assert runs == [want] * 3
-    assert len(decode_batch._kept) == 1 and replayed_prefills() == [(16, 1, 40, 7)]
+    # the prefill is keyed by the rows' prompt lengths, shortest first
+    assert len(decode_batch._kept) == 1 and replayed_prefills() == [(1, 7, 16, 40)]
     assert all(s.decode == "cuda graph" for s in stats)
     if speculative:
         assert stats[0].drafted > 0 and len({(s.drafted, s.accepted) for s in stats}) == 1
@@ -84,7 +85,7 @@ def test_a_prefill_that_cannot_be_recorded_runs_eagerly(cp) -> None:
         assert generate_batch(cfg, gpu, prompts, 50, temperature=0.0, stats=stats) == want
         assert stats.decode == "cuda graph"
     (decoder,) = decode_batch._kept.values()
-    assert replayed_prefills() == [] and decoder.runner.uncaptured == {("prefill", (16, 5))}
+    assert replayed_prefills() == [] and decoder.runner.uncaptured == {("prefill", (5, 16))}
 
 
 def test_a_precision_change_makes_a_new_decoder(cp) -> None:
