@@ -30,17 +30,19 @@ def reference(cfg, params, batch, seed):
     return sequence_logprobs(cfg, other, *batch)
 
 
-@pytest.mark.parametrize("beta", [0.1, 2.0])
-def test_dpo_gradient_is_the_loss_derivative_float64(beta) -> None:
+@pytest.mark.parametrize(("beta", "sft_weight"), [(0.1, 0.0), (2.0, 0.0), (0.1, 0.7)])
+def test_dpo_gradient_is_the_loss_derivative_float64(beta, sft_weight) -> None:
     cfg = preset("tiny")
     params = gradcheck_params(cfg, seed=0)  # float64, weights large enough that every path has a gradient
     batch = pair_batch(cfg, 2, 7, seed=1)
     ref = reference(cfg, params, batch, seed=2)
-    loss, grads, stats = dpo_loss_and_grads(cfg, params, PairBatch(*batch, ref), beta=beta)
-    assert float(loss) == pytest.approx(dpo_loss(cfg, params, PairBatch(*batch, ref), beta=beta), rel=1e-12)
+    pairs = PairBatch(*batch, ref)
+    loss, grads, stats = dpo_loss_and_grads(cfg, params, pairs, beta=beta, sft_weight=sft_weight)
+    want = dpo_loss(cfg, params, pairs, beta=beta, sft_weight=sft_weight)
+    assert float(loss) == pytest.approx(want, rel=1e-12)
     assert np.abs(stats["margin"]).max() > 1e-3  # a real margin, not the symmetric point
     report = ek.gradcheck_scalar(
-        lambda p: dpo_loss(cfg, p, PairBatch(*batch, ref), beta=beta),
+        lambda p: dpo_loss(cfg, p, pairs, beta=beta, sft_weight=sft_weight),
         params,
         grads,
         max_samples=12,
@@ -49,6 +51,17 @@ def test_dpo_gradient_is_the_loss_derivative_float64(beta) -> None:
     )
     assert report.ok(1e-6), report.table(1e-6)
     assert all(not grads[f"heads.{k}"].any() for k in range(1, cfg.n_mtp_heads))  # only head 0 scores
+
+
+def test_the_sft_term_adds_the_chosen_replies_nll_per_token() -> None:
+    cfg = preset("tiny")
+    params = gradcheck_params(cfg, seed=5)
+    tokens, targets, mask = pair_batch(cfg, 3, 6, seed=6)
+    pairs = PairBatch(tokens, targets, mask, reference(cfg, params, (tokens, targets, mask), seed=7))
+    plain, _, _ = dpo_loss_and_grads(cfg, params, pairs, beta=0.3)
+    both, _, stats = dpo_loss_and_grads(cfg, params, pairs, beta=0.3, sft_weight=0.5)
+    nll = -stats["chosen_logp"].sum() / mask[0::2].sum()
+    assert float(both) == pytest.approx(float(plain) + 0.5 * nll, rel=1e-12) and nll > 0
 
 
 def test_the_loss_at_the_reference_is_log_2_and_the_margins_are_the_reward_gaps() -> None:

@@ -87,6 +87,23 @@ def test_bad_dpo_input_is_one_line(cli, tmp_path, dataset, prefs_data, tiny_run)
     assert no_init.returncode == 2 and "dpo needs --init" in no_init.stderr
     beta = dpo(cli, prefs_data, tiny_run, tmp_path / "c", "--beta", "0")
     assert beta.returncode == 2 and "train.dpo_beta must be > 0" in beta.stderr
+    weight = dpo(cli, prefs_data, tiny_run, tmp_path / "d", "--sft-weight", "-1")
+    assert weight.returncode == 2 and "train.dpo_sft_weight must be >= 0, got -1.0" in weight.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_sft_weight_keeps_the_chosen_replies_likely(cli, tmp_path, prefs_data, tiny_run):
+    """The same run with the chosen replies' NLL added (--sft-weight): the chosen replies end more likely
+    than under DPO alone, and the run records the weight."""
+    common = ("--steps", "12", "--eval-every", "12", "--lr", "3e-3", "--set", "eval.batches=4")
+    chosen = {}
+    for name, extra in (("plain", ()), ("weighted", ("--sft-weight", "1.0"))):
+        done = dpo(cli, prefs_data, tiny_run, tmp_path / name, *common, *extra)
+        assert done.returncode == 0, done.stderr
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        chosen[name] = [r for r in rows if "train_chosen_logp" in r][-1]["train_chosen_logp"]
+    assert chosen["weighted"] > chosen["plain"]
+    assert "dpo_sft_weight = 1.0" in (tmp_path / "weighted" / "config.toml").read_text()
 
 
 def test_the_report_holds_the_chat_evaluation_before_and_after(cli, tmp_path, prefs_data, tiny_run):

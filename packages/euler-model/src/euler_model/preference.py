@@ -19,6 +19,12 @@ Its gradient, from the loss to the logits, then the model's own backward:
     dloss/dz[s, t]   =  dloss/dlogp_s * mask[s, t] * (onehot(targets[s, t]) - softmax(z[s, t]))
     dz -> head 0's linear_backward -> trunk_backward (blocks.py), as in training
 
+With sft_weight w > 0 the loss also holds w times the chosen replies' mean negative log-likelihood per
+reply token, NLL = -sum_{chosen rows s} logp_s / (their reply tokens), which keeps the chosen replies likely
+while the margins grow (DPO alone may lower both replies' log-probabilities, the chosen less): each chosen
+reply token's dloss/dlogp gains -w / (the batch's chosen reply tokens), and the same path to the logits
+follows.
+
 The other MTP heads take no part (their gradients are zero). float64 central differences check all of it
 (tests/model/test_preference.py).
 """
@@ -99,12 +105,14 @@ def dpo_loss_and_grads(
     fp8_scales: Any = None,
     keep_activations: bool = False,
     bf16_grads: bool = False,
+    sft_weight: float = 0.0,
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(loss, gradients keyed like params, statistics) of the DPO loss over a batch of pairs (see the
-    module docstring). The loss is a 0-d array; statistics (each (P,) on the device): "margin" (m_i /
-    beta, the reward margin), "chosen_logp", "rejected_logp" (the policy's). grad_scale, recompute,
-    fp8_scales, keep_activations, bf16_grads: as loss_and_grads_on_device's (nothing is read back to the
-    host, so the training step that calls this can be captured as a CUDA graph).
+    module docstring), plus sft_weight times the chosen replies' NLL per token. The loss is a 0-d array;
+    statistics (each (P,) on the device): "margin" (m_i / beta, the reward margin), "chosen_logp",
+    "rejected_logp" (the policy's). grad_scale, recompute, fp8_scales, keep_activations, bf16_grads: as
+    loss_and_grads_on_device's (nothing is read back to the host, so the training step that calls this
+    can be captured as a CUDA graph).
     """
     tokens, targets, mask, ref_logps = batch
     _check_batch(config, tokens, targets, mask, "dpo_loss_and_grads")
@@ -125,10 +133,15 @@ def dpo_loss_and_grads(
     m = beta * reward_margins(logps, ref_logps)  # (P,)
     loss = xp.logaddexp(0.0, -m).mean()  # softplus(-m): no overflow for any m
     dm = -1.0 / (1.0 + xp.exp(m)) / m.shape[0]  # -sigmoid(-m) / P
-    if grad_scale is not None:  # the backward is linear: scaling dloss/dm scales every gradient
-        dm = dm * xp.asarray(grad_scale, dtype=dm.dtype)
+    scale = None if grad_scale is None else xp.asarray(grad_scale, dtype=dm.dtype)
+    if scale is not None:  # the backward is linear: scaling dloss/dlogp scales every gradient
+        dm = dm * scale
     dlogp = xp.empty_like(logps)
     dlogp[0::2], dlogp[1::2] = beta * dm, -beta * dm
+    if sft_weight:  # + w * NLL of the chosen replies per token: each chosen token's logp weighs -w / count
+        chosen_tokens = xp.maximum(mask[0::2].sum(), 1).astype(z.dtype)  # on the device: nothing read back
+        loss = loss - sft_weight * logps[0::2].sum() / chosen_tokens
+        dlogp[0::2] -= sft_weight / chosen_tokens if scale is None else sft_weight / chosen_tokens * scale
     coef = xp.repeat(dlogp, t) * flat_mask  # (N,) dloss/dlogp of each token's row, where masked
     dz = -coef[:, None] * probs  # (N, V): coef * (onehot - softmax)
     dz[xp.arange(dz.shape[0]), flat_targets] += coef
@@ -148,8 +161,12 @@ def dpo_loss(
     batch: PairBatch,
     beta: float = 0.1,
     precision: Any = ek.EXACT,
+    sft_weight: float = 0.0,
 ) -> float:
     """The same loss as dpo_loss_and_grads, as a host number, without gradients (the float64 checks')."""
     tokens, targets, mask, ref_logps = batch
-    m = beta * reward_margins(sequence_logprobs(config, params, tokens, targets, mask), ref_logps)
-    return float(np.logaddexp(0.0, -ek.to_numpy(m)).mean())
+    logps = ek.to_numpy(sequence_logprobs(config, params, tokens, targets, mask, precision))  # (2P,)
+    loss = float(np.logaddexp(0.0, -beta * reward_margins(logps, ek.to_numpy(ref_logps))).mean())
+    if sft_weight:
+        loss -= sft_weight * float(logps[0::2].sum()) / max(float(ek.to_numpy(mask)[0::2].sum()), 1.0)
+    return loss

@@ -40,6 +40,7 @@ TRAIN_FLAGS = {
     "precision": "run.precision",
     "gpus": "run.gpus",
     "beta": "train.dpo_beta",
+    "sft_weight": "train.dpo_sft_weight",
 }
 
 
@@ -136,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     dpo = add("dpo", "preference-tune an SFT checkpoint on a preference set (DPO)")
     add_train_args(dpo, "dpo")
     dpo.add_argument("--beta", type=float, help="the DPO loss's beta (default 0.1: train.dpo_beta)")
+    dpo.add_argument(
+        "--sft-weight",
+        type=float,
+        help="add this times the chosen replies' NLL per token to the DPO loss, keeping them likely "
+        "(default 0: DPO alone; train.dpo_sft_weight)",
+    )
     chat = add(
         "chat",
         "chat REPL: /reset, /temp X, /quit; Ctrl-C stops a reply (at the prompt it ends the chat: exit 130), "

@@ -64,10 +64,11 @@ def check_dpo(out: Any, max_samples: int = 16) -> bool:
     batch = euler_model.PairBatch(
         tokens, targets, mask, euler_model.sequence_logprobs(cfg, nearby, tokens, targets, mask)
     )
-    _, grads, _ = euler_model.dpo_loss_and_grads(cfg, params, batch)
+    sft_weight = 0.5  # the chosen replies' NLL term too (train.dpo_sft_weight)
+    _, grads, _ = euler_model.dpo_loss_and_grads(cfg, params, batch, sft_weight=sft_weight)
     report = ek.gradcheck_scalar(
-        lambda p: euler_model.dpo_loss(cfg, p, batch), params, grads, max_samples=max_samples, eps=1e-5,
-        label="DPO loss (tiny)",
+        lambda p: euler_model.dpo_loss(cfg, p, batch, sft_weight=sft_weight), params, grads,
+        max_samples=max_samples, eps=1e-5, label="DPO+NLL (tiny)",
     )  # fmt: skip
     print("\n" + report.table(TOL), file=out)
     return report.ok(TOL)

@@ -81,6 +81,7 @@ class TrainConfig:
     # "delayed": SwiGLU writes its FP8 outputs directly, scaled from their last 16 steps' maxima
     fp8_scaling: str = "current"
     dpo_beta: float = 0.1  # dpo: the loss's beta (the weight of the reward margins against the reference)
+    dpo_sft_weight: float = 0.0  # dpo: + this times the chosen replies' NLL per token (0: DPO alone)
 
 
 @dataclass
@@ -390,6 +391,8 @@ def check_rules(cfg: RunConfig) -> None:
         raise ConfigError(f"run.precision={run.precision!r} needs run.device=gpu (CPU is fp32)")
     if not train.dpo_beta > 0:
         raise ConfigError(f"train.dpo_beta must be > 0, got {train.dpo_beta!r}")
+    if not train.dpo_sft_weight >= 0:
+        raise ConfigError(f"train.dpo_sft_weight must be >= 0, got {train.dpo_sft_weight!r}")
     if train.fp8_scaling == "delayed" and run.precision != "fp8":
         raise ConfigError(
             "train.fp8_scaling='delayed' scales FP8 operands: it needs run.precision=fp8, not "

@@ -127,13 +127,15 @@ class StepOptions:
     bf16_grads: bool = False  # the matrices' gradients are bf16 (several micro-batches sum into float32)
     precision: ek.Precision = ek.EXACT  # how the products and attention are computed (the run's)
     dpo_beta: float | None = None  # the DPO loss over pairs of rows with this beta; None: the MTP loss
+    dpo_sft_weight: float = 0.0  # with dpo_beta: + this times the chosen replies' NLL per token
 
     @classmethod
     def from_train(cls, train: TrainConfig, precision: ek.Precision, mode: str = "pretrain") -> StepOptions:
         beta = dpo_beta(train, mode)
         return cls(
-            train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads, precision, beta
-        )
+            train.grad_clip, train.recompute, train.keep_activations, train.bf16_grads, precision, beta,
+            train.dpo_sft_weight,
+        )  # fmt: skip
 
 
 def dpo_beta(train: TrainConfig, mode: str) -> float | None:
@@ -170,7 +172,7 @@ def train_step(
             pairs = euler_model.PairBatch(buf.tokens[i], buf.targets[i], mask, buf.refs[i])
             loss, grads, _ = euler_model.dpo_loss_and_grads(
                 mcfg, weights, pairs, options.dpo_beta, options.precision, scale, options.recompute,
-                fp8_scales, options.keep_activations, options.bf16_grads,
+                fp8_scales, options.keep_activations, options.bf16_grads, options.dpo_sft_weight,
             )  # fmt: skip
         else:
             loss, grads = euler_model.loss_and_grads_on_device(

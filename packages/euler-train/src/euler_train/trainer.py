@@ -252,7 +252,10 @@ class Trainer:
         micro, shares, _ = self._inputs(step)
         tcfg, precision = self.spec.cfg.train, self.device.precision
         beta = dpo_beta(tcfg, self.spec.mode)
-        options = StepOptions(max_norm=0.0, recompute=tcfg.recompute, precision=precision, dpo_beta=beta)
+        options = StepOptions(
+            max_norm=0.0, recompute=tcfg.recompute, precision=precision, dpo_beta=beta,
+            dpo_sft_weight=tcfg.dpo_sft_weight,
+        )  # fmt: skip
         eager = EagerStep(self.spec.mcfg, self.params, self.opt, self.comm, options)
         loss, _, _ = eager.run(micro, shares, self.opt.hyper(self._lr(step), enable=False))
         return loss, {n: g.copy() for n, g in eager.buf.grads.items()}
