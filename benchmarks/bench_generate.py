@@ -16,13 +16,18 @@ on both sides. Rows printed:
   hf compiled    transformers generate, static cache + torch.compile (GPU, --hf-compile; may fail: said)
 
 then (GPU) the captured step's steady rate, from the time of --new-tokens less that of an eighth as many,
-and, per setting, the ratio of euler's best to transformers' best and how many rows of our tokens equal
+with the memory bandwidth it uses: the bytes a plain step must read at least (every layer's matrices and
+head 0, bf16 copies under bf16; the norms; each row's cached keys and values so far, float32) over the step's
+time, as a share of the device's peak (its memory clock and bus width, or --peak-gbs); and, per setting,
+the ratio of euler's best to transformers' best and how many rows of our tokens equal
 theirs (float rounding may flip a near-tie and the rest of a row with it). The load averages before and
 after are printed: on a shared machine they decide how far a figure can be trusted.
 
 Run (from the repository root):
   hatch run bench:python benchmarks/bench_generate.py                       # CPU, `small`
   hatch run bench:python benchmarks/bench_generate.py --device gpu --preset gpu --new-tokens 400
+  hatch run bench:python benchmarks/bench_generate.py --device gpu --preset 1b --no-hf --quick \
+      --precisions bf16
   hatch run bench:python benchmarks/bench_generate.py --checkpoint CKPT --prompts-from runs/data/DATASET
 """
 
@@ -52,6 +57,7 @@ import euler_kernels as ek  # noqa: E402
 from euler_data.meta import open_split  # noqa: E402
 from euler_kernels.heap import keep_freed_memory  # noqa: E402
 from euler_model import (  # noqa: E402
+    PRESETS,
     GenerationStats,
     generate,
     generate_batch,
@@ -149,11 +155,35 @@ def _with_forward(model, forward, fn):
         model.forward = plain
 
 
+def read_bytes(cfg, params, batch: int, positions: float, precision: ek.Precision) -> float:
+    """Bytes one plain decode step of `batch` rows must read at least: every layer's matrices and head 0
+    (bf16 copies under a bf16 precision, else float32: decode_step.inference_weights), the norms, and each
+    row's cached keys and values at `positions` (float32, (L, B, Hkv, S, D))."""
+    matrices = sum(
+        v.size for k, v in params.items() if k == "heads.0" or (k.startswith("layers.") and v.ndim == 2)
+    )
+    norms = sum(v.size for k, v in params.items() if v.ndim == 1)
+    cache = 2 * cfg.n_layers * batch * cfg.n_kv_heads * cfg.head_dim * positions
+    return matrices * (2 if precision.bf16 else 4) + 4 * (norms + cache)
+
+
+def peak_bandwidth(override_gbs: float | None) -> float | None:
+    """Bytes/s the GPU's memory moves at most: 2 transfers a clock over its bus (CuPy's device attributes),
+    or --peak-gbs; None where neither is known."""
+    if override_gbs:
+        return override_gbs * 1e9
+    attributes = ek.require_cuda().cuda.Device().attributes
+    clock_khz, bus_bits = attributes.get("MemoryClockRate"), attributes.get("GlobalMemoryBusWidth")
+    return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
+
+
 def steady_decode(
-    cfg, params, prompts, n: int, seconds_n: float, repeats: int, precision: ek.Precision
+    cfg, params, prompts, n: int, seconds_n: float, repeats: int, precision: ek.Precision, peak: float | None
 ) -> None:
     """Print the captured decode step's own rate: the time of n tokens less that of n // 8, per token, and
-    what is left of the call (prefill, weights, the eager first step, capture) as its fixed cost."""
+    what is left of the call (prefill, weights, the eager first step, capture) as its fixed cost; then the
+    bandwidth the step uses (read_bytes at the rows' mean position over the step's time) and its share of
+    `peak`."""
     short = max(2, n // 8)
 
     def call():
@@ -165,6 +195,12 @@ def steady_decode(
         f"batch {len(prompts):3d}  euler graph steady decode: {step * 1e6:.0f} us a step = "
         f"{len(prompts) / step:,.0f} tok/s; fixed cost of a call {(seconds_n - n * step) * 1e3:.1f} ms"
     )
+    positions = np.mean([len(p) for p in prompts]) + (short + n) / 2  # the steady steps' mean position
+    used = read_bytes(cfg, params, len(prompts), positions, precision) / step
+    share = (
+        f" = {used / peak:.0%} of the peak {peak / 1e12:.2f} TB/s" if peak else " (peak unknown: --peak-gbs)"
+    )
+    print(f"batch {len(prompts):3d}  euler graph steady decode reads {used / 1e12:.2f} TB/s{share}")
 
 
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
@@ -175,7 +211,7 @@ def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default="small", choices=["tiny", "small", "gpu"])
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--checkpoint", help="model.safetensors of a trained model (default: random weights)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--batches", default="1,32", help="batch sizes, comma-separated")
@@ -185,6 +221,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="BLAS and torch threads on the CPU")
     p.add_argument("--hf-compile", action="store_true", help="also transformers with static cache + compile")
+    p.add_argument("--no-hf", action="store_true", help="leave out transformers (the larger presets: slow)")
+    p.add_argument("--peak-gbs", type=float, help="the GPU's peak memory bandwidth, GB/s (default: asked)")
     p.add_argument("--quick", action="store_true", help="GPU: leave out the uncaptured euler rows (slow)")
     p.add_argument(
         "--prompts-from", help="an euler-data dataset folder: prompts are windows of its val split"
@@ -229,7 +267,13 @@ def main() -> None:
             runs = euler_runs(*run)
             for name, fn in runs.items():
                 results[name] = timed(fn, args.repeats)
-            hf = hf_runs(folder, prompts, args.new_tokens, "cuda" if gpu else "cpu", dtype, args.hf_compile)
+            hf = (
+                {}
+                if args.no_hf
+                else hf_runs(
+                    folder, prompts, args.new_tokens, "cuda" if gpu else "cpu", dtype, args.hf_compile
+                )
+            )
             for name, fn in hf.items():
                 try:
                     results[name] = timed(fn, args.repeats)
@@ -243,13 +287,16 @@ def main() -> None:
             if gpu:
                 print(f"batch {b:3d} {precision}  euler graph decode steps ran as: {graph_stats.decode}")
                 seconds = results["euler graph"][1]
-                steady_decode(cfg, params, prompts, args.new_tokens, seconds, args.repeats, products)
+                peak = peak_bandwidth(args.peak_gbs)
+                steady_decode(cfg, params, prompts, args.new_tokens, seconds, args.repeats, products, peak)
             if spec.drafted:
                 print(
                     f"batch {b:3d} {precision}  euler spec: {spec.accepted:,} of {spec.drafted:,} drafts "
                     f"accepted ({spec.acceptance_rate:.0%}); tokens equal to euler's plain greedy: "
                     f"{agreement(results['euler spec'][0], results[next(iter(results))][0])}"
                 )
+            if not hf:
+                continue
             ours = min((s, n) for n, (_, s) in results.items() if n.startswith("euler") and n != "euler one")
             theirs = min((s, n) for n, (_, s) in results.items() if n.startswith("hf"))
             print(
