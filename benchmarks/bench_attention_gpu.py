@@ -2,7 +2,8 @@
 
     python benchmarks/bench_attention_gpu.py [--rows 0,2] [--reps 20]
 
-Rows are issue 17's table (16K tokens per call). For each: forward and forward+backward milliseconds of our
+Rows: six of 16K tokens a call (T 512, 2048, 8192; D 64 and 128), then lengths that are no tile's multiple
+(1000, 3000, 5000), T 16384 and GQA groups 1 to 8. For each: forward and forward+backward milliseconds of our
 Hopper wgmma kernels (flash_attention_sm90.cu), our mma.sync kernels (flash_attention_bf16.cu) and
 `scaled_dot_product_attention` under each `torch.nn.attention.sdpa_kernel` backend that runs the shape
 (cuDNN, flash, memory-efficient; K/V expanded to the query heads beforehand, untimed), the ratio of ours
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from bench_kernels_gpu import graph_ms, queued_ms, time_ms  # the CUDA-event medians of the GPU benchmarks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import euler_kernels as ek
 from euler_kernels.attention.flash_attention import (
     flash_attention_backward_bf16,
     flash_attention_forward_bf16,
@@ -41,6 +43,13 @@ ROWS = [  # (head_dim, Hq, Hkv, B, T)
     (128, 16, 4, 32, 512),
     (128, 16, 4, 8, 2048),
     (128, 16, 4, 2, 8192),
+    # lengths that are no tile's multiple, T to 16384, GQA groups 1 to 8
+    (64, 12, 4, 16, 1000),
+    (128, 12, 2, 4, 3000),
+    (128, 8, 8, 2, 5000),
+    (128, 16, 2, 2, 5000),
+    (64, 8, 1, 4, 3000),
+    (128, 32, 8, 1, 16384),
 ]
 BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -119,6 +128,15 @@ def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
         times = (queued_ms(forward, reps), queued_ms(both, reps))
         result[family] = (*times, errors, time_ms(forward, reps), graph_ms(forward, reps))
 
+    # as a user calls it: the public op and its backward (the default kernel family), one synchronised call
+    def op_forward():
+        return ek.attention_forward(q16, k16, v16, True, precision=ek.Precision("bf16"))
+
+    def op_both():
+        ek.attention_backward(g16, op_forward()[1])
+
+    result["user"] = {"ours (ek.attention_*)": (time_ms(op_forward, reps), time_ms(op_both, reps))}
+
     tq, tk, tv = (to_torch(a, e, torch.bfloat16).requires_grad_() for a, e in ((q16, 0), (k16, 1), (v16, 1)))
     tg = to_torch(g16, False, torch.bfloat16)
     for name, backend in BACKENDS.items():
@@ -134,6 +152,7 @@ def bench_row(D, Hq, Hkv, B, T, reps) -> dict:
 
                 times = (queued_ms(forward, reps), queued_ms(both, reps))
                 result[name] = (*times, None, time_ms(forward, reps), torch_graph_ms(forward, reps))
+                result["user"][name] = (result[name][3], time_ms(both, reps))
         except RuntimeError as error:  # the backend does not run this shape
             result[name] = str(error).splitlines()[0][:60]
     result["flops_fwd"] = flops_fwd
@@ -149,7 +168,8 @@ def main() -> None:
     results = [bench_row(*ROWS[int(i)], args.reps) for i in args.rows.split(",")]
     print("\nms forward / forward+backward (queued); TF/s of the causal work; ratio = fastest SDPA / ours;")
     print("graph fwd = forward replayed from a CUDA graph (ratio against the fastest SDPA's, also replayed);")
-    print("one call = a single synchronised forward, host latency included")
+    print("one call = a single synchronised forward, host latency included; 'as a user calls it' = the")
+    print("public op and its backward against SDPA, one synchronised call each (ratio = fastest SDPA / ours)")
     for r in results:
         D, Hq, Hkv, B, T = r["row"]
         timed = {k: v for k, v in r.items() if isinstance(v, tuple) and k != "row"}
@@ -170,6 +190,13 @@ def main() -> None:
         for name, why in r.items():
             if isinstance(why, str):
                 print(f"  {name:>10} did not run: {why}")
+        user = r["user"]
+        ours = user.pop("ours (ek.attention_*)")
+        best = [min(v[i] for v in user.values()) for i in (0, 1)]
+        print(
+            f"  as a user calls it: ours fwd {ours[0]:.3f} / fwd+bwd {ours[1]:.3f} ms, fastest SDPA "
+            f"{best[0]:.3f} / {best[1]:.3f} ms: {best[0] / ours[0]:.2f}x / {best[1] / ours[1]:.2f}x"
+        )
 
 
 if __name__ == "__main__":
