@@ -13,7 +13,7 @@ from euler_data.loaders import PrefsLoader, PretrainLoader, SFTLoader, pair_rows
 from euler_data.meta import read_meta, split_paths
 from euler_data.prefs import build_prefs, read_prefs
 from euler_data.recipe import FilterConfig, Recipe, SourceSpec, load_recipe
-from euler_data.sft import build_sft
+from euler_data.sft import build_sft, read_chat_examples
 
 
 def prepare(*args, **kwargs):
@@ -46,6 +46,7 @@ __all__ = [
     "load_recipe",
     "pair_rows",
     "prepare",
+    "read_chat_examples",
     "read_meta",
     "read_prefs",
     "render_chat",

@@ -25,6 +25,9 @@ from euler_data.chat import _check, _segments, alpaca_messages, render_chat
 from euler_data.dataset_folder import SFT_META, SFT_STAGING, replace_files
 from euler_data.errors import DataError
 from euler_data.meta import open_bin
+from euler_data.network import resolve_mirror
+from euler_data.recipe import SourceSpec
+from euler_data.sources import resolve
 from euler_data.workers import stop_workers
 
 TOKENIZER = "tokenizer.json"
@@ -189,6 +192,17 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
     }
     move_in(folder, staging, SFT_META, meta, tok)
     return meta
+
+
+def read_chat_examples(
+    specs: list[str], mirror: str | Path | None, downloads: Path
+) -> tuple[list[list[dict]], Counter]:
+    """(conversations, drop reasons counted) of SFT sources as `euler-data sft --source` names them (a
+    named source from the mirror, else downloaded into `downloads`; or a file): each record's messages,
+    the first of each conversation kept (a repeat counted as "duplicate")."""
+    folder = resolve_mirror(mirror)
+    paths = [Path(i.location) for s in specs for i in resolve(SourceSpec(s), folder, downloads)]
+    return first_of_each([e for path in paths for e in read_examples(path)], render_chat)
 
 
 def first_of_each(records: list[Taken], key: Callable[[Any], str]) -> tuple[list[Any], Counter]:

@@ -172,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
         "two drafts; 0,1,0 head 1's two best guesses, head 2's after the first (default 0: one draft)",
     )
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    pairs = add(
+        "make-pairs",
+        "preference pairs for dpo from an SFT source: its reference reply chosen over the model's own sample",
+    )
+    add_sampling_args(pairs)
+    pairs.add_argument(
+        "--source", required=True, nargs="+", metavar="SPEC", help="as euler-data sft's: alpaca, or a file"
+    )
+    pairs.add_argument("--mirror", metavar="DIR", help="offline copies of named sources (EULER_DATA_MIRROR)")
+    pairs.add_argument("--out", required=True, metavar="FILE", help="the JSON-lines file to write")
+    pairs.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    pairs.add_argument("--limit", type=number(int, 1), metavar="N", help="the first N conversations only")
+    pairs.add_argument(
+        "--batch-size", type=number(int, 1), default=32, metavar="B", help="conversations sampled together"
+    )
     serve = add("serve", "an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)")
     serve.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint folder or run folder")
     serve.add_argument(

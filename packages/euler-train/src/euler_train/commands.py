@@ -26,6 +26,7 @@ from euler_train.config import (
 from euler_train.device import note_old_switches, setup_device
 from euler_train.distributed import env_world, holds_run_lock, init_comm, spawn, spawned
 from euler_train.evals.command import run_eval as evaluate
+from euler_train.make_pairs import run_make_pairs
 from euler_train.memory_check import check_memory
 from euler_train.modelio import TOKENIZER, check_export_folder, load_model, write_export
 from euler_train.plot import compare_text, metrics_path, plot_metrics, plot_runs, read_runs
@@ -190,6 +191,7 @@ COMMANDS = {
     "eval": run_eval,
     "report": run_report,
     "serve": run_serve,
+    "make-pairs": run_make_pairs,
 }
 
 
