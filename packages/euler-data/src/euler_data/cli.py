@@ -33,14 +33,12 @@ from euler_data.errors import DataError
 from euler_data.filters import FIXES
 from euler_data.folder_lock import FolderBusy, FolderUnwritable, hold_folder, unwritable
 from euler_data.meta import META_NAME, read_meta
-from euler_data.network import resolve_mirror
 from euler_data.pipeline import prepare
 from euler_data.prefs import LOUD_SHARE as PREFS_LOUD_SHARE
 from euler_data.prefs import build_prefs
 from euler_data.recipe import BYTE_TOKENIZER, SPLIT_MODES, Recipe, SourceSpec, check_vocab_size, load_recipe
 from euler_data.report import inspect_folder
-from euler_data.sft import build_sft, check_sft_options
-from euler_data.sources import resolve
+from euler_data.sft import build_sft, check_sft_options, source_paths
 from euler_data.tokenizer import load_tokenizer
 
 LOUD_SHARE = 0.25  # a filter dropping more of a source's documents than this is a warning
@@ -221,9 +219,7 @@ def build_side_set(args: argparse.Namespace, command: str, build: Callable[..., 
                 str(tok_path), "no tokenizer: pass --tokenizer FILE|bytes or run `prepare` into --out first"
             )
         tok = load_tokenizer(tok_path)
-        mirror = resolve_mirror(args.mirror)
-        downloads = out / "downloads"
-        paths = [Path(i.location) for s in args.source for i in resolve(SourceSpec(s), mirror, downloads)]
+        paths = source_paths(args.source, args.mirror, out / "downloads")
         context = args.context if args.context is not None else sft_context(out)
         meta = build(paths, out, tok, context=context, val_fraction=args.val_fraction, seed=args.seed)
     return out, meta, context

@@ -194,14 +194,19 @@ def build_sft(paths: list[Path], folder, tok, context: int = 512, val_fraction: 
     return meta
 
 
+def source_paths(specs: list[str], mirror: str | Path | None, downloads: Path) -> list[Path]:
+    """The files of sources as `--source` names them: a named source from the mirror (the argument, else
+    $EULER_DATA_MIRROR), else downloaded into `downloads`; or a file or folder."""
+    folder = resolve_mirror(mirror)
+    return [Path(i.location) for s in specs for i in resolve(SourceSpec(s), folder, downloads)]
+
+
 def read_chat_examples(
     specs: list[str], mirror: str | Path | None, downloads: Path
 ) -> tuple[list[list[dict]], Counter]:
-    """(conversations, drop reasons counted) of SFT sources as `euler-data sft --source` names them (a
-    named source from the mirror, else downloaded into `downloads`; or a file): each record's messages,
-    the first of each conversation kept (a repeat counted as "duplicate")."""
-    folder = resolve_mirror(mirror)
-    paths = [Path(i.location) for s in specs for i in resolve(SourceSpec(s), folder, downloads)]
+    """(conversations, drop reasons counted) of SFT sources (source_paths): each record's messages, the
+    first of each conversation kept (a repeat counted as "duplicate"), as build_sft keeps them."""
+    paths = source_paths(specs, mirror, downloads)
     return first_of_each([e for path in paths for e in read_examples(path)], render_chat)
 
 
