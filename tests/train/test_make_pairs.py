@@ -52,7 +52,7 @@ def test_pairs_from_the_model_build_a_preference_set(cli, tmp_path, tiny_run, da
     assert [r["chosen"] for r in records] == [c[-1]["content"] for c in chats]  # the reference replies
     assert all(r["rejected"] != r["chosen"] for r in records)
     summary = done.stdout.strip().splitlines()[-1]
-    assert "5 pairs written" in summary
+    assert "5 pairs written" in summary and "of the rejected replies ran to the token limit" in summary
     assert "malformed_json 1" in summary and "prompt_too_long 1" in summary
     assert "no_prompt_and_final_reply 1" in summary and "euler-data prefs --source" in summary
     again = make_pairs(cli, tiny_run, source, tmp_path / "again.jsonl")  # the same seed: the same samples

@@ -50,10 +50,10 @@ def check_out(args: argparse.Namespace) -> Path:
 
 def sample_replies(
     model: SamplingModel, args: argparse.Namespace, prompts: list[list[int]], numbers: list[int]
-) -> list[str]:
-    """The model's reply to each prompt (ids of an open assistant turn, at most context - 1 of them),
-    decoded together, each at most --max-new-tokens or the context's room; the prompt of conversation
-    number i samples with seed --seed + i."""
+) -> list[tuple[str, bool]]:
+    """The model's reply to each prompt (ids of an open assistant turn, at most context - 1 of them) and
+    whether a stop token ended it, decoded together, each at most --max-new-tokens or the context's room;
+    the prompt of conversation number i samples with seed --seed + i."""
     stops = stop_ids(model.tokenizer, (END, EOT))
     seeds = None if args.seed is None else [args.seed + i for i in numbers]
     limits = [min(args.max_new_tokens, model.mcfg.context - len(p)) for p in prompts]
@@ -61,7 +61,9 @@ def sample_replies(
         model.mcfg, model.params, prompts, limits, stop_tokens=stops, seeds=seeds,
         precision=model.precision, **sampling_kwargs(args),
     )  # fmt: skip
-    return ["".join(decode_stream(model.tokenizer, iter(d.tokens), stops)) for d in done]
+    return [
+        ("".join(decode_stream(model.tokenizer, iter(d.tokens), stops)), d.stop is not None) for d in done
+    ]
 
 
 def run_make_pairs(args: argparse.Namespace) -> int:
@@ -87,20 +89,22 @@ def run_make_pairs(args: argparse.Namespace) -> int:
             dropped["prompt_too_long"] += 1
             continue
         asked.append((i, c[:-1], c[-1]["content"], ids))
-    records = []
+    records, cut = [], 0  # cut: written replies that ran to their limit, no stop token
     for start in range(0, len(asked), args.batch_size):
         chunk = asked[start : start + args.batch_size]
         replies = sample_replies(model, args, [a[3] for a in chunk], [a[0] for a in chunk])
-        for (_, prompt, chosen, _), rejected in zip(chunk, replies):
+        for (_, prompt, chosen, _), (rejected, stopped) in zip(chunk, replies):
             if rejected.strip() == chosen.strip():
                 dropped["same_as_reference"] += 1
                 continue
             records.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+            cut += not stopped
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     write_file(out, lambda tmp: tmp.write_text(lines, encoding="utf-8"))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()) if v) or "none"
     print(
-        f"euler-train make-pairs: {len(records)} pairs written to {out} (dropped: {counts}); build a "
-        f"preference set with: euler-data prefs --source {out} --out DATASET"
+        f"euler-train make-pairs: {len(records)} pairs written to {out} (dropped: {counts}; {cut} of the "
+        f"rejected replies ran to the token limit unfinished: --max-new-tokens); build a preference set "
+        f"with: euler-data prefs --source {out} --out DATASET"
     )
     return 0
