@@ -148,14 +148,25 @@ class Decoder:
             inference_weights(config, params, self.drafters, self.weights, precision)
         b, xp, logits, hidden = state.last.shape[0], ek.get_array_module(state.last), None, None
         for rows, tokens in groups:
-            h = trunk_forward(config, params, tokens, kv=PrefillRows(state, rows), precision=precision)[0]
-            z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (G, V)
+            z, h = prefill(config, params, state, rows, tokens, precision)
             if logits is None:  # (B, V) and (B, C): every row's, after its last token
-                logits, hidden = xp.empty((b, z.shape[1]), z.dtype), xp.empty((b, h.shape[2]), h.dtype)
-            logits[rows], hidden[rows] = z, h[:, -1]  # h (G, T, C)
+                logits, hidden = xp.empty((b, z.shape[1]), z.dtype), xp.empty((b, h.shape[1]), h.dtype)
+            logits[rows], hidden[rows] = z, h
         state.record(self.picker.pick(logits[:, None], state)[:, 0])
         if self.drafters:
             draft(config, self.weights, state.last, state.drafts, hidden, self.tree, precision)
+
+
+def prefill(
+    config: ModelConfig, params: dict, state: DecodeState, rows: slice, tokens: Any, precision: ek.Precision
+) -> tuple[Any, Any]:
+    """G prompts of one length, tokens (G, T), through the trunk into adjacent `rows` of the state's cache
+    (each layer writing their keys and values): head 0's logits (G, V) and the hidden state (G, C), both
+    after each prompt's last token."""
+    h = trunk_forward(config, params, tokens, kv=PrefillRows(state, rows), precision=precision)[
+        0
+    ]  # (G, T, C)
+    return ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0], h[:, -1]
 
 
 def lend_decoder(

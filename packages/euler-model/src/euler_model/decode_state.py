@@ -88,10 +88,14 @@ class DecodeState:
         self.done[one].fill(True)
         self.pos[one].fill(0)
 
-    def record(self, token: Any) -> None:
-        """Take each row's next token (B,): emitted by the rows still going unless it is a stop token; a
-        stop token or the row's limit ends the row (ek.decode_record). Device work only."""
-        ek.decode_record(token, *self.emitted, self.stop, self.limit)
+    def record(self, token: Any, rows: slice | None = None) -> None:
+        """Take each row's next token (B,), or of adjacent `rows` only: emitted by the rows still going
+        unless it is a stop token; a stop token or the row's limit ends the row (ek.decode_record). Device
+        work only."""
+        if rows is None:
+            ek.decode_record(token, *self.emitted, self.stop, self.limit)
+        else:
+            ek.decode_record(token, *(a[rows] for a in self.emitted), self.stop[rows], self.limit[rows])
 
     def accept(self, g: Any, tree: tuple[int, ...] | None = None) -> Any:
         """Take a speculative step's head-0 tokens g (B, T): each row's drafts accepted along the path

@@ -142,7 +142,20 @@ def decode_step(
         state.record(g[:, 0])
         return
     chosen = state.accept(g, tree)  # (B,) the accepted path's last fed token; the path's tokens recorded
-    # the hidden state whose head 0 gave the new last token: row b's fed token chosen[b], row b T + chosen[b]
+    draft_next(config, weights, state, chosen, h, tree, precision)
+
+
+def draft_next(
+    config: ModelConfig,
+    weights: dict,
+    state: DecodeState,
+    chosen: Any,
+    h: Any,
+    tree: Tree,
+    precision: ek.Precision,
+) -> None:
+    """A speculative step's next drafts, from the hidden state whose head 0 gave each row's new last token:
+    row b's fed token chosen[b] (B,), row b T + chosen[b] of the step's h (B T, C)."""
     picked_at = ek.get_array_module(h).take(h, state.first_fed + chosen, axis=0)  # (B, C)
     draft(config, weights, state.last, state.drafts, picked_at, tree, precision)
 

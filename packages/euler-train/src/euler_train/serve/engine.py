@@ -4,7 +4,7 @@ The engine owns `slots` rows of one decode state (euler_model.DecodeState: per r
 counters, stop set, draws and its slots of the KV cache). A thread runs the loop:
 
     admit   each waiting request takes a free row: DecodeState.reset of that row, its prompt prefilled
-            alone into the row's cache slots (trunk_forward with PrefillRows), its first token picked and
+            alone into the row's cache slots (euler_model.decode_batch.prefill), its first token picked and
             recorded
     step    one decode step for every row (euler_model.decode_step.decode_logits): the logits (B, T, V); on
             the GPU this forward is one CUDA graph, replayed (decode_graph.py), the picks after it eager
@@ -30,17 +30,18 @@ from typing import Any
 import numpy as np
 
 import euler_kernels as ek
+from euler_model.decode_batch import prefill
 from euler_model.decode_graph import decode_runner
-from euler_model.decode_state import DecodeState, PrefillRows
+from euler_model.decode_state import DecodeState
 from euler_model.decode_step import (
     attention_window,
     decode_logits,
     draft,
+    draft_next,
     drafting_heads,
     inference_weights,
     speculation,
 )
-from euler_model.model import trunk_forward
 from euler_model.sampling import Picker
 from euler_train.sampling import SamplingModel
 
@@ -171,12 +172,11 @@ class Engine:
         one = slice(row, row + 1)
         with self.runner.ordered():  # on the GPU: after the steps queued before, on their stream
             tokens = self.xp.asarray(np.asarray([request.prompt], dtype=np.int64))  # (1, T)
-            h = trunk_forward(cfg, params, tokens, kv=PrefillRows(state, one), precision=precision)[0]
-            z = ek.linear_forward(h[:, -1], params["heads.0"], precision=precision)[0]  # (1, V)
+            z, h = prefill(cfg, params, state, one, tokens, precision)  # (1, V), (1, C)
             before = ek.to_numpy(state.count).copy()  # (to_numpy hands a NumPy array itself back)
             self._pick(z[:, None], range(row, row + 1))
             if self.tree is not None:  # the row's first drafts, after its first token
-                draft(cfg, self.weights, state.last[one], state.drafts[one], h[:, -1], None, precision)
+                draft(cfg, self.weights, state.last[one], state.drafts[one], h, None, precision)
             self._emit(range(row, row + 1), before, z[:, None])
 
     def _drop_cancelled(self) -> None:
@@ -200,10 +200,7 @@ class Engine:
                 return
             accepted, proposed = ek.to_numpy(state.accepted).copy(), ek.to_numpy(state.drafts).copy()
             chosen = self._pick(self.logits, every)  # the drafts head 0 agrees with accepted, all recorded
-            picked_at = self.xp.take(self.hidden, state.first_fed + chosen, axis=0)  # (B, C)
-            draft(
-                self.model.mcfg, self.weights, state.last, state.drafts, picked_at, None, self.model.precision
-            )
+            draft_next(self.model.mcfg, self.weights, state, chosen, self.hidden, None, self.model.precision)
             self._emit(every, before, self.logits, (accepted, proposed))
 
     def _forward(self, window: int) -> None:
@@ -230,8 +227,7 @@ class Engine:
             tokens[local] = picker.pick(z[local], state, local + rows.start)  # the members' rows of the state
         if t > 1:
             return state.accept(tokens, None)
-        part = slice(rows.start, rows.stop)
-        ek.decode_record(tokens[:, 0], *(a[part] for a in state.emitted), state.stop[part], state.limit[part])
+        state.record(tokens[:, 0], slice(rows.start, rows.stop))
         return None
 
     def _emit(self, rows: range, before: np.ndarray, z: Any, speculated: tuple | None = None) -> None:
