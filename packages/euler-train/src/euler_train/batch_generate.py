@@ -20,16 +20,7 @@ from typing import Any, TextIO
 
 import euler_model
 from euler_train.config import ConfigError
-from euler_train.sampling import (
-    END,
-    EOT,
-    SamplingModel,
-    decode_pieces,
-    prompt_to_ids,
-    sampling_kwargs,
-    stop_ids,
-    stream_bytes,
-)
+from euler_train.sampling import SamplingModel, complete_batch, decode_stream, prompt_to_ids
 
 
 def _jsonl_prompt(line: str, where: str) -> str:
@@ -91,19 +82,7 @@ def _completions(model: SamplingModel, args: argparse.Namespace, prompts: list[s
     """generate_batch over prompts first, first + 1, ... (their seeds, their names in notes)."""
     ids = [prompt_to_ids(model, args, p, args.chat, f"prompt {first + i}") for i, p in enumerate(prompts)]
     seeds = None if args.seed is None else [args.seed + first + i for i in range(len(prompts))]
-    stops = stop_ids(model.tokenizer, (END, EOT))
-    return euler_model.generate_batch(
-        model.mcfg,
-        model.params,
-        ids,
-        args.max_new_tokens,
-        stop_tokens=stops,
-        seeds=seeds,
-        speculative=args.speculative,
-        draft_tree=args.draft_tree,
-        precision=model.precision,
-        **sampling_kwargs(args),
-    )
+    return complete_batch(model, args, ids, seeds, speculative=args.speculative, draft_tree=args.draft_tree)
 
 
 def write_batch_generation(
@@ -115,7 +94,7 @@ def write_batch_generation(
     for start in range(0, len(prompts), args.batch_size):
         chunk = prompts[start : start + args.batch_size]
         for prompt, done in zip(chunk, _completions(model, args, chunk, start)):
-            text = "".join(decode_pieces(stream_bytes(tok, iter(done.tokens), ())))
+            text = "".join(decode_stream(tok, iter(done.tokens), ()))
             row: dict[str, Any] = {"prompt": prompt, "completion": text, "tokens": len(done.tokens)}
             stdout.write(json.dumps({**row, "stopped": done.stop is not None}) + "\n")
         stdout.flush()

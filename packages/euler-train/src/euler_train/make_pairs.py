@@ -20,19 +20,15 @@ import tempfile
 from pathlib import Path
 
 import euler_data
-import euler_model
 from euler_train.checkpoint import write_file
 from euler_train.config import ConfigError
 from euler_train.sampling import (
-    END,
-    EOT,
     SamplingModel,
+    complete_batch,
     decode_stream,
     encode_prompt,
     load_for_sampling,
     note_if_not_tuned,
-    sampling_kwargs,
-    stop_ids,
 )
 
 
@@ -54,16 +50,9 @@ def sample_replies(
     """The model's reply to each prompt (ids of an open assistant turn, at most context - 1 of them) and
     whether a stop token ended it, decoded together, each at most --max-new-tokens or the context's room;
     the prompt of conversation number i samples with seed --seed + i."""
-    stops = stop_ids(model.tokenizer, (END, EOT))
     seeds = None if args.seed is None else [args.seed + i for i in numbers]
-    limits = [min(args.max_new_tokens, model.mcfg.context - len(p)) for p in prompts]
-    done = euler_model.generate_batch(
-        model.mcfg, model.params, prompts, limits, stop_tokens=stops, seeds=seeds,
-        precision=model.precision, **sampling_kwargs(args),
-    )  # fmt: skip
-    return [
-        ("".join(decode_stream(model.tokenizer, iter(d.tokens), stops)), d.stop is not None) for d in done
-    ]
+    done = complete_batch(model, args, prompts, seeds)  # generate_batch keeps each in the context's room
+    return [("".join(decode_stream(model.tokenizer, iter(d.tokens), ())), d.stop is not None) for d in done]
 
 
 def run_make_pairs(args: argparse.Namespace) -> int:

@@ -91,6 +91,22 @@ def stream_ids(
     )
 
 
+def complete_batch(
+    model: SamplingModel,
+    args: argparse.Namespace,
+    ids: list[list[int]],
+    seeds: list[int] | None,
+    **extra: Any,
+) -> list:
+    """euler-model's generate_batch over prompts of ids, with the sampling flags and --max-new-tokens of the
+    command line, <|end|> and <|endoftext|> as stops (extra: generate_batch's other arguments)."""
+    stops = stop_ids(model.tokenizer, (END, EOT))
+    return euler_model.generate_batch(
+        model.mcfg, model.params, ids, args.max_new_tokens, stop_tokens=stops, seeds=seeds,
+        precision=model.precision, **sampling_kwargs(args), **extra,
+    )  # fmt: skip
+
+
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags of the command line as euler-model's generate / generate_batch arguments."""
     return {
